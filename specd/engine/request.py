@@ -1,0 +1,38 @@
+"""What goes into and comes out of the engine: plain data, no sockets."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specd.sampling_params import SamplingParams
+
+
+@dataclass
+class Request:
+    """One generation request as the engine sees it: already tokenized and validated."""
+
+    id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    session: str | None = None
+    arrival_s: float = 0.0
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0          # prompt tokens served from kvd instead of prefilled
+    ttft_s: float | None = None     # engine-side time to first token
+
+
+@dataclass
+class RequestOutput:
+    """The delta a step produced for one request. ``finished`` comes once, with the final usage."""
+
+    id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finished: bool = False
+    finish_reason: str | None = None   # "stop" | "length" | "abort" | "error"
+    usage: Usage = field(default_factory=Usage)
+    error: str | None = None
