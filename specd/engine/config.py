@@ -1,0 +1,30 @@
+"""Engine settings: one typed model, embedded in specd's daemon config (specd/config.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "stories260K.gguf"
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: Path = Field(DEFAULT_MODEL, description="GGUF file or Hugging Face directory of the target model.")
+    dtype: str = Field("auto", description="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 or float16.")
+    device: str = Field("auto", description="auto, cpu or cuda.")
+    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV block; must match kvd's namespace.")
+    max_num_seqs: int = Field(32, ge=1, le=4096, description="Requests decoded together in one step.")
+    max_num_batched_tokens: int = Field(
+        2048, ge=16, description="Token budget of one step; long prompts are prefilled in chunks of this size."
+    )
+    max_model_len: int | None = Field(None, ge=1, description="Context limit; defaults to the model's.")
+    kvd_run_dir: Path | None = Field(
+        None, description="Where kvd's sockets live; None disables the shared cache (local blocks only)."
+    )
+    num_local_blocks: int = Field(
+        2048, ge=1, description="KV blocks of the local pool, used when kvd is off or unreachable."
+    )
+    cuda_graphs: bool = Field(True, description="Capture decode steps in CUDA graphs on the GPU.")
+    tenant_salt: str = Field("", description="Cache namespace salt: blocks are shared only within one salt.")
