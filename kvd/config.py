@@ -1,0 +1,124 @@
+"""The one typed config of kvd.
+
+Precedence, highest first: overrides (CLI flags, one per field) > environment (``KVD_<FIELD>``,
+upper case) > TOML file > defaults. Why one model: every knob is documented and validated in one
+place, and no other module reads ``os.environ``.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+class KvdConfig(BaseModel):
+    """kvd settings. Capacity bytes are divided among cache groups as they attach: each group gets
+    ``<tier>_bytes // max_groups`` (so a later attach never shrinks a pool a client already mapped);
+    a ``<tier>_blocks`` override gives every group exactly that many blocks instead."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    run_dir: Path = Field(
+        default=Path("/run/kvd"),
+        description="Directory of the sockets (kvd.sock, kvd-admin.sock); $KVD_RUN_DIR sets it.",
+    )
+    gpu_bytes: int = Field(
+        default=256 * MiB, ge=0, description="Bytes of the GPU pool (or its /dev/shm stand-in), all groups."
+    )
+    dram_bytes: int = Field(
+        default=1 * GiB, ge=0, description="Bytes of the DRAM tier (POSIX shared memory), all groups; 0 disables it."
+    )
+    nvme_bytes: int = Field(
+        default=4 * GiB, ge=0, description="Bytes of the NVMe slab files, all groups; 0 disables the tier."
+    )
+    nvme_dir: Path | None = Field(
+        default=None,
+        description="Directory of the NVMe slab files and their index; None disables the NVMe tier. "
+        "It must survive restarts for persistence (for example /var/lib/kvd/nvme).",
+    )
+    policy: Literal["reuse", "lru", "lru-offload"] = Field(
+        default="reuse",
+        description="Eviction policy: 'reuse' (reuse-aware, tiered), 'lru' (vLLM-like, GPU only), "
+        "'lru-offload' (LMCache-like: LRU, evicted GPU blocks go to DRAM).",
+    )
+    lease_ttl_s: float = Field(
+        default=30.0, gt=0, description="A lease not renewed by a heartbeat within this time is reclaimed."
+    )
+    heartbeat_s: float = Field(
+        default=5.0, gt=0, description="Interval at which clients are told to heartbeat (must be < lease_ttl_s)."
+    )
+    half_life_s: float = Field(
+        default=600.0, gt=0, description="Half-life of a block's temperature (decayed access count)."
+    )
+    admission: Literal["none", "seen-twice"] = Field(
+        default="seen-twice",
+        description="Gate for DRAM/NVMe under the reuse policy: 'seen-twice' keeps one-off blocks out.",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="Where the GPU pool lives: 'auto' = CUDA if available, else shared memory."
+    )
+    socket_mode: int = Field(default=0o660, ge=0, le=0o777, description="Permission bits of the sockets.")
+    max_groups: int = Field(
+        default=2, ge=1, description="Number of cache groups the capacity is divided into (full + draft)."
+    )
+    gpu_blocks: int | None = Field(
+        default=None, ge=1, description="Override: GPU blocks per group (ignores gpu_bytes); for benchmarks."
+    )
+    dram_blocks: int | None = Field(default=None, ge=0, description="Override: DRAM blocks per group.")
+    nvme_blocks: int | None = Field(default=None, ge=0, description="Override: NVMe blocks per group.")
+    move_workers: int = Field(
+        default=1,
+        ge=0,
+        description="Threads that run promotions (tier copies); 0 runs them inside tick()/wait_ready().",
+    )
+
+    @model_validator(mode="after")
+    def _heartbeat_below_ttl(self) -> "KvdConfig":
+        if self.heartbeat_s >= self.lease_ttl_s:
+            raise ValueError(f"heartbeat_s ({self.heartbeat_s}) must be below lease_ttl_s ({self.lease_ttl_s})")
+        return self
+
+    @classmethod
+    def load(
+        cls,
+        toml_path: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> "KvdConfig":
+        """Merge file < env < overrides; ``None`` values in overrides mean 'flag not given'.
+
+        Raises ValueError (pydantic ValidationError) on an unknown field or a bad value."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        if toml_path is not None:
+            with open(toml_path, "rb") as f:
+                values.update(tomllib.load(f))
+        values.update(_from_env(env))
+        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.model_validate(values)
+
+    def blocks_for(self, tier_bytes: int, override: int | None, block_bytes: int) -> int:
+        """A group's block count in one tier (the division rule in the class docstring)."""
+        if override is not None:
+            return override
+        return (tier_bytes // self.max_groups) // block_bytes
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """``KVD_<FIELD>`` for every field; pydantic parses the strings (socket_mode accepts '0o660')."""
+    out: dict[str, Any] = {}
+    for name in KvdConfig.model_fields:
+        raw = env.get(f"KVD_{name.upper()}")
+        if raw is None:
+            continue
+        out[name] = int(raw, 0) if name == "socket_mode" else raw
+    return out
+
+
+__all__ = ["KvdConfig", "ValidationError"]
