@@ -1,0 +1,125 @@
+"""Per-sequence block bookkeeping on top of a BlockSource: prefix match, slot growth, commit, free.
+
+Invariant: ``seq.block_table[:seq.num_committed_blocks]`` are published under ``seq.hashes[:n]``;
+the rest are write-leased to this sequence alone. Only full blocks whose KV is computed are committed,
+so a half-written block is never published.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from kvd.hashing import block_hash
+from kvd.types import BlockHash, BlockId, LeaseId
+from specd.engine.block_source import BlockSource, OutOfBlocks
+from specd.engine.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, source: BlockSource, block_size: int, root: BlockHash, reserve: int = 8):
+        self.source = source
+        self.block_size = block_size
+        self.root = root
+        # free blocks leased ahead of need, so a decode step rarely needs a round trip to kvd
+        self._reserve: list[tuple[LeaseId, BlockId]] = []
+        self._reserve_target = reserve
+        self._owner: dict[BlockId, LeaseId] = {}   # write block -> the allocate lease it came from
+        # blocks of each allocate lease not yet given back (in the reserve or in a live sequence);
+        # a lease is released only at zero, since one lease can feed several sequences
+        self._outstanding: dict[LeaseId, int] = {}
+
+    # -- hashing -------------------------------------------------------------------------
+    def extend_hashes(self, seq: Sequence) -> None:
+        """Hash every newly full block of the token stream (prompt + output)."""
+        ids = seq.all_ids
+        bs = self.block_size
+        while (len(seq.hashes) + 1) * bs <= len(ids):
+            i = len(seq.hashes)
+            parent = seq.hashes[-1] if seq.hashes else self.root
+            seq.hashes.append(block_hash(parent, ids[i * bs : (i + 1) * bs]))
+
+    # -- prefix match --------------------------------------------------------------------
+    def match_prefix(self, seq: Sequence) -> int:
+        """Lease the cached prefix of the prompt; returns the number of cached tokens.
+        At least one prompt token is always left to compute: its logits give the first sample."""
+        self.extend_hashes(seq)
+        usable = (len(seq.prompt_ids) - 1) // self.block_size
+        if usable == 0 or not self.source.connected:
+            return 0
+        lease, hits = self.source.lookup(seq.hashes[:usable], seq.request.session)
+        if lease is not None:
+            seq.leases.append(lease)
+        seq.block_table.extend(hits)
+        seq.num_committed_blocks = seq.num_hit_blocks = len(hits)
+        seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
+        return seq.num_cached_tokens
+
+    # -- growth --------------------------------------------------------------------------
+    def blocks_needed(self, seq: Sequence, new_tokens: int) -> int:
+        need = -(-(seq.num_computed_tokens + new_tokens) // self.block_size)
+        return max(0, need - len(seq.block_table))
+
+    def ensure_slots(self, seq: Sequence, new_tokens: int) -> None:
+        """Give ``seq`` room for ``new_tokens`` more KV entries. Raises OutOfBlocks and changes nothing."""
+        n = self.blocks_needed(seq, new_tokens)
+        if n == 0:
+            return
+        if len(self._reserve) < n:
+            self._refill(n - len(self._reserve) + self._reserve_target)
+        taken, self._reserve = self._reserve[:n], self._reserve[n:]
+        seq.block_table.extend(block for _, block in taken)
+
+    def _refill(self, n: int) -> None:
+        try:
+            lease, blocks = self.source.allocate(n)
+        except OutOfBlocks:
+            short = n - self._reserve_target
+            if short <= 0:
+                raise
+            lease, blocks = self.source.allocate(short)
+        self._outstanding[lease] = len(blocks)
+        for b in blocks:
+            self._owner[b] = lease
+            self._reserve.append((lease, b))
+
+    # -- commit and free -----------------------------------------------------------------
+    def commit_full(self, seq: Sequence) -> None:
+        """Publish every full, computed, not yet published block of ``seq``."""
+        self.extend_hashes(seq)
+        full = min(seq.num_computed_tokens // self.block_size, len(seq.hashes))
+        if full <= seq.num_committed_blocks:
+            return
+        by_lease: dict[LeaseId, list] = defaultdict(list)
+        for i in range(seq.num_committed_blocks, full):
+            block = seq.block_table[i]
+            parent = seq.hashes[i - 1] if i > 0 else None
+            by_lease[self._owner[block]].append((block, seq.hashes[i], parent))
+        if self.source.connected:
+            for lease, entries in by_lease.items():
+                self.source.commit(lease, entries)
+        seq.num_committed_blocks = full
+
+    def free(self, seq: Sequence, hints: dict | None = None) -> None:
+        """Release what the sequence holds: its lookup leases now, each allocate lease once no
+        other sequence and no reserved block still uses it."""
+        done = self._give_back(seq.block_table[seq.num_hit_blocks :])
+        self.source.release(seq.leases + done, hints)
+        seq.leases.clear()
+        seq.block_table.clear()
+        seq.num_hit_blocks = seq.num_committed_blocks = 0
+
+    def release_reserve(self) -> None:
+        done = self._give_back([b for _, b in self._reserve])
+        self._reserve.clear()
+        self.source.release(done)
+
+    def _give_back(self, blocks) -> list[LeaseId]:
+        done = []
+        for b in blocks:
+            lease = self._owner.pop(b, None)
+            if lease is None:
+                continue          # a cache hit: covered by the sequence's lookup lease
+            self._outstanding[lease] -= 1
+            if self._outstanding[lease] == 0:
+                del self._outstanding[lease]
+                done.append(lease)
+        return done

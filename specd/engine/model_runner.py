@@ -1,0 +1,78 @@
+"""Turns a scheduled step into one flat forward pass over the paged pool.
+
+All sequences' tokens are concatenated ([T]); ragged per-sequence lengths travel as ``cu_q_lens``,
+so there is no padding. Logits are computed only for the rows that sample.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specd.engine.kv_layout import KVLayout
+from specd.engine.paged_backend import PagedAttentionBackend, StepMetadata
+from specd.engine.scheduler import ScheduledSeq
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor      # [T] int64
+    positions: torch.Tensor      # [T] int64
+    meta: StepMetadata
+    sample_rows: torch.Tensor    # [S] int64: index into T of each sampling sequence's last token
+
+
+class ModelRunner:
+    def __init__(self, model, layout: KVLayout, pool: torch.Tensor, device: torch.device):
+        self.model = model
+        self.layout = layout
+        self.device = device
+        cfg = model.config
+        self.backend = PagedAttentionBackend(
+            layout.view(pool), scale=cfg.head_dim ** -0.5, sliding_window=getattr(cfg, "sliding_window", None)
+        )
+
+    def prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
+        bs = self.layout.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        cu = [0]
+        seq_lens: list[int] = []
+        sample_rows: list[int] = []
+        max_blocks = max(len(s.seq.block_table) for s in batch)
+        tables = torch.zeros(len(batch), max_blocks, dtype=torch.int32)
+        for i, sched in enumerate(batch):
+            seq, start, n = sched.seq, sched.seq.num_computed_tokens, sched.num_tokens
+            toks = seq.all_ids[start : start + n]
+            ids.extend(toks)
+            pos.extend(range(start, start + n))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            cu.append(cu[-1] + n)
+            seq_lens.append(start + n)
+            tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
+            if sched.samples:
+                sample_rows.append(cu[-1] - 1)
+        dev = self.device
+        meta = StepMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=tables.to(dev),
+            cu_q_lens=torch.tensor(cu, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            max_q_len=max(s.num_tokens for s in batch),
+        )
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(pos, dtype=torch.int64, device=dev),
+            meta=meta,
+            sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=dev),
+        )
+
+    @torch.inference_mode()
+    def run(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        """Returns fp32 logits [S, vocab] for the sampling sequences, in batch order."""
+        inputs = self.prepare(batch)
+        self.backend.set_step(inputs.meta)
+        out = self.model(inputs.input_ids, inputs.positions, self.backend)
+        return self.model.logits(out.hidden[inputs.sample_rows])

@@ -1,0 +1,66 @@
+"""One request's state inside the engine. Mutated only by the scheduler and the engine step."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from kvd.types import BlockHash, BlockId, LeaseId
+from specd.engine.detokenizer import Detokenizer
+from specd.engine.request import Request, Usage
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"      # admitted to the queue, no blocks yet
+    RUNNING = "running"      # holds blocks; prefilling (in chunks) or decoding
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request: Request
+    detok: Detokenizer
+    generator: torch.Generator | None          # per-request RNG (seeded requests are reproducible)
+    status: SeqStatus = SeqStatus.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    block_table: list[BlockId] = field(default_factory=list)
+    leases: list[LeaseId] = field(default_factory=list)
+    # hashes[i] is the chained hash of full block i of the token stream (prompt + output)
+    hashes: list[BlockHash] = field(default_factory=list)
+    num_hit_blocks: int = 0                     # leading blocks that came from a cache lookup
+    num_committed_blocks: int = 0               # blocks published to the cache (prefix of block_table)
+    num_cached_tokens: int = 0                  # prompt tokens whose KV came from the cache
+    num_computed_tokens: int = 0                # tokens whose KV is in the pool
+    first_token_s: float | None = None
+    finish_reason: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.request.prompt_ids
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.request.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.request.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens whose KV is not computed yet: 1 when decoding, more while (re)filling the prompt."""
+        return self.num_tokens - self.num_computed_tokens
+
+    def usage(self) -> Usage:
+        ttft = None if self.first_token_s is None else self.first_token_s - self.request.arrival_s
+        return Usage(
+            prompt_tokens=len(self.request.prompt_ids),
+            completion_tokens=len(self.output_ids),
+            cached_tokens=self.num_cached_tokens,
+            ttft_s=ttft,
+        )
