@@ -77,21 +77,25 @@ class Scheduler:
         return out
 
     def _grow(self, seq: Sequence, chunk: int, scheduled: list[ScheduledSeq]) -> bool:
-        """Make room for ``chunk`` tokens, preempting newer sequences if needed."""
+        """Make room for ``chunk`` tokens, preempting the newest sequences if needed (``seq`` itself
+        when it is the newest)."""
         while True:
             try:
                 self.blocks.ensure_slots(seq, chunk)
                 return True
             except OutOfBlocks:
-                victim = self._newest_other(seq, scheduled)
+                victim = self._newest_unscheduled(scheduled)
                 if victim is None:
                     return False
                 self.preempt(victim)
+                if victim is seq:
+                    return False
 
-    def _newest_other(self, seq: Sequence, scheduled: list[ScheduledSeq]) -> Sequence | None:
+    def _newest_unscheduled(self, scheduled: list[ScheduledSeq]) -> Sequence | None:
+        """The latest arrival not yet in this step's batch (possibly the one asking)."""
         taken = {id(s.seq) for s in scheduled}
         for cand in reversed(self.running):
-            if cand is not seq and id(cand) not in taken:
+            if id(cand) not in taken:
                 return cand
         return None
 
