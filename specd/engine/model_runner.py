@@ -29,7 +29,7 @@ class ModelRunner:
         self.device = device
         cfg = model.config
         self.backend = PagedAttentionBackend(
-            layout.view(pool), scale=cfg.head_dim ** -0.5, sliding_window=getattr(cfg, "sliding_window", None)
+            layout.view(pool), scale=cfg.attn_scale, sliding_window=getattr(cfg, "sliding_window", None)
         )
 
     def prepare(self, batch: list[ScheduledSeq]) -> StepInputs:

@@ -40,5 +40,5 @@ class PagedAttentionBackend:
         kernels.append_kv(k, v, k_pool, v_pool, meta.slot_mapping)
         return kernels.paged_attention(
             q, k_pool, v_pool, meta.block_tables, meta.cu_q_lens, meta.seq_lens, self.scale,
-            sliding_window=self.sliding_window,
+            sliding_window=self.sliding_window, max_q_len=meta.max_q_len,
         )
