@@ -1,0 +1,248 @@
+"""Synchronous kvd client: one DEALER socket, request ids, timeouts, typed errors.
+
+Why DEALER and not REQ: a REQ socket wedges after a lost reply, while a DEALER can time out, drop
+the late reply (its id no longer matches) and carry on. The ZeroMQ routing id is the ``client`` kvd
+leases are held under, so every call (the optional heartbeat thread's included) goes through the one
+socket, serialized by a lock.
+
+Errors arrive as :class:`KvdClientError` subclasses, one per KvdError code; they subclass
+``kvd.core_types.KvdError`` so code written against an in-process KvdCore catches them unchanged.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import zmq
+
+from kvd import protocol as P
+from kvd.config import KvdConfig
+from kvd.core_types import KvdError, LookupResult, PoolInfo
+from kvd.types import BlockHash, BlockId, LeaseId, Tier
+
+
+class KvdClientError(KvdError):
+    """Base of every error the client raises; ``code`` is the wire error code."""
+
+
+class KvdUnavailable(KvdClientError):
+    """No reply in time: kvd is not running, or wedged."""
+
+
+class BadRequest(KvdClientError): ...
+class BadVersion(KvdClientError): ...
+class UnknownType(KvdClientError): ...
+class Forbidden(KvdClientError): ...
+class BadChain(KvdClientError): ...
+class BadBlock(KvdClientError): ...
+class UnknownGroup(KvdClientError): ...
+class GroupMismatch(KvdClientError): ...
+class NoCapacity(KvdClientError): ...
+class UnknownLease(KvdClientError): ...
+class NotOwner(KvdClientError): ...
+class OutOfBlocks(KvdClientError): ...
+class ReadyTimeout(KvdClientError): ...
+class InternalError(KvdClientError): ...
+
+
+ERRORS: dict[str, type[KvdClientError]] = {
+    "bad_request": BadRequest, "bad_frame": BadRequest, "too_large": BadRequest, "bad_hash": BadRequest,
+    "bad_version": BadVersion, "unknown_type": UnknownType, "forbidden": Forbidden,
+    "bad_chain": BadChain, "bad_block": BadBlock, "unknown_group": UnknownGroup,
+    "group_mismatch": GroupMismatch, "no_capacity": NoCapacity, "unknown_lease": UnknownLease,
+    "not_owner": NotOwner, "out_of_blocks": OutOfBlocks, "timeout": ReadyTimeout,
+    "internal": InternalError,
+}
+
+
+def error_from_wire(err: dict[str, Any]) -> KvdClientError:
+    code = str(err.get("code", "internal"))
+    return ERRORS.get(code, KvdClientError)(code, str(err.get("message", "")))
+
+
+def _pool_info(d: dict[str, Any]) -> PoolInfo:
+    handle = d.get("ipc_handle")
+    return PoolInfo(**{**d, "ipc_handle": tuple(handle) if handle is not None else None})
+
+
+def _lookup_result(d: dict[str, Any]) -> LookupResult:
+    return LookupResult(LeaseId(d["lease"]), [BlockId(b) for b in d["hits"]],
+                        [Tier(t) for t in d["tiers"]], bool(d["ready"]))
+
+
+def decode_result(op_type: str, reply: dict[str, Any]) -> Any:
+    """The typed value of a successful reply (the same types KvdCore returns)."""
+    if op_type == "attach":
+        return _pool_info({k: v for k, v in reply.items() if k not in ("v", "id", "ok")})
+    if op_type == "lookup":
+        return _lookup_result(reply)
+    if op_type == "allocate":
+        return LeaseId(reply["lease"]), [BlockId(b) for b in reply["blocks"]]
+    if op_type == "commit":
+        return [BlockId(b) for b in reply["blocks"]]
+    if op_type == "hash":
+        return [BlockHash(h) for h in reply["hashes"]]
+    return {k: v for k, v in reply.items() if k not in ("v", "id", "ok")}
+
+
+class KvdClient:
+    """Talks to one kvd. ``admin=True`` connects to ``kvd-admin.sock`` (pin/unpin/evict/flush)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str] | None = None, *, admin: bool = False, timeout_s: float = 5.0,
+                 identity: Optional[bytes] = None):
+        if run_dir is None:  # the daemon's own default: $KVD_RUN_DIR, else /run/kvd
+            run_dir = KvdConfig.load().run_dir
+        name = "kvd-admin.sock" if admin else "kvd.sock"
+        self.path = Path(run_dir) / name
+        self.endpoint = f"ipc://{self.path}"
+        self.timeout_s = timeout_s
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTING_ID, identity or f"pid{os.getpid()}-{os.urandom(4).hex()}".encode())
+        self._sock.connect(self.endpoint)
+        self._hb_stop = threading.Event()
+        self._hb_thread: Optional[threading.Thread] = None
+
+    # ---- transport ----
+    def _unreachable(self, why: str) -> KvdUnavailable:
+        return KvdUnavailable("unavailable", f"kvd is not reachable at {self.endpoint} ({why})")
+
+    def request(self, op: P.Op, timeout_s: Optional[float] = None) -> dict[str, Any]:
+        """Send one op, return the raw reply map (``ok`` true) or raise its typed error."""
+        if not self.path.exists():
+            raise self._unreachable("no socket file")
+        timeout_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
+        with self._lock:
+            req_id = next(self._ids)
+            self._sock.send(P.encode_op(req_id, op))
+            reply = self._await(req_id, timeout_ms)
+        if not reply.get("ok"):
+            raise error_from_wire(reply.get("error") or {})
+        return reply
+
+    def _await(self, req_id: int, timeout_ms: int) -> dict[str, Any]:
+        """Wait for the reply with our id; a late reply to an earlier, timed-out request is dropped."""
+        deadline = _now_ms() + timeout_ms
+        while True:
+            left = deadline - _now_ms()
+            if left <= 0 or not self._sock.poll(left, zmq.POLLIN):
+                raise self._unreachable(f"no reply in {timeout_ms / 1000:g}s")
+            reply = P.unpack(self._sock.recv())
+            if isinstance(reply, dict) and reply.get("id") == req_id:
+                return reply
+
+    def call(self, op: P.Op, timeout_s: Optional[float] = None) -> Any:
+        return decode_result(op.type, self.request(op, timeout_s))
+
+    # ---- the KvdCore API, remotely ----
+    def attach(self, group: str, block_bytes: int) -> PoolInfo:
+        return self.call(P.Attach(group=group, block_bytes=block_bytes))
+
+    def lookup(self, group: str, hashes: Sequence[bytes], session: Optional[str] = None) -> LookupResult:
+        return self.call(P.Lookup(group=group, hashes=list(hashes), session=session))
+
+    def allocate(self, group: str, n: int) -> tuple[LeaseId, list[BlockId]]:
+        return self.call(P.Allocate(group=group, n=n))
+
+    def commit(self, lease: int, blocks: Sequence[tuple[int, bytes, Optional[bytes]]]) -> list[BlockId]:
+        return self.call(P.Commit(lease=lease, blocks=list(blocks)))
+
+    def release(self, lease: int, hints: Optional[dict[str, Any]] = None) -> None:
+        self.call(P.Release(lease=lease, hints=hints))
+
+    def heartbeat(self) -> None:
+        self.call(P.Heartbeat())
+
+    def wait_ready(self, lease: int, timeout_s: float = 10.0) -> bool:
+        """Blocks until the lease's promoted blocks have landed; raises ReadyTimeout otherwise."""
+        return bool(self.call(P.WaitReady(lease=lease, timeout_s=timeout_s), timeout_s + self.timeout_s)["ready"])
+
+    def batch(self, ops: Sequence[P.Op]) -> list[Any]:
+        """Run several ops in one round trip; each item is its typed result or a KvdClientError
+        instance (returned, not raised, so one failure does not hide the other results)."""
+        reply = self.request(P.Batch(ops=[op.model_dump() for op in ops]))
+        return [decode_result(op.type, r) if r.get("ok") else error_from_wire(r.get("error") or {})
+                for op, r in zip(ops, reply["results"])]
+
+    def stats(self) -> dict[str, Any]:
+        return self.call(P.Stats())["stats"]
+
+    def top(self, n: int = 20) -> list[dict[str, Any]]:
+        return self.call(P.Top(n=n))["top"]
+
+    def leases(self) -> Any:
+        return self.call(P.Leases())["leases"]
+
+    def sessions(self) -> Any:
+        return self.call(P.Sessions())["sessions"]
+
+    def hash(self, tokens: Sequence[int], block_size: int, **namespace: Any) -> list[BlockHash]:
+        return self.call(P.HashTokens(tokens=list(tokens), block_size=block_size, **namespace))
+
+    def pin(self, hashes: Sequence[bytes]) -> Any:
+        return self.call(P.Pin(hashes=list(hashes)))["result"]
+
+    def unpin(self, hashes: Sequence[bytes]) -> Any:
+        return self.call(P.Unpin(hashes=list(hashes)))["result"]
+
+    def evict(self, hashes: Sequence[bytes]) -> Any:
+        return self.call(P.Evict(hashes=list(hashes)))["result"]
+
+    def flush(self, tier: Optional[int] = None) -> Any:
+        return self.call(P.Flush(tier=tier))["result"]
+
+    # ---- heartbeats ----
+    def start_heartbeat(self, interval_s: float) -> None:
+        """Renew this client's leases every ``interval_s`` from a daemon thread (below the TTL)."""
+        if self._hb_thread is not None:
+            return
+        self._hb_stop.clear()
+        self._hb_thread = threading.Thread(target=self._beat, args=(interval_s,), name="kvd-heartbeat", daemon=True)
+        self._hb_thread.start()
+
+    def _beat(self, interval_s: float) -> None:
+        while not self._hb_stop.wait(interval_s):
+            try:
+                self.heartbeat()
+            except KvdClientError:
+                pass  # kvd restarting: the next beat retries; the leases are gone anyway
+
+    def close(self) -> None:
+        self._hb_stop.set()
+        if self._hb_thread is not None:
+            self._hb_thread.join()
+            self._hb_thread = None
+        self._sock.close(0)
+
+    def __enter__(self) -> "KvdClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def map_pool(info: PoolInfo) -> Any:
+    """The group's GPU pool as a uint8 tensor ``[gpu_blocks, block_bytes]`` shared with kvd.
+
+    kind "shm": the same /dev/shm file kvd maps, so writes are visible to both. kind "cuda": rebuilt
+    from the CUDA IPC handle (best effort: untested without a GPU)."""
+    import torch  # heavy: only processes that touch KV bytes pay for it
+
+    size = info.gpu_blocks * info.block_bytes
+    if info.kind == "shm":
+        flat = torch.from_file(info.path, shared=True, size=size, dtype=torch.uint8)
+    else:
+        storage = torch.UntypedStorage._new_shared_cuda(*info.ipc_handle)
+        flat = torch.empty(0, dtype=torch.uint8, device=f"cuda:{info.device or 0}").set_(storage)[:size]
+    return flat.view(info.gpu_blocks, info.block_bytes)
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000

@@ -1,0 +1,302 @@
+"""The kvd wire contract, defined once: message types, their fields, the version and the
+validation of untrusted input.
+
+Frames are msgpack maps. A request is ``{"v": PROTOCOL_VERSION, "type": str, "id": int, ...fields}``;
+a reply is ``{"v", "id", "ok": True, ...result}`` or ``{"v", "id", "ok": False, "error": {"code",
+"message"}}``. Why msgpack with ``use_bin_type`` and ``raw=False``: hashes stay ``bytes`` and names
+stay ``str`` on both ends, and nothing on the wire can name a Python object (pickle is refused by
+construction: ext types are rejected at decode).
+
+Everything arriving on a socket is untrusted. :func:`decode_request` either returns a validated
+:class:`Request` or raises :class:`ProtocolError` carrying the typed error code to send back; it
+never raises anything else, so a bad frame cannot take the server loop down.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Optional
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
+
+from kvd.types import HASH_BYTES
+
+PROTOCOL_VERSION = 1
+
+# Bounds on untrusted input. A 128k-token prompt at block size 16 is 8192 hashes; 65536 leaves room
+# for 1M-token contexts while capping one frame's decode work.
+MAX_FRAME_BYTES = 8 << 20
+MAX_HASHES = 65536
+MAX_BATCH_OPS = 1024
+MAX_TOKENS = 1 << 20
+MAX_NAME_CHARS = 256
+MAX_BLOCK_BYTES = 1 << 30
+MAX_TOP = 10_000
+MAX_WAIT_S = 3600.0
+
+ADMIN_TYPES = frozenset({"pin", "unpin", "evict", "flush"})
+BATCHABLE_TYPES = frozenset({"lookup", "allocate", "commit", "release", "heartbeat"})
+
+
+class ErrorCode:
+    """Codes the protocol layer itself produces; KvdCore adds its own (for example
+    ``out_of_blocks``, ``bad_chain``) and they travel unchanged."""
+
+    TOO_LARGE = "too_large"
+    BAD_FRAME = "bad_frame"
+    BAD_VERSION = "bad_version"
+    UNKNOWN_TYPE = "unknown_type"
+    BAD_REQUEST = "bad_request"
+    FORBIDDEN = "forbidden"
+    INTERNAL = "internal"
+
+
+class ProtocolError(Exception):
+    """A request that cannot be served; ``req_id`` is echoed when it could be read."""
+
+    def __init__(self, code: str, message: str, req_id: Optional[int] = None):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.req_id = req_id
+
+
+# ---- field types: strict leaves, so 1 is not a bool, "x" is not bytes, 1.5 is not an int ----
+Hash = Annotated[bytes, Strict(), Field(min_length=HASH_BYTES, max_length=HASH_BYTES)]
+Hashes = Annotated[list[Hash], Field(max_length=MAX_HASHES)]
+Name = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_NAME_CHARS)]
+OptName = Annotated[str, Strict(), Field(max_length=MAX_NAME_CHARS)]
+LeaseField = Annotated[int, Strict(), Field(ge=0, lt=2**63)]
+BlockIdField = Annotated[int, Strict(), Field(ge=0, lt=2**31)]
+Count = Annotated[int, Strict(), Field(ge=1, le=MAX_HASHES)]
+Seconds = Annotated[float, Strict(), Field(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)]
+Token = Annotated[int, Strict(), Field(ge=0, lt=2**32)]
+RequestId = Annotated[int, Strict(), Field(ge=0, lt=2**64)]
+KindField = Annotated[int, Strict(), Field(ge=0, le=3)]  # kvd.types.BlockKind
+TierField = Annotated[int, Strict(), Field(ge=0, le=2)]  # kvd.types.Tier
+
+
+class Op(BaseModel):
+    """One operation; ``type`` selects the model. Unknown fields are refused, not ignored.
+
+    ``type`` has a default only so a client can build ``Lookup(group=..., hashes=...)``; a frame
+    without ``type`` is refused before any model sees it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Attach(Op):
+    type: Literal["attach"] = "attach"
+    group: Name
+    block_bytes: Annotated[int, Strict(), Field(ge=1, le=MAX_BLOCK_BYTES)]
+
+
+class Lookup(Op):
+    type: Literal["lookup"] = "lookup"
+    group: Name
+    hashes: Hashes
+    session: Optional[OptName] = None
+
+
+class Allocate(Op):
+    type: Literal["allocate"] = "allocate"
+    group: Name
+    n: Count
+
+
+class Commit(Op):
+    """``blocks``: ``[block_id, hash, parent_hash | None]`` each, in chain order."""
+
+    type: Literal["commit"] = "commit"
+    lease: LeaseField
+    blocks: Annotated[list[tuple[BlockIdField, Hash, Optional[Hash]]], Field(max_length=MAX_HASHES)]
+
+
+class Hints(BaseModel):
+    """What specd knows about the released blocks (see KvdCore.release)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    session: Optional[OptName] = None
+    kinds: Annotated[dict[Hash, KindField], Field(max_length=MAX_HASHES)] = {}
+    turn_end: Annotated[bool, Strict()] = False
+    expected_return_s: Optional[Seconds] = None
+
+
+class Release(Op):
+    type: Literal["release"] = "release"
+    lease: LeaseField
+    hints: Optional[Hints] = None
+
+
+class Heartbeat(Op):
+    type: Literal["heartbeat"] = "heartbeat"
+
+
+class WaitReady(Op):
+    type: Literal["wait_ready"] = "wait_ready"
+    lease: LeaseField
+    timeout_s: Seconds = 10.0
+
+
+class Batch(Op):
+    """Several ops in one frame (one scheduler step); each item is a map with its own ``type``,
+    restricted to BATCHABLE_TYPES, and is validated like a top-level op."""
+
+    type: Literal["batch"] = "batch"
+    ops: Annotated[list[dict[str, Any]], Field(max_length=MAX_BATCH_OPS)]
+
+
+class Stats(Op):
+    type: Literal["stats"] = "stats"
+
+
+class Top(Op):
+    type: Literal["top"] = "top"
+    n: Annotated[int, Strict(), Field(ge=1, le=MAX_TOP)] = 20
+
+
+class Leases(Op):
+    type: Literal["leases"] = "leases"
+
+
+class Sessions(Op):
+    type: Literal["sessions"] = "sessions"
+
+
+class HashTokens(Op):
+    """Block hashes of a token list under a namespace (same chain as kvd.hashing)."""
+
+    type: Literal["hash"] = "hash"
+    tokens: Annotated[list[Token], Field(max_length=MAX_TOKENS)]
+    block_size: Annotated[int, Strict(), Field(ge=1, le=1 << 16)]
+    model: OptName = ""
+    tokenizer: OptName = ""
+    dtype: OptName = ""
+    layout: OptName = ""
+    adapter: OptName = ""
+    salt: OptName = ""
+    extra: Annotated[bytes, Strict(), Field(max_length=MAX_NAME_CHARS)] = b""
+
+
+class Pin(Op):
+    type: Literal["pin"] = "pin"
+    hashes: Hashes
+
+
+class Unpin(Op):
+    type: Literal["unpin"] = "unpin"
+    hashes: Hashes
+
+
+class Evict(Op):
+    type: Literal["evict"] = "evict"
+    hashes: Hashes
+
+
+class Flush(Op):
+    """``tier`` None flushes every tier."""
+
+    type: Literal["flush"] = "flush"
+    tier: Optional[TierField] = None
+
+
+OP_MODELS: dict[str, type[Op]] = {
+    "attach": Attach, "lookup": Lookup, "allocate": Allocate, "commit": Commit, "release": Release,
+    "heartbeat": Heartbeat, "wait_ready": WaitReady, "batch": Batch, "stats": Stats, "top": Top,
+    "leases": Leases, "sessions": Sessions, "hash": HashTokens, "pin": Pin, "unpin": Unpin,
+    "evict": Evict, "flush": Flush,
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated request: the envelope id plus one op (a Batch carries validated sub-ops)."""
+
+    id: int
+    op: Op
+    sub_ops: tuple[Op, ...] = ()
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack ext type {code} is not allowed")
+
+
+def unpack(frame: bytes) -> Any:
+    """Decode one msgpack frame from an untrusted peer: bounded, no ext types, str map keys."""
+    return msgpack.unpackb(
+        frame, raw=False, strict_map_key=True, use_list=True, ext_hook=_refuse_ext
+    )
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _short(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{loc}: {first['msg']}{more}"
+
+
+def validate_op(obj: Any, req_id: Optional[int], allowed: Optional[frozenset[str]] = None) -> Op:
+    """Validate one op map; ``allowed`` narrows the accepted types (batch items)."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "an op must be a map", req_id)
+    kind = obj.get("type")
+    if not isinstance(kind, str) or kind not in OP_MODELS:
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind!r:.64}", req_id)
+    if allowed is not None and kind not in allowed:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"{kind!r} is not allowed here", req_id)
+    try:
+        return OP_MODELS[kind].model_validate(obj)
+    except ValidationError as err:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"{kind}: {_short(err)}", req_id) from None
+
+
+def _read_id(msg: dict) -> Optional[int]:
+    rid = msg.get("id")
+    if type(rid) is int and 0 <= rid < 2**64:
+        return rid
+    return None
+
+
+def decode_request(frame: bytes) -> Request:
+    """Parse and validate one request frame, or raise ProtocolError (and nothing else)."""
+    if len(frame) > MAX_FRAME_BYTES:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"frame of {len(frame)} bytes > {MAX_FRAME_BYTES}")
+    try:
+        msg = unpack(frame)
+    except Exception as err:  # msgpack raises many types (ExtraData, ValueError, TypeError...)
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"not a msgpack frame: {type(err).__name__}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError(ErrorCode.BAD_FRAME, "a request must be a msgpack map")
+    req_id = _read_id(msg)
+    if req_id is None:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "id must be an integer in [0, 2**64)")
+    if type(msg.get("v")) is not int or msg["v"] != PROTOCOL_VERSION:
+        raise ProtocolError(ErrorCode.BAD_VERSION, f"protocol version {msg.get('v')!r:.32} != {PROTOCOL_VERSION}", req_id)
+    fields = {k: v for k, v in msg.items() if k not in ("v", "id")}
+    op = validate_op(fields, req_id)
+    sub_ops: tuple[Op, ...] = ()
+    if isinstance(op, Batch):
+        sub_ops = tuple(validate_op(item, req_id, BATCHABLE_TYPES) for item in op.ops)
+    return Request(req_id, op, sub_ops)
+
+
+def encode_request(req_id: int, op_type: str, **fields: Any) -> bytes:
+    return pack({"v": PROTOCOL_VERSION, "type": op_type, "id": req_id, **fields})
+
+
+def encode_op(req_id: int, op: Op) -> bytes:
+    """A request frame for an already-built op (the client validates before sending)."""
+    return pack({"v": PROTOCOL_VERSION, "id": req_id, **op.model_dump()})
+
+
+def encode_reply(req_id: Optional[int], result: dict[str, Any]) -> bytes:
+    return pack({"v": PROTOCOL_VERSION, "id": req_id, "ok": True, **result})
+
+
+def encode_error(req_id: Optional[int], code: str, message: str) -> bytes:
+    return pack({"v": PROTOCOL_VERSION, "id": req_id, "ok": False,
+                 "error": {"code": code, "message": message}})
