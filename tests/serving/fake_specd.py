@@ -1,0 +1,14 @@
+"""``specd`` with the fake engine: the real CLI, server and gateway, so process-level gateway tests do
+not depend on the model. Usage: ``python tests/serving/fake_specd.py [specd serve flags]``."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from fake_engine import FakeEngine  # noqa: E402
+
+from specd.__main__ import cmd_serve  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(cmd_serve(sys.argv[1:], engine_factory=lambda cfg: FakeEngine(max_model_len=cfg.max_model_len or 256)))
