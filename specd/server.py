@@ -175,14 +175,14 @@ class SpecdServer:
         self._routes[request_id] = Route(identity, msg.id)
 
     def _prompt_ids(self, msg: protocol.Generate) -> list[int]:
-        """Token ids of the prompt: given, encoded from text, or rendered from chat messages."""
+        """Token ids of the prompt: given, encoded from text (BOS by the model's own convention; an
+        empty text stays empty so the engine refuses it), or rendered from chat messages."""
         tokenizer = self.engine.tokenizer
         if isinstance(msg.prompt, list):
             return list(msg.prompt)
         if msg.prompt is not None:
-            return tokenizer.encode(msg.prompt, add_bos=True) if msg.prompt else []
-        text = tokenizer.apply_chat_template([m.model_dump() for m in msg.messages])
-        return tokenizer.encode(text, add_bos=True)
+            return tokenizer.encode(msg.prompt) if msg.prompt else []
+        return tokenizer.encode_chat([m.model_dump() for m in msg.messages])
 
     def _cancel(self, identity: bytes, msg_id: int) -> None:
         request_id = _request_id(identity, msg_id)

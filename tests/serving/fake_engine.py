@@ -21,8 +21,11 @@ class FakeTokenizer:
     eos_id = EOS
     vocab_size = 256 + OFFSET
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        return ([BOS] if add_bos else []) + [b + OFFSET for b in text.encode()]
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        return ([BOS] if add_bos in (None, True) else []) + [b + OFFSET for b in text.encode()]
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        return self.encode(self.apply_chat_template(messages))
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i - OFFSET for i in ids if i >= OFFSET).decode(errors="replace")
