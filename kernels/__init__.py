@@ -1,0 +1,27 @@
+"""Triton kernels of the serving path, each with a plain-torch reference beside it.
+
+The public functions dispatch with ``use_triton(device)``: Triton for CUDA tensors, the torch
+reference on CPU (unless ``KVSPEC_TRITON_INTERPRET=1``). The ``*_triton`` and ``*_ref`` variants
+are importable from each module for tests and benchmarks.
+"""
+from kernels.block_copy import gather_blocks, gather_blocks_ref, scatter_blocks, scatter_blocks_ref
+from kernels.dispatch import use_triton
+from kernels.errors import KernelArgumentError
+from kernels.kv_append import append_kv, append_kv_ref
+from kernels.paged_attention import paged_attention, paged_attention_ref
+from kernels.rejection_sample import rejection_sample, rejection_sample_ref
+
+__all__ = [
+    "KernelArgumentError",
+    "append_kv",
+    "append_kv_ref",
+    "gather_blocks",
+    "gather_blocks_ref",
+    "paged_attention",
+    "paged_attention_ref",
+    "rejection_sample",
+    "rejection_sample_ref",
+    "scatter_blocks",
+    "scatter_blocks_ref",
+    "use_triton",
+]

@@ -54,3 +54,12 @@ def test_rejects_mismatched_src():
     pool = _pool(4, 16, torch.uint8)
     with pytest.raises(KernelArgumentError):
         scatter_blocks_triton(pool, torch.tensor([0, 1]), _pool(3, 16, torch.uint8))
+
+
+def test_package_dispatch_uses_references_on_cpu(monkeypatch):
+    import kernels
+
+    monkeypatch.delenv("KVSPEC_TRITON_INTERPRET", raising=False)
+    assert not kernels.use_triton("cpu") and kernels.use_triton("cuda")
+    monkeypatch.setenv("KVSPEC_TRITON_INTERPRET", "1")
+    assert kernels.use_triton("cpu")
