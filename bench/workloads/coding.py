@@ -76,8 +76,15 @@ def tool_results(task: dict, path: Path, turn: int, opts: BuildOptions) -> list[
     text = opts.clip(path.read_text(encoding="utf-8", errors="replace")[:opts.file_chars])
     tests = "\n".join(f"FAILED {t}\n  AssertionError" for t in task["test_list"])
     run = opts.clip(f"run {turn}: 0 passed, {len(task['test_list'])} failed\n{tests}")
-    return [Message(role="tool", name="read_file", content=f"# Lib/{rel}\n{text}"),
-            Message(role="tool", name="run_tests", content=run)]
+    return [tool_message("read_file", f"# Lib/{rel}\n{text}", opts),
+            tool_message("run_tests", run, opts)]
+
+
+def tool_message(tool: str, content: str, opts: BuildOptions) -> Message:
+    """A tool result; as a user message when the scale drops tools (a plain chat template has no tool role)."""
+    if opts.scale.keep_tools:
+        return Message(role="tool", name=tool, content=content)
+    return Message(role="user", content=f"[{tool}]\n{content}")
 
 
 def make_session(index: int, item_id: str, task: dict, files: list[Path], arrival_s: float,
@@ -94,8 +101,9 @@ def make_session(index: int, item_id: str, task: dict, files: list[Path], arriva
     return Session(
         id=f"{WORKLOAD}-{opts.split}-{index:05d}", workload=WORKLOAD, split=opts.split, arrival_s=arrival_s,
         system=opts.clip(SYSTEM), turns=turns, sampling=Sampling(temperature=0.2, top_p=0.95, top_k=0),
-        tools=TOOLS if opts.scale.keep_tools else None, meta={"corpus": WORKLOAD, "source_items": [item_id], "python": platform.python_version(),
-                           "files": [f"Lib/{p.relative_to(stdlib_root()).as_posix()}" for p in reads]},
+        tools=TOOLS if opts.scale.keep_tools else None,
+        meta={"corpus": WORKLOAD, "source_items": [item_id], "python": platform.python_version(),
+              "files": [f"Lib/{p.relative_to(stdlib_root()).as_posix()}" for p in reads]},
     )
 
 

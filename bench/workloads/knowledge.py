@@ -117,7 +117,7 @@ def retrieve(index: BM25, item_id: str, question: str, opts: BuildOptions) -> li
 
     A real retriever always returns k documents, so every prompt keeps the same shape.
     """
-    k = opts.docs_per_question
+    k = opts.docs()
     hits = index.top_k(question, k)
     filler = random.Random(f"filler:{item_id}").sample(range(len(index.lengths)), k)
     return hits + [i for i in filler if i not in hits][: k - len(hits)]

@@ -61,13 +61,15 @@ class Scale:
     max_chars: int | None  # None: keep texts whole
     max_tokens_cap: int | None  # None: the profile's own max_tokens
     max_turns: int | None  # None: no cap on turns per session
-    keep_tools: bool  # tool schemas alone are ~1,500 characters: more than a tiny context holds
+    keep_tools: bool  # False: no tool schemas (~1,500 characters) and tool results sent as user messages
+    max_docs: int | None  # knowledge: retrieved documents per question at most
 
 
 SCALES = {
-    # stories260K has a 512-token context: two short turns must fit with their answers.
-    "tiny": Scale("tiny", max_chars=120, max_tokens_cap=16, max_turns=2, keep_tools=False),
-    "full": Scale("full", max_chars=None, max_tokens_cap=None, max_turns=None, keep_tools=True),
+    # stories260K has a 512-token context and a 512-piece vocabulary (about one token per character): two
+    # short turns must fit with their answers, and its plain chat template has no tool role.
+    "tiny": Scale("tiny", max_chars=100, max_tokens_cap=16, max_turns=2, keep_tools=False, max_docs=1),
+    "full": Scale("full", max_chars=None, max_tokens_cap=None, max_turns=None, keep_tools=True, max_docs=None),
 }
 
 
@@ -116,6 +118,10 @@ class BuildOptions:
     def answer_tokens(self, default: int) -> int:
         n = self.max_tokens if self.max_tokens is not None else default
         return min(n, self.scale.max_tokens_cap) if self.scale.max_tokens_cap is not None else n
+
+    def docs(self) -> int:
+        cap = self.scale.max_docs
+        return self.docs_per_question if cap is None else min(self.docs_per_question, cap)
 
     def split_of(self, corpus: str, sources: Sequence[Path], item_ids: Sequence[str]) -> CorpusSplit:
         return load_or_create_split(self.manifest_dir, corpus, sources, item_ids)

@@ -18,7 +18,8 @@ def _cell(rng: random.Random, concurrency: int, speculation: bool) -> dict:
     n = 4 * concurrency
     cell = {"gpus": 1, "wall_time_s": 2.0 + concurrency / 8, "requests": n, "prompt_tokens": 500 * n,
             "cached_prompt_tokens": 200 * n, "completion_tokens": 30 * n,
-            "ttft_s": [rng.uniform(0.05, 0.5) for _ in range(n)], "itl_s": [rng.uniform(0.01, 0.04) for _ in range(29 * n)]}
+            "ttft_s": [rng.uniform(0.05, 0.5) for _ in range(n)],
+            "itl_s": [rng.uniform(0.01, 0.04) for _ in range(29 * n)]}
     if speculation:
         cell["speculation"] = {"verifications": 100, "drafted": 700, "accepted": round(sum(ACCEPTANCE) * 100),
                                "acceptance_by_position": ACCEPTANCE}
@@ -66,7 +67,8 @@ def test_derived_metrics(results):
     assert row["cache_share"] == pytest.approx(0.4)
     assert row["tau"] == pytest.approx(cell["speculation"]["accepted"] / 100 + 1)
     assert row["ttft_s"]["p50"] == pytest.approx(percentile(cell["ttft_s"], 50))
-    assert row["cost_per_1m_output_usd"] == pytest.approx(3.99 * cell["wall_time_s"] / 3600 / cell["completion_tokens"] * 1e6)
+    expected_cost = 3.99 * cell["wall_time_s"] / 3600 / cell["completion_tokens"] * 1e6
+    assert row["cost_per_1m_output_usd"] == pytest.approx(expected_cost)
     assert row["speedup_vs_baseline"] == pytest.approx(1.0)  # same token counts and wall times as standard
     results["configs"]["ours"][8]["wall_time_s"] /= 2
     assert summarize_results(results)["ours"]["8"]["speedup_vs_baseline"] == pytest.approx(2.0)
