@@ -173,9 +173,10 @@ class KvdServer:
             pid = int(pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return
+        # Our own pid in the file is stale too: a container restart reuses low pids.
         if pid != os.getpid() and _alive(pid):
             raise RuntimeError(f"kvd already running in {self.run_dir} (pid {pid})")
-        log.warning("removing stale pid file of dead kvd pid %d", pid)
+        log.warning("replacing stale pid file (pid %d is not a running kvd)", pid)
 
     def _bind_router(self, path: Path) -> zmq.Socket:
         sock = self.ctx.socket(zmq.ROUTER)
