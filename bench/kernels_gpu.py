@@ -1,0 +1,221 @@
+"""Check every kernel against its torch reference on realistic CUDA shapes, and time it.
+
+    python -m bench.kernels_gpu --out kernels_gpu.json
+
+Shapes: Qwen2.5-0.5B (14 query heads, 2 KV heads, head_dim 64, 24 layers) and Qwen3-8B (32, 8,
+128, 36 layers), bf16, block size 16, per-layer views of a [N, L, 2, bs, Hkv, D] pool with
+permuted block tables. Times are medians of ``triton.testing.do_bench`` (which clears L2 before
+every run). Decode attention reports achieved bandwidth (K/V bytes read plus q and out) against
+the 4.3 TB/s copy bandwidth measured on the H200. Without CUDA it writes a "skipped" record.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from kernels.block_copy import gather_blocks_ref, gather_blocks_triton, scatter_blocks_ref, scatter_blocks_triton
+from kernels.kv_append import append_kv_ref, append_kv_triton
+from kernels.paged_attention import paged_attention_ref, paged_attention_triton
+from kernels.rejection_sample import rejection_sample_ref, rejection_sample_triton
+
+HBM_BYTES_PER_S = 4.3e12  # device-to-device copy on the benchmark H200 (DESIGN.md section 10)
+BLOCK_SIZE = 16
+MODELS = {
+    "qwen2.5-0.5b": dict(num_q_heads=14, num_kv_heads=2, head_dim=64, num_layers=24),
+    "qwen3-8b": dict(num_q_heads=32, num_kv_heads=8, head_dim=128, num_layers=36),
+}
+DECODE_BATCHES = (1, 8, 32)
+DECODE_CONTEXTS = (512, 4096)
+SPLIT_SWEEP = (1, 4, 16)
+BF16_TOL = 2e-2
+FP32_TOL = 1e-4
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="JSON file for the results")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        _write(args.out, {"skipped": "CUDA is not available"})
+        print("skipped: CUDA is not available")
+        return 0
+    torch.manual_seed(0)
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "triton": _triton_version(), "hbm_bytes_per_s": HBM_BYTES_PER_S, "records": []}
+    records = results["records"]
+    for model, shape in MODELS.items():
+        pool = _make_pool(max(DECODE_BATCHES) * max(DECODE_CONTEXTS) // BLOCK_SIZE + 64, shape)
+        records += check_attention(model, shape, pool)
+        records += time_decode(model, shape, pool)
+        records += time_prefill(model, shape, pool)
+        records += check_append(model, shape, pool)
+        del pool
+        torch.cuda.empty_cache()
+    records += check_block_copy()
+    records += check_rejection_sample()
+    _write(args.out, results)
+    failed = [r for r in records if r.get("ok") is False]
+    print(f"{len(records)} records, {len(failed)} failed checks -> {args.out}")
+    return 1 if failed else 0
+
+
+def _make_pool(num_blocks: int, shape: dict) -> torch.Tensor:
+    """[N, L, 2, bs, Hkv, D] bf16, random."""
+    dims = (num_blocks, shape["num_layers"], 2, BLOCK_SIZE, shape["num_kv_heads"], shape["head_dim"])
+    return torch.randn(dims, device="cuda", dtype=torch.bfloat16)
+
+
+def _batch(shape: dict, pool: torch.Tensor, q_lens: list[int], seq_lens: list[int], dtype=torch.bfloat16):
+    """Queries and metadata for one ragged batch over layer 1 of the pool (permuted block ids)."""
+    need = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    ids = torch.randperm(pool.shape[0], device="cuda")[: sum(need)].int()
+    tables = torch.zeros((len(seq_lens), max(need)), dtype=torch.int32, device="cuda")
+    for b, start in enumerate(torch.tensor([0] + need).cumsum(0)[:-1].tolist()):
+        tables[b, : need[b]] = ids[start:start + need[b]]
+    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(q_lens), shape["num_q_heads"], shape["head_dim"], device="cuda", dtype=dtype)
+    k_pool, v_pool = pool[:, 1, 0], pool[:, 1, 1]  # the strided views, not copies
+    if dtype != pool.dtype:
+        k_pool, v_pool = k_pool.to(dtype), v_pool.to(dtype)
+    return q, k_pool, v_pool, tables, cu, lens
+
+
+def check_attention(model: str, shape: dict, pool: torch.Tensor) -> list[dict]:
+    """Decode, verify, prefill over a cached prefix and a sliding window, against the reference."""
+    cases = {
+        "decode": ([1] * 4, [700, 33, 4096, 1], None, torch.bfloat16),
+        "verify": ([8, 8, 3], [900, 64, 4000], None, torch.bfloat16),
+        "prefill_cached_prefix": ([200, 1, 37], [1000, 5, 37], None, torch.bfloat16),
+        "window_512": ([1, 16, 300], [3000, 700, 900], 512, torch.bfloat16),
+        "verify_fp32": ([4, 2], [300, 2000], None, torch.float32),
+    }
+    records = []
+    for name, (q_lens, seq_lens, window, dtype) in cases.items():
+        q, k_pool, v_pool, tables, cu, lens = _batch(shape, pool, q_lens, seq_lens, dtype)
+        scale = shape["head_dim"] ** -0.5
+        want = paged_attention_ref(q, k_pool, v_pool, tables, cu, lens, scale, window).float()
+        for splits in (None, 4):
+            got = paged_attention_triton(q, k_pool, v_pool, tables, cu, lens, scale, window, num_splits=splits)
+            err = (got.float() - want).abs().max().item()
+            tol = FP32_TOL if dtype == torch.float32 else BF16_TOL
+            records.append({"kernel": "paged_attention", "check": name, "model": model, "num_splits": splits,
+                            "max_abs_err": err, "ok": err <= tol})
+    return records
+
+
+def time_decode(model: str, shape: dict, pool: torch.Tensor) -> list[dict]:
+    records = []
+    scale = shape["head_dim"] ** -0.5
+    kv_bytes_per_token = 2 * shape["num_kv_heads"] * shape["head_dim"] * pool.element_size()
+    for batch in DECODE_BATCHES:
+        for context in DECODE_CONTEXTS:
+            q, k_pool, v_pool, tables, cu, lens = _batch(shape, pool, [1] * batch, [context] * batch)
+            moved = batch * context * kv_bytes_per_token + 2 * q.numel() * q.element_size()
+            for splits in (None,) + SPLIT_SWEEP:
+                ms = _bench(lambda: paged_attention_triton(q, k_pool, v_pool, tables, cu, lens, scale,
+                                                           max_q_len=1, num_splits=splits))
+                records.append({"kernel": "paged_attention", "timing": "decode", "model": model, "batch": batch,
+                                "context": context, "num_splits": splits or "auto", "median_us": ms * 1e3,
+                                "bytes": moved, "tb_per_s": moved / ms / 1e9,
+                                "fraction_of_hbm": moved / (ms * 1e-3) / HBM_BYTES_PER_S})
+    return records
+
+
+def time_prefill(model: str, shape: dict, pool: torch.Tensor) -> list[dict]:
+    """One 2048-token prompt on a 2048-token cached prefix: compute-bound, reported in TFLOP/s."""
+    q_len, context = 2048, 4096
+    q, k_pool, v_pool, tables, cu, lens = _batch(shape, pool, [q_len], [context])
+    scale = shape["head_dim"] ** -0.5
+    ms = _bench(lambda: paged_attention_triton(q, k_pool, v_pool, tables, cu, lens, scale, max_q_len=q_len))
+    # causal: query i sees (context - q_len + i + 1) keys; 2 matmuls of 2*D flops per (query, key, head)
+    pairs = q_len * (context - q_len) + q_len * (q_len + 1) / 2
+    flops = 4 * pairs * shape["head_dim"] * shape["num_q_heads"]
+    return [{"kernel": "paged_attention", "timing": "prefill", "model": model, "q_len": q_len, "context": context,
+             "median_us": ms * 1e3, "tflop_per_s": flops / ms / 1e9}]
+
+
+def check_append(model: str, shape: dict, pool: torch.Tensor) -> list[dict]:
+    records = []
+    for tokens in (32, 2048):
+        dims = (tokens, shape["num_kv_heads"], shape["head_dim"])
+        k = torch.randn(dims, device="cuda", dtype=pool.dtype)
+        v = torch.randn(dims, device="cuda", dtype=pool.dtype)
+        slots = torch.randperm(pool.shape[0] * BLOCK_SIZE, device="cuda")[:tokens]
+        want = pool[:, 2].clone()
+        append_kv_ref(k, v, want[:, 0], want[:, 1], slots)
+        append_kv_triton(k, v, pool[:, 2, 0], pool[:, 2, 1], slots)
+        ok = torch.equal(pool[:, 2], want)
+        del want
+        ms = _bench(lambda: append_kv_triton(k, v, pool[:, 2, 0], pool[:, 2, 1], slots))
+        moved = 4 * k.numel() * k.element_size()  # read k, v; write k, v
+        records.append({"kernel": "append_kv", "model": model, "tokens": tokens, "ok": ok,
+                        "median_us": ms * 1e3, "tb_per_s": moved / ms / 1e9})
+    return records
+
+
+def check_block_copy() -> list[dict]:
+    """Tier moves of Qwen-0.5B blocks (24 layers x 2 x 16 x 2 x 64 bf16 = 196,608 bytes)."""
+    block_bytes, num_blocks, moved_blocks = 196_608, 4096, 256
+    pool = torch.randint(0, 255, (num_blocks, block_bytes), dtype=torch.uint8, device="cuda")
+    ids = torch.randperm(num_blocks, device="cuda")[:moved_blocks]
+    got = gather_blocks_triton(pool, ids)
+    ok_gather = torch.equal(got, gather_blocks_ref(pool, ids))
+    src = torch.randint(0, 255, (moved_blocks, block_bytes), dtype=torch.uint8, device="cuda")
+    want = pool.clone()
+    scatter_blocks_ref(want, ids, src)
+    scatter_blocks_triton(pool, ids, src)
+    ok_scatter = torch.equal(pool, want)
+    moved = 2 * moved_blocks * block_bytes
+    records = []
+    for name, ok, fn in (("gather_blocks", ok_gather, lambda: gather_blocks_triton(pool, ids)),
+                         ("scatter_blocks", ok_scatter, lambda: scatter_blocks_triton(pool, ids, src)),
+                         ("gather_blocks_ref", True, lambda: gather_blocks_ref(pool, ids))):
+        ms = _bench(fn)
+        records.append({"kernel": name, "blocks": moved_blocks, "block_bytes": block_bytes, "ok": ok,
+                        "median_us": ms * 1e3, "tb_per_s": moved / ms / 1e9})
+    return records
+
+
+def check_rejection_sample() -> list[dict]:
+    """Qwen vocabulary, batch 32, 7 drafts: agreement with the reference and time."""
+    batch, k_max, vocab = 32, 7, 151_936
+    target = torch.softmax(torch.randn(batch, k_max + 1, vocab, device="cuda") * 3, -1)
+    draft = torch.softmax(torch.randn(batch, k_max, vocab, device="cuda") * 3, -1)
+    draft = torch.where(torch.rand(batch, k_max, 1, device="cuda") < 0.7, target[:, :k_max], draft)
+    tokens = torch.multinomial(draft.flatten(0, 1), 1).view(batch, k_max)
+    num_draft = torch.randint(0, k_max + 1, (batch,), device="cuda", dtype=torch.int32)
+    uniforms, bonus = torch.rand(batch, k_max, device="cuda"), torch.rand(batch, device="cuda")
+    args = (target, draft, tokens, num_draft, uniforms, bonus)
+    want_len, want_out = rejection_sample_ref(*args)
+    got_len, got_out = rejection_sample_triton(*args)
+    mismatched_rows = int(((got_out != want_out).any(1) | (got_len != want_len)).sum())
+    return [{"kernel": "rejection_sample", "batch": batch, "k": k_max, "vocab": vocab,
+             "mismatched_rows": mismatched_rows, "ok": mismatched_rows == 0,
+             "median_us": _bench(lambda: rejection_sample_triton(*args)) * 1e3,
+             "ref_median_us": _bench(lambda: rejection_sample_ref(*args)) * 1e3}]
+
+
+def _bench(fn) -> float:
+    """Median milliseconds."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, return_mode="median")
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def _write(path: str, payload: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
