@@ -192,3 +192,11 @@ def test_default_split_manifests_are_recorded():
         assert path.exists(), f"{path} not committed"
         manifest = json.loads(path.read_text())
         assert manifest["train"] and manifest["eval"] and not set(manifest["train"]) & set(manifest["eval"])
+
+
+def test_docs_example_is_a_valid_session():
+    """The example users copy from docs/workloads.md must parse, or the "replay your traffic" guide lies."""
+    doc = (Path(__file__).resolve().parents[2] / "docs/workloads.md").read_text()
+    block = doc.split("<!-- example -->\n```json\n", 1)[1].split("```", 1)[0]
+    session = Session.model_validate_json(block)
+    assert session.turns[1].messages[0].role == "tool" and session.turns[1].think_time_s == 9.0
