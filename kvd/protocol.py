@@ -13,6 +13,7 @@ never raises anything else, so a bad frame cannot take the server loop down.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional
 
@@ -228,8 +229,19 @@ def unpack(frame: bytes) -> Any:
     )
 
 
+def _plain(obj: Any) -> Any:
+    """Core results may hold numpy scalars, paths or dataclasses; the wire gets plain values."""
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return obj.item()
+    if isinstance(obj, (os.PathLike, set, frozenset)):
+        return os.fspath(obj) if isinstance(obj, os.PathLike) else sorted(obj)
+    raise TypeError(f"cannot send {type(obj).__name__} over the wire")
+
+
 def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    return msgpack.packb(obj, use_bin_type=True, default=_plain)
 
 
 def _short(err: ValidationError) -> str:

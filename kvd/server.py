@@ -242,7 +242,11 @@ class KvdServer:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            reply = self.handle_frames(sock, frames, admin)
+            try:
+                reply = self.handle_frames(sock, frames, admin)
+            except Exception:  # last line of defence for the invariant in the module docstring
+                log.exception("unhandled failure on a frame; answering internal")
+                reply = frames[:1] + [self._error(None, P.ErrorCode.INTERNAL, "unhandled server failure")]
             if reply is not None:
                 self._send(sock, reply)
 
@@ -284,12 +288,12 @@ class KvdServer:
                 result = {"stats": {**self.core.stats(), "server": dict(self.counters)}}
             else:
                 result = run_op(self.core, client, req.op)
+            return envelope + [P.encode_reply(req.id, result)]
         except KvdError as err:
             return envelope + [self._error(req.id, err.code, err.message)]
-        except Exception as err:  # stats of a broken core, say: still a reply, never a crash
+        except Exception as err:  # an unpackable result or a broken core: still a reply, never a crash
             log.exception("unexpected failure on %s", kind)
             return envelope + [self._error(req.id, P.ErrorCode.INTERNAL, type(err).__name__)]
-        return envelope + [P.encode_reply(req.id, result)]
 
     def _error(self, req_id: Optional[int], code: str, message: str) -> bytes:
         self.counters["errors"] += 1

@@ -12,7 +12,7 @@ import msgpack
 import pytest
 import zmq
 
-from client.kvd_client import BadChain, Forbidden, KvdClient, ReadyTimeout
+from client.kvd_client import BadChain, Forbidden, KvdClient, KvdClientError, ReadyTimeout
 from kvd import protocol as P
 from kvd.core_types import KvdError, LookupResult, PoolInfo
 from kvd.server import KvdServer
@@ -53,6 +53,9 @@ class FakeCore:
 
     def stats(self):
         return {"lookups": 1}
+
+    def top(self, n):
+        return [object()]  # not msgpack-able: the server must answer, not die
 
     def flush(self, tier):
         return {"flushed": 0 if tier is None else tier}
@@ -100,6 +103,9 @@ def test_client_round_trip_and_batch(served):
         assert results[1] == [1]
         assert results[2].code == "internal"
         assert c.stats()["server"]["requests"] >= 4
+        with pytest.raises(KvdClientError, match="internal"):
+            c.top()
+        c.heartbeat()  # still serving
 
 
 def test_admin_verbs_only_on_admin_socket(served):
