@@ -347,3 +347,22 @@ def write_report(results: dict, out_dir: str | Path, baseline: str | None = None
     plots = [str(p) for k, p in paths.items() if p.suffix == ".png"]
     paths["report"].write_text(markdown_report(results, summary, base, plots, problems), encoding="utf-8")
     return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Re-render a report from a results.json (its input part), e.g. after editing meta."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=main.__doc__)
+    parser.add_argument("results", type=Path, help="a results.json written by a bench run")
+    parser.add_argument("--out", type=Path, required=True, help="directory for results.json, report.md, plots")
+    parser.add_argument("--baseline", default=None, help="config the others are compared with")
+    args = parser.parse_args(argv)
+    results = json.loads(args.results.read_text(encoding="utf-8"))
+    paths = write_report({"meta": results.get("meta", {}), "configs": results["configs"]}, args.out, args.baseline)
+    print(paths["report"].read_text(encoding="utf-8"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -9,6 +9,7 @@ import pytest
 
 from bench.cost import cost_per_million_output_tokens
 from bench.report import ReportError, check_report, summarize_results, write_report
+from bench.report import main as report_main
 from bench.stats import StatsError, percentile, summarize
 
 ACCEPTANCE = [0.8, 0.6, 0.45, 0.3, 0.2, 0.1, 0.05]
@@ -133,3 +134,11 @@ def test_stats_and_cost():
     assert cost_per_million_output_tokens(3_600_000, 3600.0, 8) == pytest.approx(8 * 3.99 / 3.6)
     with pytest.raises(ValueError):
         cost_per_million_output_tokens(0, 1.0, 1)
+
+
+def test_rerender_from_results_json(results, tmp_path, capsys):
+    first = write_report(results, tmp_path / "a")
+    assert report_main([str(first["results"]), "--out", str(tmp_path / "b")]) == 0
+    assert "| standard | 1 |" in capsys.readouterr().out
+    again = json.loads((tmp_path / "b/results.json").read_text())
+    assert again["summary"] == json.loads(first["results"].read_text())["summary"]

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -200,3 +203,17 @@ def test_docs_example_is_a_valid_session():
     block = doc.split("<!-- example -->\n```json\n", 1)[1].split("```", 1)[0]
     session = Session.model_validate_json(block)
     assert session.turns[1].messages[0].role == "tool" and session.turns[1].think_time_s == 9.0
+
+
+@pytest.mark.slow
+def test_bytes_do_not_depend_on_the_hash_seed(base_opts, tmp_path):
+    """Two processes with different PYTHONHASHSEED (set iteration, BM25 score sums) write the same file."""
+    outs = []
+    for hash_seed in ("1", "2"):
+        out = tmp_path / f"k{hash_seed}.jsonl"
+        subprocess.run([sys.executable, "-m", "bench.workloads.build", "--workload", "knowledge", "--sessions", "3",
+                        "--split-dir", str(base_opts.manifest_dir), "--cache-dir", str(tmp_path / f"c{hash_seed}"),
+                        "--out", str(out)], check=True, capture_output=True,
+                       env={**os.environ, "PYTHONHASHSEED": hash_seed}, cwd=Path(__file__).resolve().parents[2])
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] and outs[0]
