@@ -3,13 +3,14 @@
 Every turn after the first appends tool results: a stdlib source file (read_file) and the MBPP test run
 (run_tests); the replay appends the model's previous answer. So the context only grows, turn after turn,
 on top of a prefix (system + tools + task) that never changes: the shape of agent traffic, where prefix
-reuse across turns decides TTFT. `file_chars` and `turns` set how long it grows (about 32k tokens with
-10 turns of 12,000-character files).
+reuse across turns decides TTFT. `file_chars` and `turns` set how long it grows (10 turns of 12,000-character
+files reach about 113k characters, roughly 30k tokens of code).
 """
 from __future__ import annotations
 
 import json
 import platform
+import random
 from pathlib import Path
 
 from bench.workloads.format import Message, Sampling, Session, Turn
@@ -88,7 +89,7 @@ def tool_message(tool: str, content: str, opts: BuildOptions) -> Message:
 
 
 def make_session(index: int, item_id: str, task: dict, files: list[Path], arrival_s: float,
-                 opts: BuildOptions, rng) -> Session:
+                 opts: BuildOptions, rng: random.Random) -> Session:
     n_turns = opts.turn_count(DEFAULT_TURNS)
     pauses = think_times(opts, rng, TIMING, n_turns)
     max_tokens = opts.answer_tokens(DEFAULT_MAX_TOKENS)

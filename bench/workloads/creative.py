@@ -8,6 +8,7 @@ KV must survive in a lower tier until the writer comes back.
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def turn_texts(seed: Seed, n_turns: int, opts: BuildOptions) -> list[str]:
     return texts
 
 
-def make_session(index: int, seed: Seed, arrival_s: float, opts: BuildOptions, rng) -> Session:
+def make_session(index: int, seed: Seed, arrival_s: float, opts: BuildOptions, rng: random.Random) -> Session:
     n_turns = opts.turn_count(DEFAULT_TURNS)
     pauses = think_times(opts, rng, TIMING, n_turns)
     max_tokens = opts.answer_tokens(DEFAULT_MAX_TOKENS)

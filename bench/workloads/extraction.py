@@ -7,6 +7,7 @@ run greedy: the answer is a fact, not a sample.
 from __future__ import annotations
 
 import json
+import random
 import re
 from datetime import datetime
 from pathlib import Path
@@ -36,7 +37,7 @@ def load_receipts(corpora_dir: Path) -> tuple[list[Path], dict[str, dict]]:
 
 
 def make_session(index: int, items: list[str], receipts: dict[str, dict], arrival_s: float,
-                 opts: BuildOptions, rng) -> Session:
+                 opts: BuildOptions, rng: random.Random) -> Session:
     pauses = think_times(opts, rng, TIMING, len(items))
     max_tokens = opts.answer_tokens(DEFAULT_MAX_TOKENS)
     turns = [Turn(messages=[Message(role="user", content=opts.clip("\n".join(receipts[item]["ocr_lines"])))],

@@ -124,7 +124,7 @@ def retrieve(index: BM25, item_id: str, question: str, opts: BuildOptions) -> li
 
 
 def make_session(index: int, items: list[str], questions: dict[str, dict], retrieved: dict[str, list[str]],
-                 arrival_s: float, opts: BuildOptions, rng) -> Session:
+                 arrival_s: float, opts: BuildOptions, rng: random.Random) -> Session:
     pauses = think_times(opts, rng, TIMING, len(items))
     max_tokens = opts.answer_tokens(DEFAULT_MAX_TOKENS)
     turns = [Turn(messages=[Message(role="user", content=question_message(

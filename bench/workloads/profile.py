@@ -41,9 +41,8 @@ def stdlib_sources() -> list[Path]:
 
     Its content depends on the Python version, so sessions built from it record `python` in their meta.
     """
-    root = Path(sysconfig.get_paths()["stdlib"])
     found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(stdlib_root()):
         dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP and not d.startswith("config-"))
         found.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
     return found

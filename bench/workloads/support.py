@@ -7,6 +7,7 @@ Schema-Guided Dialogue, in order. Answers are short and pauses are seconds, so p
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 from bench.workloads.format import Message, Sampling, Session, Turn
@@ -40,7 +41,7 @@ def load_dialogues(corpora_dir: Path) -> tuple[list[Path], dict[str, list[str]]]
 
 
 def make_session(index: int, item_id: str, utterances: list[str], system: str, arrival_s: float,
-                 opts: BuildOptions, rng) -> Session:
+                 opts: BuildOptions, rng: random.Random) -> Session:
     n_turns = min(opts.turn_count(len(utterances)), len(utterances))
     pauses = think_times(opts, rng, TIMING, n_turns)
     max_tokens = opts.answer_tokens(DEFAULT_MAX_TOKENS)
