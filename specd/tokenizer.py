@@ -10,6 +10,7 @@ special tokens (so a rendered chat template's "<|im_start|>" becomes one id).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -41,13 +42,18 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.inner.get_vocab_size(with_added_tokens=True)
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """Stable id of the vocabulary and its rules, for the KV namespace (DESIGN.md §2)."""
         h = hashlib.blake2b(digest_size=16)
         h.update(self.inner.to_str().encode())
         h.update(repr((self.bos_id, sorted(self.stop_ids), self.add_bos)).encode())
         return h.hexdigest()
+
+    @property
+    def name(self) -> str:
+        """The tokenizer's identity in the KV namespace (the engine passes it to namespace_root)."""
+        return self.fingerprint
 
     def token_text(self, token_id: int) -> str | None:
         return self.inner.id_to_token(token_id)
