@@ -94,7 +94,10 @@ class Format:
 
     def chunk(self, text: str | None, finish_reason: str | None = None) -> dict[str, Any]:
         if self.chat:
-            delta = {} if text is None else ({"role": "assistant", "content": text} if text == "" else {"content": text})
+            # "" opens the stream with the role; None is the closing chunk's empty delta.
+            delta = {} if text is None else {"content": text}
+            if text == "":
+                delta["role"] = "assistant"
             choice = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": text or ""}

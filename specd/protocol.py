@@ -123,7 +123,8 @@ def decode_request(frame: bytes) -> Generate | Cancel | StatsRequest | InfoReque
     obj = _unpack_map(frame)
     msg_id = _readable_id(obj)
     if obj.get("v") != PROTOCOL_VERSION:
-        raise ProtocolError("bad_version", f"protocol version {obj.get('v')!r}, server speaks {PROTOCOL_VERSION}", msg_id)
+        raise ProtocolError("bad_version", f"protocol version {obj.get('v')!r}, server speaks {PROTOCOL_VERSION}",
+                            msg_id)
     if obj.get("type") not in CLIENT_TYPES:
         raise ProtocolError("unknown_type", f"unknown message type {str(obj.get('type'))[:64]!r}", msg_id)
     try:
@@ -187,7 +188,8 @@ def decode_reply(frame: bytes) -> Reply:
     try:
         return Reply.model_validate(obj)
     except ValidationError as exc:
-        raise ProtocolError("malformed_reply", str(exc.errors(include_url=False)[0]["msg"]), _readable_id(obj)) from None
+        first = exc.errors(include_url=False)[0]
+        raise ProtocolError("malformed_reply", str(first["msg"]), _readable_id(obj)) from None
 
 
 def generate_request(msg_id: int, *, prompt: str | list[int] | None = None, messages: list[dict] | None = None,

@@ -221,7 +221,8 @@ class SpecdServer:
 
     def _deliver(self, sock: zmq.Socket, route: Route, out: RequestOutput) -> None:
         if out.finish_reason == "error" or out.error:
-            self._send(sock, route.identity, protocol.error_reply(route.msg_id, "engine_error", out.error or "engine error"))
+            message = out.error or "engine error"
+            self._send(sock, route.identity, protocol.error_reply(route.msg_id, "engine_error", message))
             return
         if out.token_ids or out.text:
             self._send(sock, route.identity, protocol.tokens_reply(route.msg_id, list(out.token_ids), out.text))
