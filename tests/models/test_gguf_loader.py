@@ -24,12 +24,12 @@ def llama_cpp_permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-@pytest.mark.parametrize("shape,heads", [((4 * 8, 5), 4), ((2 * 6, 3), 2), ((3 * 4,), 3)])
 def _fingerprint(path: Path) -> str:
     reader = gguf.GGUFReader(path)
     return gguf_fingerprint(path, reader, gguf_config(reader))
 
 
+@pytest.mark.parametrize("shape,heads", [((4 * 8, 5), 4), ((2 * 6, 3), 2), ((3 * 4,), 3)])
 def test_unpermute_inverts_llama_cpp_permute(shape, heads):
     w = torch.randn(shape)
     assert torch.equal(unpermute_qk(llama_cpp_permute(w, heads), heads), w)
