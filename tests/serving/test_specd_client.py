@@ -158,3 +158,11 @@ def test_cancelled_async_task_cancels_the_request(slow_server):
     asyncio.run(run())
     assert wait_until(lambda: len(engine.aborted) == 1)
     assert wait_until(lambda: engine.stats()["requests_running"] == 0)
+
+
+def test_socket_is_not_world_accessible(server, run_dir):
+    import os
+    import stat
+
+    mode = stat.S_IMODE(os.stat(os.path.join(run_dir, protocol.SOCKET_NAME)).st_mode)
+    assert mode == 0o660
