@@ -3,6 +3,8 @@ typed errors, timeouts, and cancellation/disconnection freeing the request in th
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import time
 
 import pytest
@@ -161,8 +163,5 @@ def test_cancelled_async_task_cancels_the_request(slow_server):
 
 
 def test_socket_is_not_world_accessible(server, run_dir):
-    import os
-    import stat
-
     mode = stat.S_IMODE(os.stat(os.path.join(run_dir, protocol.SOCKET_NAME)).st_mode)
     assert mode == 0o660
