@@ -46,28 +46,30 @@ def scatter_blocks_ref(pool: torch.Tensor, ids: torch.Tensor, src: torch.Tensor)
     pool.index_copy_(0, ids, src)
 
 
-def gather_blocks_triton(pool: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def gather_blocks_triton(pool: torch.Tensor, ids: torch.Tensor, block_words: int = BLOCK_WORDS) -> torch.Tensor:
+    """``block_words`` (words per program) is exposed for bench/kernels_gpu.py's sweep."""
     _check_args(pool, ids)
     out = torch.empty((ids.shape[0], pool.shape[1]), device=pool.device, dtype=pool.dtype)
-    _launch(pool, ids, out, gather=True)
+    _launch(pool, ids, out, gather=True, block_words=block_words)
     return out
 
 
-def scatter_blocks_triton(pool: torch.Tensor, ids: torch.Tensor, src: torch.Tensor) -> None:
+def scatter_blocks_triton(pool: torch.Tensor, ids: torch.Tensor, src: torch.Tensor,
+                          block_words: int = BLOCK_WORDS) -> None:
     _check_args(pool, ids, src)
-    _launch(pool, ids, src, gather=False)
+    _launch(pool, ids, src, gather=False, block_words=block_words)
 
 
-def _launch(pool: torch.Tensor, ids: torch.Tensor, dense: torch.Tensor, gather: bool) -> None:
+def _launch(pool: torch.Tensor, ids: torch.Tensor, dense: torch.Tensor, gather: bool, block_words: int) -> None:
     """``dense`` is the [n, row] side of the copy: the output of a gather, the source of a scatter."""
     if ids.shape[0] == 0 or pool.shape[1] == 0:
         return
     word = _widest_word(pool, dense)
     pool_w, dense_w = pool.view(word), dense.view(word)
     words = pool_w.shape[1]
-    grid = (ids.shape[0], triton.cdiv(words, BLOCK_WORDS))
+    grid = (ids.shape[0], triton.cdiv(words, block_words))
     _copy_rows_kernel[grid](pool_w, ids, dense_w, words, pool_w.stride(0), dense_w.stride(0),
-                            GATHER=gather, BLOCK=BLOCK_WORDS)
+                            GATHER=gather, BLOCK=block_words)
 
 
 def _widest_word(pool: torch.Tensor, dense: torch.Tensor) -> torch.dtype:
