@@ -23,6 +23,8 @@ from specd.engine.sequence import Sequence, SeqStatus
 
 log = logging.getLogger("specd.engine")
 
+RECONNECT_EVERY_S = 2.0
+
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -55,6 +57,7 @@ class SpecEngine:
         self._pending_outputs: list[RequestOutput] = []
         self._counters = dict(requests_total=0, requests_finished=0, requests_aborted=0, prompt_tokens_total=0,
                               cached_tokens_total=0, tokens_generated_total=0, steps_total=0)
+        self._last_reconnect_s = 0.0
         self._attach(source)
 
     def _attach(self, source: BlockSource) -> None:
@@ -123,6 +126,7 @@ class SpecEngine:
 
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self._maybe_reconnect()
         batch = self.scheduler.schedule()
         outputs, self._pending_outputs = self._pending_outputs, []
         if not batch:
@@ -142,6 +146,33 @@ class SpecEngine:
                 self.blocks.commit_full(s.seq)
         self._counters["steps_total"] += 1
         return outputs
+
+    def _maybe_reconnect(self) -> None:
+        """(Re-)attach to kvd after an outage or a start without it, at a moment when no sequence
+        holds a block, so no block table ever spans two pools."""
+        if self.config.kvd_run_dir is None or self.source.connected or self.scheduler.running:
+            return
+        now = time.monotonic()
+        if now - self._last_reconnect_s < RECONNECT_EVERY_S:
+            return
+        self._last_reconnect_s = now
+        from specd.engine.kvd_source import KvdBlockSource, KvdUnavailable
+
+        try:
+            fresh = KvdBlockSource.connect(self.config.kvd_run_dir, self.layout, self.device)
+        except (KvdUnavailable, OSError):
+            return
+        self.blocks.release_reserve()
+        waiting = list(self.scheduler.waiting)
+        for seq in waiting:
+            self.blocks.free(seq)
+            seq.num_computed_tokens = 0
+        if hasattr(self.source, "close"):
+            self.source.close()
+        self._attach(fresh)
+        for seq in waiting:
+            self.scheduler.add(seq)
+        log.info("kvd attached: the shared prefix cache is on")
 
     def _append_token(self, seq: Sequence, tok: int, now: float) -> RequestOutput:
         params = seq.request.params

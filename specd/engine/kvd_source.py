@@ -1,0 +1,154 @@
+"""Blocks leased from kvd: the shared, cached pool.
+
+If kvd stops answering, the source degrades instead of failing requests: it adopts the pool mapping
+it already holds as a private pool (the blocks live sequences use stay where they are, every other
+block becomes free), stops looking up and publishing, and says so through ``connected``. The engine
+re-attaches to a restarted kvd when it is idle, so no live block table ever spans two pools. A wrong KV block is never served: in degraded mode nothing is looked up at all.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from client.kvd_client import KvdClient, KvdClientError, map_pool
+from client.kvd_client import KvdUnavailable as _ClientUnavailable
+from client.kvd_client import OutOfBlocks as _KvdOutOfBlocks
+from kvd.types import BlockHash, BlockId, LeaseId
+from specd.engine.block_source import OutOfBlocks
+from specd.engine.kv_layout import KVLayout
+
+log = logging.getLogger("specd.kvd")
+
+GROUP = "full"
+ATTACH_TIMEOUT_S = 0.5    # probing for a restarted kvd must not delay requests
+CALL_TIMEOUT_S = 2.0      # a dead kvd must not stall a decode step for long
+HEARTBEAT_S = 2.0         # well under kvd's default 30 s lease TTL
+
+
+class KvdUnavailable(Exception):
+    """kvd cannot be used (not running, or its pool cannot be mapped on this device)."""
+
+
+class KvdBlockSource:
+    def __init__(self, client: KvdClient, pool: torch.Tensor, layout: KVLayout, run_dir: Path):
+        self.client = client
+        self.pool = pool                       # [N, block_bytes] uint8, mapped from kvd
+        self.num_blocks = pool.shape[0]
+        self.layout = layout
+        self.run_dir = run_dir
+        self._connected = True
+        self._held: dict[LeaseId, list[BlockId]] = {}     # every live lease -> its blocks
+        self._free: list[BlockId] = []                     # used only when degraded
+        self._next_local_lease = -1                        # degraded leases are negative: never sent to kvd
+        self.lookup_errors = 0
+
+    @classmethod
+    def connect(cls, run_dir: Path, layout: KVLayout, device: torch.device) -> "KvdBlockSource":
+        client = KvdClient(run_dir, timeout_s=ATTACH_TIMEOUT_S)
+        try:
+            info = client.attach(GROUP, layout.block_bytes)
+            client.timeout_s = CALL_TIMEOUT_S
+        except KvdClientError as exc:
+            client.close()
+            raise KvdUnavailable(str(exc)) from exc
+        pool = map_pool(info)
+        if pool.device.type != device.type:
+            client.close()
+            raise KvdUnavailable(f"kvd's pool is on {pool.device.type}, the engine runs on {device.type}; "
+                                 f"start kvd with --device {device.type}")
+        client.start_heartbeat(HEARTBEAT_S)
+        log.info("attached to kvd at %s: %d blocks of %d bytes (%s)", run_dir, info.gpu_blocks, info.block_bytes, info.kind)
+        return cls(client, pool, layout, Path(run_dir))
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    # -- the BlockSource interface ----------------------------------------------------------
+    def lookup(self, hashes: Sequence[BlockHash], session: str | None = None) -> tuple[LeaseId | None, list[BlockId]]:
+        if not self._connected:
+            return None, []
+        try:
+            res = self.client.lookup(GROUP, list(hashes), session)
+            if res.hits and not res.ready:
+                self.client.wait_ready(res.lease)
+        except KvdClientError as exc:
+            self._degrade(exc)
+            return None, []
+        if not res.hits:
+            if res.lease:
+                self._release_remote(res.lease)
+            return None, []
+        self._held[res.lease] = list(res.hits)
+        return res.lease, list(res.hits)
+
+    def allocate(self, n: int) -> tuple[LeaseId, list[BlockId]]:
+        if self._connected:
+            try:
+                lease, blocks = self.client.allocate(GROUP, n)
+                self._held[lease] = list(blocks)
+                return lease, list(blocks)
+            except _KvdOutOfBlocks as exc:
+                raise OutOfBlocks(str(exc)) from exc
+            except KvdClientError as exc:
+                self._degrade(exc)
+        return self._allocate_local(n)
+
+    def commit(self, lease: LeaseId, entries) -> None:
+        if not self._connected or lease < 0:
+            return
+        try:
+            self.client.commit(lease, [(int(b), bytes(h), None if p is None else bytes(p)) for b, h, p in entries])
+        except _ClientUnavailable as exc:
+            self._degrade(exc)
+        except KvdClientError as exc:
+            # a refused commit (e.g. the lease was reclaimed) only loses a cache entry, never correctness
+            log.warning("kvd refused a commit: %s", exc)
+
+    def release(self, leases: Sequence[LeaseId], hints: dict | None = None) -> None:
+        for lease in leases:
+            blocks = self._held.pop(lease, [])
+            if not self._connected or lease < 0:
+                self._free.extend(blocks)
+            else:
+                self._release_remote(lease, hints)
+
+    def num_free(self) -> int:
+        return len(self._free) if not self._connected else -1
+
+    def heartbeat(self) -> None:
+        if self._connected:
+            self.client.heartbeat()
+
+    # -- failure and recovery ---------------------------------------------------------------
+    def _release_remote(self, lease: LeaseId, hints: dict | None = None) -> None:
+        try:
+            self.client.release(lease, hints)
+        except _ClientUnavailable as exc:
+            self._degrade(exc)
+        except KvdClientError as exc:
+            log.warning("kvd refused a release: %s", exc)
+
+    def _degrade(self, exc: Exception) -> None:
+        if not self._connected:
+            return
+        self._connected = False
+        in_use = {b for blocks in self._held.values() for b in blocks}
+        self._free = [BlockId(b) for b in reversed(range(self.num_blocks)) if b not in in_use]
+        log.warning("kvd stopped answering (%s): serving without the shared cache, recomputing prefixes", exc)
+
+    def _allocate_local(self, n: int) -> tuple[LeaseId, list[BlockId]]:
+        if n > len(self._free):
+            raise OutOfBlocks(f"need {n} blocks, {len(self._free)} free (kvd unavailable)")
+        blocks = [self._free.pop() for _ in range(n)]
+        lease = LeaseId(self._next_local_lease)
+        self._next_local_lease -= 1
+        self._held[lease] = blocks
+        return lease, blocks
+
+    def close(self) -> None:
+        self.client.close()
