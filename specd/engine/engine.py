@@ -64,7 +64,9 @@ class SpecEngine:
         self.source = source
         self.blocks = BlockManager(source, self.layout.block_size, self.root)
         self.scheduler = Scheduler(self.blocks, self.config.max_num_seqs, self.config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.layout, source.pool, self.device)
+        self.runner = ModelRunner(self.model, self.layout, source.pool, self.device,
+                                  max_batch=self.config.max_num_seqs, max_model_len=self.max_model_len,
+                                  cuda_graphs=self.config.cuda_graphs)
 
     # -- construction ----------------------------------------------------------------------
     @classmethod

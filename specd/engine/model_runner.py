@@ -23,7 +23,8 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model, layout: KVLayout, pool: torch.Tensor, device: torch.device):
+    def __init__(self, model, layout: KVLayout, pool: torch.Tensor, device: torch.device,
+                 max_batch: int = 32, max_model_len: int = 2048, cuda_graphs: bool = True):
         self.model = model
         self.layout = layout
         self.device = device
@@ -31,6 +32,13 @@ class ModelRunner:
         self.backend = PagedAttentionBackend(
             layout.view(pool), scale=cfg.attn_scale, sliding_window=getattr(cfg, "sliding_window", None)
         )
+        self.graphs = None
+        if cuda_graphs and device.type == "cuda":
+            from specd.engine.cuda_graphs import DecodeGraphs
+
+            max_blocks = -(-max_model_len // layout.block_size)
+            self.graphs = DecodeGraphs(model, self.backend, max_batch, max_blocks, device)
+            self.graphs.capture_all()
 
     def prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
         bs = self.layout.block_size
@@ -73,6 +81,8 @@ class ModelRunner:
     def run(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Returns fp32 logits [S, vocab] for the sampling sequences, in batch order."""
         inputs = self.prepare(batch)
+        if self.graphs is not None and inputs.meta.max_q_len == 1:
+            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         self.backend.set_step(inputs.meta)
         out = self.model(inputs.input_ids, inputs.positions, self.backend)
         return self.model.logits(out.hidden[inputs.sample_rows])

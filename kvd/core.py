@@ -1,0 +1,501 @@
+"""KvdCore: the whole of kvd's logic, with no sockets and injected time (docs/design/interfaces.md).
+
+The server (kvd/server.py) owns sockets and threads and calls these methods; tests drive them
+directly with a fake clock. Every public method takes the lock, so the server and the promotion
+workers (kvd/mover.py) may call in from different threads. Bad input raises KvdError(code).
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+from kvd.block_index import BlockRecord
+from kvd.cache_group import CacheGroup
+from kvd.config import KvdConfig
+from kvd.core_types import KvdError, LookupResult, PoolInfo, ReleaseHints, SessionHint
+from kvd.leases import Lease, LeaseTable
+from kvd.mover import Mover, MoveJob
+from kvd.temperature import bump, decayed
+from kvd.types import HASH_BYTES, BlockHash, BlockId, BlockKind, LeaseId, Tier
+
+log = logging.getLogger(__name__)
+BATCH_OPS = ("lookup", "allocate", "commit", "release", "heartbeat")
+
+
+class KvdCore:
+    def __init__(self, config: KvdConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.groups: dict[str, CacheGroup] = {}
+        self._leases = LeaseTable(config.lease_ttl_s)
+        self._sessions: dict[str, SessionHint] = {}
+        self.counters: Counter[str] = Counter()
+        self._tag = f"kvd-{os.getpid()}-{id(self):x}"
+        self._lock = threading.RLock()
+        self._moved = threading.Condition(self._lock)
+        self.mover = Mover(config.move_workers, self._on_moved)
+
+    # --- data plane setup -----------------------------------------------------------------------
+    def attach(self, client: str, group: str, block_bytes: int) -> PoolInfo:
+        """Create (first call) or describe the pool of ``group``; its capacity is fixed at creation."""
+        if not isinstance(group, str) or not group or not group.isidentifier():
+            raise KvdError("bad_request", f"bad group name {group!r}")
+        if not isinstance(block_bytes, int) or block_bytes <= 0:
+            raise KvdError("bad_request", f"block_bytes must be a positive int, got {block_bytes!r}")
+        with self._lock:
+            g = self.groups.get(group)
+            if g is None:
+                if len(self.groups) >= self.config.max_groups:
+                    raise KvdError("no_capacity", f"already {len(self.groups)} groups (max_groups)")
+                try:
+                    g = CacheGroup(group, block_bytes, self.config, self._tag, self.clock())
+                except ValueError as e:
+                    raise KvdError("no_capacity", str(e)) from e
+                self.groups[group] = g
+            elif g.block_bytes != block_bytes:
+                raise KvdError("group_mismatch", f"group {group} has block_bytes {g.block_bytes}")
+            gpu = g.gpu
+            dram = g.pools.get(Tier.DRAM)
+            return PoolInfo(
+                group=group,
+                block_bytes=block_bytes,
+                gpu_blocks=gpu.blocks,
+                kind=gpu.kind,  # type: ignore[arg-type]
+                path=str(gpu.path) if gpu.path else None,
+                ipc_handle=gpu.ipc_handle,
+                device=gpu.tensor.device.index if gpu.tensor.is_cuda else None,
+                dram_path=str(dram.path) if dram is not None else None,  # type: ignore[attr-defined]
+            )
+
+    # --- leases ---------------------------------------------------------------------------------
+    def lookup(
+        self,
+        client: str,
+        group: str,
+        hashes: Sequence[BlockHash],
+        session: str | None = None,
+        tokens: int | None = None,
+        block_tokens: int | None = None,
+    ) -> LookupResult:
+        """Lease the longest contiguous present prefix; queue promotions of lower-tier hits.
+
+        ``tokens``/``block_tokens`` (optional) feed the token hit-rate stats:
+        hit tokens = min(hits * block_tokens, tokens)."""
+        _check_hashes(hashes)
+        with self._lock:
+            g = self._group(group)
+            now = self.clock()
+            recs = g.index.prefix(hashes)
+            tiers = [r.tier for r in recs]
+            jobs: list[MoveJob] = []
+            held: list[BlockRecord] = []
+            lease_id = LeaseId(0)
+            if recs:
+                lease = self._leases.open(client, group, now)
+                for rec in recs:
+                    self._hold(g, lease, rec, now)
+                jobs = self._promote(g, lease, now)
+                held, lease_id = lease.held, lease.id
+                if not held:
+                    self._leases.close(lease)
+                    lease_id = LeaseId(0)
+            self._count_lookup(len(hashes), len(held), tokens, block_tokens)
+            if session is not None and held:
+                self._see_session(session, client, held[-1].hash, len(held), now)
+            result = LookupResult(
+                lease_id,
+                [BlockId(r.dest if r.moving else r.slot) for r in held],
+                tiers[: len(held)],
+                not any(r.moving for r in held),
+            )
+        for job in jobs:
+            self.mover.submit(job)
+        return result
+
+    def _promote(self, g: CacheGroup, lease: Lease, now: float) -> list[MoveJob]:
+        """Start promotions of the lease's lower-tier hits; cut the prefix where no GPU slot can be
+        had (every GPU block leased): a shorter hit is correct, a block never served is not."""
+        jobs: list[MoveJob] = []
+        for i, rec in enumerate(lease.held):
+            if rec.tier == Tier.GPU or rec.moving:
+                continue
+            job = g.start_promotion(rec, now)
+            if job is None:
+                for r in reversed(lease.held[i:]):
+                    self._unhold(g, r, now)
+                del lease.held[i:]
+                break
+            jobs.append(job)
+        return jobs
+
+    def allocate(self, client: str, group: str, n: int) -> tuple[LeaseId, list[BlockId]]:
+        """A write lease on ``n`` free GPU blocks (evicting/demoting unleased blocks as needed)."""
+        if not isinstance(n, int) or n < 0:
+            raise KvdError("bad_request", f"n must be a non-negative int, got {n!r}")
+        with self._lock:
+            g = self._group(group)
+            if n > g.gpu.blocks:
+                raise KvdError("out_of_blocks", f"{n} blocks asked, pool has {g.gpu.blocks}")
+            now = self.clock()
+            slots = g.take_gpu_slots(n, now)
+            if slots is None:
+                raise KvdError("out_of_blocks", "every GPU block is leased or pinned")
+            lease = self._leases.open(client, group, now)
+            lease.writes.update(slots)
+            return lease.id, [BlockId(s) for s in slots]
+
+    def commit(
+        self, client: str, lease_id: int, blocks: Sequence[tuple[int, BlockHash, BlockHash | None]]
+    ) -> list[BlockId]:
+        """Publish written blocks in chain order; validated in full before anything changes."""
+        with self._lock:
+            lease = self._leases.get(client, lease_id)
+            g = self._group(lease.group)
+            self._validate_commit(g, lease, blocks)
+            now = self.clock()
+            return [self._publish(g, lease, int(b), BlockHash(bytes(h)), p, now) for b, h, p in blocks]
+
+    def _validate_commit(self, g: CacheGroup, lease: Lease, blocks: Sequence[Any]) -> None:
+        seen_slots: set[int] = set()
+        new_hashes: set[bytes] = set()
+        for item in blocks:
+            if not isinstance(item, (tuple, list)) or len(item) != 3:
+                raise KvdError("bad_request", "commit items are (block_id, hash, parent)")
+            bid, h, parent = item
+            if not isinstance(bid, int) or bid not in lease.writes or bid in seen_slots:
+                raise KvdError("bad_block", f"block {bid!r} is not an uncommitted block of lease {lease.id}")
+            _check_hashes([h])
+            if parent is not None:
+                _check_hashes([parent])
+                if parent not in g.index and bytes(parent) not in new_hashes:
+                    raise KvdError("bad_chain", f"parent {bytes(parent).hex()} of {bytes(h).hex()} is unknown")
+            seen_slots.add(bid)
+            new_hashes.add(bytes(h))
+
+    def _publish(
+        self, g: CacheGroup, lease: Lease, bid: int, h: BlockHash, parent: BlockHash | None, now: float
+    ) -> BlockId:
+        lease.writes.discard(bid)
+        old = g.index.get(h)
+        if old is not None and (old.tier == Tier.GPU or old.moving):
+            g.gpu.free(bid)  # a duplicate: the published block stays canonical
+            self._hold(g, lease, old, now)
+            return BlockId(old.dest if old.moving else old.slot)
+        pinned = False
+        if old is not None:  # published in a lower tier (unleased): the fresh GPU copy replaces it
+            pinned = old.pinned
+            if old.evictable:
+                g.policy.on_removed(old)
+            g.drop(old)
+            g.counters["evictions"] -= 1
+        p = g.index.get(parent) if parent is not None else None
+        rec = BlockRecord(h, parent, p.depth + 1 if p else 0, Tier.GPU, bid, t_last=now, refs=1, pinned=pinned)
+        g.index.insert(rec)
+        if p is not None:
+            self._link_child(g, p, rec, now)
+        lease.held.append(rec)
+        return BlockId(bid)
+
+    def _link_child(self, g: CacheGroup, p: BlockRecord, rec: BlockRecord, now: float) -> None:
+        """A new child: the parent is no longer a tail; an older unreused leaf sibling is superseded."""
+        sib = g.index.get(p.last_child) if p.last_child is not None else None
+        if sib is not None and sib is not rec and sib.children == 0 and sib.sightings == 1:
+            sib.superseded = True
+            g.policy.on_touched(sib, now)
+        p.last_child = rec.hash
+        if p.tail:
+            p.tail = False
+            g.policy.on_touched(p, now)
+
+    def release(self, client: str, lease_id: int, hints: ReleaseHints | dict | None = None) -> None:
+        """Unpin the lease's blocks (tail first, as vLLM frees); uncommitted blocks return to free."""
+        if isinstance(hints, dict) or hints is None:
+            hints = ReleaseHints.from_dict(hints)
+        with self._lock:
+            if lease_id == 0:
+                return
+            lease = self._leases.get(client, lease_id)
+            self._end_lease(lease, hints)
+
+    def _end_lease(self, lease: Lease, hints: ReleaseHints) -> None:
+        g = self.groups[lease.group]
+        now = self.clock()
+        for slot in lease.writes:
+            g.gpu.free(slot)
+        held = lease.held
+        if held:
+            self._apply_hints(g, held, hints, now)
+        for rec in reversed(held):
+            self._unhold(g, rec, now)
+        self._leases.close(lease)
+
+    def _apply_hints(self, g: CacheGroup, held: list[BlockRecord], hints: ReleaseHints, now: float) -> None:
+        for rec in held:
+            kind = hints.kinds.get(rec.hash)
+            if kind is not None:
+                rec.kind = BlockKind(kind)
+            if hints.session is not None:
+                rec.session = hints.session
+        tail = held[-1]
+        expect = hints.expected_return_s
+        if hints.turn_end and expect is not None:
+            for rec in held:
+                rec.protect_until = max(rec.protect_until, now + expect)
+        elif tail.children == 0 and not hints.turn_end:
+            tail.tail = True
+        if hints.session is not None:
+            self._see_session(hints.session, "", tail.hash, len(held), now, expect)
+
+    def heartbeat(self, client: str) -> int:
+        """Renew every lease of ``client``; returns how many it holds."""
+        with self._lock:
+            return self._leases.heartbeat(client, self.clock())
+
+    def wait_ready(self, lease_id: int, timeout: float | None = None) -> bool:
+        """Block until the lease's promotions have landed; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.mover.run_pending()
+        with self._moved:
+            while self._moving(lease_id):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._moved.wait(left)
+            return True
+
+    def _moving(self, lease_id: int) -> bool:
+        """Any block of the lease still mid-promotion (an unknown lease raises unknown_lease)."""
+        if lease_id == 0:
+            return False
+        return any(r.moving for r in self._leases.find(lease_id).held)
+
+    def tick(self, now: float | None = None) -> dict[str, int]:
+        """Reclaim leases of silent clients, run inline promotions, expire old sessions."""
+        self.mover.run_pending()
+        with self._lock:
+            now = self.clock() if now is None else now
+            dead = self._leases.expired(now)
+            for lease in dead:
+                log.info("reclaiming lease %d of silent client %s", lease.id, lease.client)
+                self._end_lease(lease, ReleaseHints())
+            self.counters["reclaimed_leases"] += len(dead)
+            horizon = now - 4 * self.config.lease_ttl_s
+            for s in [s for s, h in self._sessions.items() if max(h.last_seen, h.expected_return_at or 0) < horizon]:
+                del self._sessions[s]
+            return {"reclaimed": len(dead)}
+
+    def batch(self, client: str, ops: Sequence[dict[str, Any]]) -> list[Any]:
+        """Run several lease ops in order (one scheduler step, one message). Each item of the result
+        is that op's return value or the KvdError it raised; a failed op does not stop the others."""
+        out: list[Any] = []
+        for op in ops:
+            try:
+                if not isinstance(op, dict) or op.get("op") not in BATCH_OPS:
+                    raise KvdError("bad_request", f"batch op must be one of {BATCH_OPS}")
+                args = {k: v for k, v in op.items() if k != "op"}
+                out.append(getattr(self, op["op"])(client, **args))
+            except KvdError as e:
+                out.append(e)
+            except TypeError as e:
+                out.append(KvdError("bad_request", str(e)))
+        return out
+
+    # --- block bookkeeping ----------------------------------------------------------------------
+    def _hold(self, g: CacheGroup, lease: Lease, rec: BlockRecord, now: float) -> None:
+        if rec.evictable:
+            g.policy.on_removed(rec)
+        rec.refs += 1
+        rec.count = bump(rec.count, rec.t_last, now, self.config.half_life_s)
+        rec.t_last = now
+        rec.sightings += 1
+        rec.tail = False
+        lease.held.append(rec)
+
+    def _unhold(self, g: CacheGroup, rec: BlockRecord, now: float) -> None:
+        rec.refs -= 1
+        if rec.evictable and rec.hash in g.index:
+            g.policy.on_created(rec, now)
+
+    def _on_moved(self, job: MoveJob, error: BaseException | None) -> None:
+        with self._moved:
+            g = self.groups[job.group]
+            g.finish_promotion(job, error)
+            if job.rec.evictable and job.rec.hash in g.index:
+                g.policy.on_created(job.rec, self.clock())
+            self._moved.notify_all()
+
+    def _count_lookup(self, asked: int, hits: int, tokens: int | None, block_tokens: int | None) -> None:
+        c = self.counters
+        c["lookups"] += 1
+        c["lookup_blocks"] += asked
+        c["hit_blocks"] += hits
+        if tokens is not None and block_tokens is not None:
+            c["query_tokens"] += tokens
+            c["hit_tokens"] += min(hits * block_tokens, tokens)
+
+    def _see_session(
+        self, session: str, client: str, tail: BlockHash, blocks: int, now: float, expect: float | None = None
+    ) -> None:
+        h = self._sessions.get(session)
+        if h is None:
+            h = self._sessions[session] = SessionHint(session, client, tail, blocks, now, None)
+        h.client = client or h.client
+        h.tail, h.blocks, h.last_seen = tail, blocks, now
+        if expect is not None:
+            h.expected_return_at = now + expect
+
+    def _group(self, group: str) -> CacheGroup:
+        g = self.groups.get(group) if isinstance(group, str) else None
+        if g is None:
+            raise KvdError("unknown_group", f"group {group!r} is not attached")
+        return g
+
+    # --- admin ----------------------------------------------------------------------------------
+    def pin(self, client: str, hashes: Sequence[BlockHash], group: str | None = None) -> int:
+        """Pin present blocks (never evicted); returns how many were pinned."""
+        _check_hashes(hashes)
+        with self._lock:
+            n = 0
+            for g, rec in self._find(hashes, group):
+                if not rec.pinned:
+                    if rec.evictable:
+                        g.policy.on_removed(rec)
+                    rec.pinned = True
+                    n += 1
+            return n
+
+    def unpin(self, client: str, hashes: Sequence[BlockHash], group: str | None = None) -> int:
+        _check_hashes(hashes)
+        with self._lock:
+            n = 0
+            for g, rec in self._find(hashes, group):
+                if rec.pinned:
+                    rec.pinned = False
+                    if rec.evictable:
+                        g.policy.on_created(rec, self.clock())
+                    n += 1
+            return n
+
+    def evict(self, client: str, hashes: Sequence[BlockHash], group: str | None = None) -> int:
+        """Drop present, unleased blocks; returns how many were dropped."""
+        _check_hashes(hashes)
+        with self._lock:
+            n = 0
+            for g, rec in self._find(hashes, group):
+                if rec.refs == 0 and not rec.moving:
+                    if rec.evictable:
+                        g.policy.on_removed(rec)
+                    g.drop(rec)
+                    n += 1
+            return n
+
+    def flush(self, client: str, tier: str | int | None = None, group: str | None = None) -> int:
+        """Drop every unleased, unpinned block of ``tier`` (name or number), or of all tiers."""
+        want = _parse_tier(tier)
+        with self._lock:
+            n = 0
+            for name, g in self.groups.items():
+                if group is not None and name != group:
+                    continue
+                for rec in g.index:
+                    if rec.evictable and (want is None or rec.tier == want):
+                        g.policy.on_removed(rec)
+                        g.drop(rec)
+                        n += 1
+            return n
+
+    def _find(self, hashes: Sequence[BlockHash], group: str | None) -> list[tuple[CacheGroup, BlockRecord]]:
+        groups = [self._group(group)] if group is not None else list(self.groups.values())
+        return [(g, r) for g in groups for h in hashes if (r := g.index.get(BlockHash(bytes(h)))) is not None]
+
+    def stats(self, client: str = "") -> dict[str, Any]:
+        with self._lock:
+            c = self.counters
+            groups: dict[str, Any] = {}
+            totals: dict[str, dict[str, int]] = {}
+            agg: Counter[str] = Counter()
+            for name, g in self.groups.items():
+                occ = g.occupancy()
+                groups[name] = {"block_bytes": g.block_bytes, "blocks": len(g.index), "tiers": occ,
+                                "nvme_degraded": g.nvme_degraded, **dict(g.counters)}
+                agg.update(g.counters)
+                for t, o in occ.items():
+                    tot = totals.setdefault(t, Counter())
+                    tot.update(o)
+            return {
+                "policy": self.config.policy,
+                "tiers": {t: dict(v) for t, v in totals.items()},
+                "groups": groups,
+                "lookups": c["lookups"],
+                "lookup_blocks": c["lookup_blocks"],
+                "hit_blocks": c["hit_blocks"],
+                "hit_rate": c["hit_blocks"] / c["lookup_blocks"] if c["lookup_blocks"] else 0.0,
+                "query_tokens": c["query_tokens"],
+                "hit_tokens": c["hit_tokens"],
+                "token_hit_rate": c["hit_tokens"] / c["query_tokens"] if c["query_tokens"] else 0.0,
+                "leases": len(self._leases),
+                "reclaimed_leases": c["reclaimed_leases"],
+                "sessions": len(self._sessions),
+                "evictions": agg["evictions"],
+                "promotions": agg["promotions"],
+                "demotions": agg["demotions"],
+                "admission_rejects": agg["admission_rejects"],
+                "nvme_enospc": agg["nvme_enospc"],
+                "nvme_degraded": any(g.nvme_degraded for g in self.groups.values()),
+            }
+
+    def top(self, client: str = "", n: int = 10) -> list[dict[str, Any]]:
+        """The ``n`` hottest blocks by decayed temperature (an admin scan of the index)."""
+        with self._lock:
+            now = self.clock()
+            h = self.config.half_life_s
+            recs = ((decayed(r.count, r.t_last, now, h), name, r) for name, g in self.groups.items() for r in g.index)
+            best = heapq.nlargest(max(0, int(n)), recs, key=lambda x: x[0])
+            return [
+                {"hash": r.hash.hex(), "group": name, "temperature": round(t, 4), "tier": r.tier.name.lower(),
+                 "depth": r.depth, "refs": r.refs, "pinned": r.pinned, "kind": r.kind.name.lower()}
+                for t, name, r in best
+            ]
+
+    def leases(self, client: str = "") -> list[dict[str, Any]]:
+        with self._lock:
+            now = self.clock()
+            return [
+                {"lease": int(l.id), "client": l.client, "group": l.group, "blocks": len(l.held),
+                 "writes": len(l.writes), "age_s": now - l.created,
+                 "expires_in_s": (self._leases.deadline(l.client) or now) - now}
+                for l in self._leases
+            ]
+
+    def sessions(self, client: str = "") -> list[dict[str, Any]]:
+        with self._lock:
+            return [s.to_dict() for s in self._sessions.values()]
+
+    def close(self) -> None:
+        """Clean shutdown: stop movers, unlink shared pools, close NVMe files (which persist)."""
+        self.mover.close()
+        with self._lock:
+            for g in self.groups.values():
+                g.close()
+
+
+def _check_hashes(hashes: Any) -> None:
+    if not isinstance(hashes, (list, tuple)):
+        raise KvdError("bad_request", "hashes must be a list")
+    for h in hashes:
+        if not isinstance(h, (bytes, bytearray)) or len(h) != HASH_BYTES:
+            raise KvdError("bad_hash", f"a block hash is {HASH_BYTES} bytes")
+
+
+def _parse_tier(tier: str | int | None) -> Tier | None:
+    if tier is None or tier == "all":
+        return None
+    try:
+        return Tier[tier.upper()] if isinstance(tier, str) else Tier(tier)
+    except (KeyError, ValueError) as e:
+        raise KvdError("bad_request", f"unknown tier {tier!r}") from e

@@ -1,0 +1,41 @@
+"""The eviction policy interface: a policy only decides, the core and the tiers do the work.
+
+Protocol between the core (the only caller) and a policy:
+- ``on_created(rec, now)``: ``rec`` entered the evictable set of tier ``rec.tier`` (published and
+  released, demoted into a tier, unpinned);
+- ``on_touched(rec, now)``: ``rec`` was accessed or its hints changed (it may be unevictable now);
+- ``on_removed(rec)``: ``rec`` left its tier's evictable set (leased, pinned, moved, dropped);
+- ``victims(tier, n)``: up to ``n`` evictable records of ``tier``, first to go first. The core
+  then calls ``on_removed`` for each and demotes or drops it.
+``tiers`` lists the tiers the policy uses (configured ones only); ``admits(rec, tier)`` gates a
+demotion into a lower tier.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from kvd.block_index import BlockRecord
+from kvd.types import Tier
+
+
+class EvictionPolicy(ABC):
+    name: str
+
+    def __init__(self, tiers: tuple[Tier, ...], half_life_s: float) -> None:
+        self.tiers = tiers  # GPU first; a block evicted from the last one is dropped
+        self.half_life_s = half_life_s
+
+    def admits(self, rec: BlockRecord, tier: Tier) -> bool:
+        return True
+
+    @abstractmethod
+    def on_created(self, rec: BlockRecord, now: float) -> None: ...
+
+    def on_touched(self, rec: BlockRecord, now: float) -> None:
+        """Recency-only policies learn recency from on_created order; nothing to do."""
+
+    @abstractmethod
+    def on_removed(self, rec: BlockRecord) -> None: ...
+
+    @abstractmethod
+    def victims(self, tier: Tier, n: int) -> list[BlockRecord]: ...

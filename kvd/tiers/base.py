@@ -1,0 +1,107 @@
+"""One interface for the three tiers: a fixed number of block-sized slots.
+
+A pool never decides what to keep (that is kvd/eviction's job) and never knows about hashes except
+the NVMe pool, which must persist them. Every block is one contiguous ``[block_bytes]`` uint8 object,
+so a tier move is a single copy (DESIGN.md §3: never one small tensor at a time).
+"""
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kvd.types import BlockHash, Tier
+
+
+@dataclass(frozen=True)
+class BlockMeta:
+    """What the NVMe index persists with a block, so a restart can rebuild the index."""
+
+    hash: BlockHash
+    parent: BlockHash | None
+    depth: int
+
+
+class BlockPool(ABC):
+    """``blocks`` slots of ``block_bytes`` bytes; a LIFO free list (recently freed slots are warm)."""
+
+    tier: Tier
+
+    def __init__(self, blocks: int, block_bytes: int) -> None:
+        self.blocks = blocks
+        self.block_bytes = block_bytes
+        self._free = list(range(blocks - 1, -1, -1))  # pop() hands out slot 0 first
+
+    @property
+    def free_count(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_count(self) -> int:
+        return self.blocks - len(self._free)
+
+    def alloc(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def free(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def claim(self, slots: set[int]) -> None:
+        """Mark ``slots`` used (recovery of persisted entries)."""
+        self._free = [s for s in self._free if s not in slots]
+
+    @abstractmethod
+    def read_into(self, slot: int, dst: torch.Tensor) -> None:
+        """Copy the block at ``slot`` into ``dst`` ([block_bytes] uint8, any device)."""
+
+    @abstractmethod
+    def write_from(self, slot: int, src: torch.Tensor, meta: BlockMeta) -> None:
+        """Store ``src`` ([block_bytes] uint8) at ``slot``."""
+
+    def close(self) -> None:
+        """Release OS resources; a clean shutdown."""
+
+
+class MemoryPool(BlockPool):
+    """A pool backed by one ``[blocks, block_bytes]`` uint8 tensor (shared file or CUDA memory)."""
+
+    def __init__(self, tier: Tier, tensor: torch.Tensor, path: Path | None) -> None:
+        super().__init__(tensor.shape[0], tensor.shape[1])
+        self.tier = tier
+        self.tensor = tensor  # [blocks, block_bytes] uint8
+        self.path = path
+
+    def view(self, slot: int) -> torch.Tensor:
+        return self.tensor[slot]  # [block_bytes]
+
+    def read_into(self, slot: int, dst: torch.Tensor) -> None:
+        dst.copy_(self.tensor[slot], non_blocking=False)
+
+    def write_from(self, slot: int, src: torch.Tensor, meta: BlockMeta) -> None:
+        self.tensor[slot].copy_(src, non_blocking=False)
+
+    def close(self) -> None:
+        if self.path is not None:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def shm_dir(run_dir: Path) -> Path:
+    """/dev/shm where it exists (tmpfs, so mapping it is shared memory), else the run dir."""
+    d = Path("/dev/shm")
+    return d if d.is_dir() and os.access(d, os.W_OK) else run_dir
+
+
+def shm_tensor(path: Path, blocks: int, block_bytes: int) -> torch.Tensor:
+    """A ``[blocks, block_bytes]`` uint8 tensor mapped from ``path`` (created, zero-filled, shared),
+    so another process can map the same bytes with ``torch.from_file(path, shared=True)``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # a stale pool from a crashed run must not leak old bytes
+    nbytes = blocks * block_bytes
+    t = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
+    return t.view(blocks, block_bytes)
