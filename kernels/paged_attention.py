@@ -32,7 +32,11 @@ BLOCK_N_WIDE = 32
 # Query rows per program: at least 16 (tl.dot's minimum), at most 64 rows of (token, head).
 MIN_BLOCK_M = 16
 MAX_BLOCK_M = 64
-# KV splits: aim for about two programs per multiprocessor, at most this many splits.
+# KV splits (flash-decoding). On the H200 (132 SMs), decode with B*Hkv programs was fastest near
+# 8 programs per SM: Qwen3-8B B=32 ctx 4096 took 139 us with 4 splits against 174 us unsplit,
+# Qwen-0.5B B=32 ctx 4096 29 us with 16 against 96 us (bench/kernels_gpu.py; docs/design/kernels.md).
+# A split covers at least one BLOCK_N tile of the longest possible context.
+PROGRAMS_PER_SM = 8
 MAX_SPLITS = 32
 
 
@@ -120,7 +124,8 @@ def paged_attention_triton(
     block_d = max(triton.next_power_of_2(head_dim), 16)
     block_n = BLOCK_N_NARROW if block_d <= 128 else BLOCK_N_WIDE
     if num_splits is None:
-        num_splits = _auto_splits(q.device, q_tiles * batch * num_kv_heads)
+        kv_tiles = triton.cdiv(block_tables.shape[1] * block_size, block_n)
+        num_splits = _auto_splits(q.device, q_tiles * batch * num_kv_heads, kv_tiles)
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     if num_splits > 1:
         part_out = torch.empty((num_splits, num_tokens, num_q_heads, head_dim), device=q.device, dtype=torch.float32)
@@ -151,12 +156,14 @@ def paged_attention_triton(
     return out
 
 
-def _auto_splits(device: torch.device, programs: int) -> int:
-    """Split the KV range only when the grid would leave most multiprocessors idle."""
+def _auto_splits(device: torch.device, programs: int, kv_tiles: int) -> int:
+    """Split the KV range when the grid has too few programs to keep the memory system busy.
+    ``kv_tiles`` bounds the context from the block table's width (known without a sync)."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(MAX_SPLITS, (2 * sms) // max(programs, 1)))
+    wanted = triton.cdiv(PROGRAMS_PER_SM * sms, max(programs, 1))
+    return max(1, min(MAX_SPLITS, wanted, kv_tiles))
 
 
 def _interpreter_lacks_bf16_dot(q: torch.Tensor) -> bool:
