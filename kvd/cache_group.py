@@ -121,6 +121,9 @@ class CacheGroup:
         self.index.remove(rec.hash)
         self.pools[rec.tier].free(rec.slot)
         self.counters["evictions"] += 1
+        parent = self.index.get(rec.parent) if rec.parent is not None else None
+        if parent is not None and parent.children == 0:
+            self.policy.on_touched(parent, 0.0)  # a new leaf: a candidate again
 
     def start_promotion(self, rec: BlockRecord, now: float) -> MoveJob | None:
         """Reserve a GPU slot for a leased lower-tier block; the caller queues the returned job."""

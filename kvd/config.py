@@ -54,7 +54,7 @@ class KvdConfig(BaseModel):
         default=5.0, gt=0, description="Interval at which clients are told to heartbeat (must be < lease_ttl_s)."
     )
     half_life_s: float = Field(
-        default=600.0, gt=0, description="Half-life of a block's temperature (decayed access count)."
+        default=300.0, gt=0, description="Half-life of a block's temperature (decayed access count); 300 s maximised the reuse policy's hit rate on the Mooncake conversation trace (150-1200 s tried)."
     )
     admission: Literal["none", "seen-twice"] = Field(
         default="seen-twice",

@@ -26,7 +26,7 @@ from kvd.eviction.base import EvictionPolicy
 from kvd.temperature import log_key
 from kvd.types import BlockKind, Tier
 
-DEPTH_SCALE = 512  # blocks; cost(512) = 2x cost(0). Larger weights lost hit rate on Mooncake (docs/design/kvd.md)
+DEPTH_SCALE = 2048  # blocks; cost(2048) = 2x cost(0). Stronger depth weights lost token hit rate on Mooncake (docs/design/kvd.md)
 KIND_BONUS = 4.0  # x16 temperature: a system prompt outlives ordinary blocks
 DEAD_PENALTY = 100.0  # ~100 half-lives: evicted before anything alive
 
@@ -49,13 +49,17 @@ class ReusePolicy(EvictionPolicy):
             k += math.log2(rec.children)
         if rec.kind in (BlockKind.SYSTEM, BlockKind.TOOL_SCHEMA):
             k += KIND_BONUS
-        if (rec.tail and rec.sightings == 1) or rec.superseded:
+        if rec.tail or rec.superseded:
             k -= DEAD_PENALTY
         return k
 
     def on_created(self, rec: BlockRecord, now: float) -> None:
+        """Track ``rec``; in the last tier a parent waits off-heap until its last child goes
+        (the core touches it then), so victims() never wades through ancestors."""
         seq = next(self._seq)
         rec.policy_state = seq  # the one valid heap entry of rec
+        if rec.children and rec.tier == self.tiers[-1]:
+            return
         heapq.heappush(self._heaps[rec.tier], (self.key(rec), seq, rec))
 
     def on_touched(self, rec: BlockRecord, now: float) -> None:
@@ -74,8 +78,7 @@ class ReusePolicy(EvictionPolicy):
             if rec.policy_state != entry[1] or rec.tier != tier:
                 continue  # stale entry
             if leaves_only and rec.children:
-                kept.append(entry)
-                continue
+                continue  # waits off-heap (see on_created)
             kept.append(entry)  # stays valid until the caller's on_removed
             out.append(rec)
         for entry in kept:
