@@ -13,6 +13,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
+from kvd.admission import GATES, admit_all
 from kvd.block_index import BlockIndex, BlockRecord
 from kvd.config import KvdConfig
 from kvd.eviction import POLICIES, policy_tiers
@@ -44,7 +45,8 @@ class CacheGroup:
             self.pools[Tier.DRAM] = DramPool(f"{tag}-{name}", dram_n, block_bytes, cfg.device, cfg.run_dir)
         if Tier.NVME in tiers:
             self.pools[Tier.NVME] = NvmePool(Path(cfg.nvme_dir), name, nvme_n, block_bytes)
-        self.policy = POLICIES[cfg.policy](tuple(self.pools), cfg.half_life_s)
+        cls = POLICIES[cfg.policy]
+        self.policy = cls(tuple(self.pools), cfg.half_life_s, GATES[cfg.admission] if cls.gated else admit_all)
         if Tier.NVME in self.pools:
             self._adopt_recovered(now)
 

@@ -477,11 +477,13 @@ class KvdCore:
             return [s.to_dict() for s in self._sessions.values()]
 
     def close(self) -> None:
-        """Clean shutdown: stop movers, unlink shared pools, close NVMe files (which persist)."""
+        """Clean shutdown: stop movers, unlink shared pools, close NVMe files (which persist).
+        Idempotent."""
         self.mover.close()
         with self._lock:
             for g in self.groups.values():
                 g.close()
+            self.groups.clear()
 
 
 def _check_hashes(hashes: Any) -> None:

@@ -14,19 +14,26 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from typing import Callable
+
+from kvd.admission import admit_all
 from kvd.block_index import BlockRecord
 from kvd.types import Tier
 
 
 class EvictionPolicy(ABC):
     name: str
+    gated = False  # does the configured admission gate apply (kvd.admission)?
 
-    def __init__(self, tiers: tuple[Tier, ...], half_life_s: float) -> None:
+    def __init__(
+        self, tiers: tuple[Tier, ...], half_life_s: float, gate: Callable[[BlockRecord], bool] = admit_all
+    ) -> None:
         self.tiers = tiers  # GPU first; a block evicted from the last one is dropped
         self.half_life_s = half_life_s
+        self._gate = gate
 
     def admits(self, rec: BlockRecord, tier: Tier) -> bool:
-        return True
+        return self._gate(rec)
 
     @abstractmethod
     def on_created(self, rec: BlockRecord, now: float) -> None: ...

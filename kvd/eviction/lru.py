@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from kvd.admission import admit_all
 from kvd.block_index import BlockRecord
 from kvd.eviction.base import EvictionPolicy
 from kvd.types import BlockHash, Tier
@@ -15,8 +16,8 @@ from kvd.types import BlockHash, Tier
 class LruPolicy(EvictionPolicy):
     name = "lru"
 
-    def __init__(self, tiers: tuple[Tier, ...], half_life_s: float) -> None:
-        super().__init__(tiers, half_life_s)
+    def __init__(self, tiers: tuple[Tier, ...], half_life_s: float, gate=admit_all) -> None:
+        super().__init__(tiers, half_life_s, gate)
         # per tier: evictable blocks, least recently released first
         self._queues: dict[Tier, OrderedDict[BlockHash, BlockRecord]] = {t: OrderedDict() for t in tiers}
 

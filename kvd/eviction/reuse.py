@@ -34,13 +34,12 @@ DEAD_PENALTY = 100.0  # ~100 half-lives: evicted before anything alive
 class ReusePolicy(EvictionPolicy):
     name = "reuse"
 
-    def __init__(self, tiers: tuple[Tier, ...], half_life_s: float) -> None:
-        super().__init__(tiers, half_life_s)
+    gated = True
+
+    def __init__(self, tiers: tuple[Tier, ...], half_life_s: float, gate=seen_twice) -> None:
+        super().__init__(tiers, half_life_s, gate)
         self._heaps: dict[Tier, list[tuple[float, int, BlockRecord]]] = {t: [] for t in tiers}
         self._seq = itertools.count()
-
-    def admits(self, rec: BlockRecord, tier: Tier) -> bool:
-        return seen_twice(rec)
 
     def key(self, rec: BlockRecord) -> float:
         k = log_key(rec.count, max(rec.t_last, rec.protect_until), self.half_life_s)

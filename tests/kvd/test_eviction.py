@@ -1,0 +1,88 @@
+"""Each policy's victim order on a small pool, exactly."""
+from kvd.types import Tier
+
+from tests.kvd.conftest import h, put_chain
+
+
+def resident(core, tier=Tier.GPU):
+    return {r.hash for r in core.groups["full"].index if r.tier == tier}
+
+
+def test_lru_evicts_least_recently_released_tail_first(make_core, clock):
+    core = make_core(policy="lru", gpu_blocks=4)
+    put_chain(core, [0, 1])  # released tail first: queue 1, 0
+    put_chain(core, [2, 3])  # queue 1, 0, 3, 2
+    res = core.lookup("c", "full", [h(0)])
+    core.release("c", res.lease)  # queue 1, 3, 2, 0
+    pol = core.groups["full"].policy
+    assert [r.hash for r in pol.victims(Tier.GPU, 4)] == [h(1), h(3), h(2), h(0)]
+    core.allocate("c", "full", 2)
+    assert resident(core) == {h(2), h(0)}
+    assert core.stats()["evictions"] == 2
+
+
+def test_lru_offload_demotes_to_dram_then_drops_by_lru(make_core):
+    core = make_core(policy="lru-offload", gpu_blocks=2, dram_blocks=2)
+    put_chain(core, [0, 1])
+    put_chain(core, [2, 3])  # 1 then 0 demoted (no admission gate)
+    assert resident(core, Tier.DRAM) == {h(0), h(1)}
+    core.allocate("c", "full", 2)  # 3 then 2 demoted; DRAM drops 1 then 0
+    assert resident(core, Tier.DRAM) == {h(2), h(3)}
+    s = core.stats()
+    assert s["demotions"] == 4 and s["evictions"] == 2
+
+
+def test_reuse_order_dead_tails_then_coldest_leaves(make_core, clock):
+    core = make_core(policy="reuse", gpu_blocks=5)
+    put_chain(core, [0, 1, 2])  # tail 2 is a never-reused leaf
+    put_chain(core, [3, 4])  # tail 4 likewise, shallower than 2
+    clock.t += 100
+    core.release("c", core.lookup("c", "full", [h(0), h(1)]).lease)  # 0, 1 warmer
+    order = []
+    for _ in range(5):
+        before = resident(core)
+        core.allocate("c", "full", 1)  # held: each allocation evicts exactly one block
+        order += list(before - resident(core))
+    # dead tails first (shallower first), then the cold leaf 3, then 1 before its parent 0
+    assert order == [h(4), h(2), h(3), h(1), h(0)]
+
+
+def test_reuse_protects_live_session_tail_and_system_prompt(make_core, clock):
+    core = make_core(policy="reuse", gpu_blocks=3)
+    put_chain(core, [0])
+    put_chain(core, [1])
+    put_chain(core, [2])
+    core.release("c", core.lookup("c", "full", [h(1)]).lease,
+                 {"turn_end": True, "expected_return_s": 600.0})
+    core.release("c", core.lookup("c", "full", [h(0)]).lease, {"kinds": {h(0): 1}})
+    clock.t += 10
+    core.release("c", core.lookup("c", "full", [h(2)]).lease)  # most recent, but no hint
+    core.allocate("c", "full", 1)
+    assert resident(core) == {h(0), h(1)}
+
+
+def test_reuse_admission_gate_keeps_one_offs_out_of_dram(make_core):
+    core = make_core(policy="reuse", gpu_blocks=1, dram_blocks=2)
+    put_chain(core, [0])
+    core.release("c", core.lookup("c", "full", [h(0)]).lease)  # seen twice
+    put_chain(core, [1])  # 0 demoted
+    put_chain(core, [2])  # 1 seen once: rejected, dropped
+    assert resident(core, Tier.DRAM) == {h(0)}
+    s = core.stats()
+    assert s["demotions"] == 1 and s["admission_rejects"] == 1
+
+
+def test_pin_evict_flush(make_core):
+    core = make_core(policy="lru", gpu_blocks=2)
+    put_chain(core, [0])
+    put_chain(core, [1])
+    assert core.pin("admin", [h(0)]) == 1
+    core.allocate("c", "full", 1)
+    assert resident(core) == {h(0)}  # the pinned block survived
+    assert core.evict("admin", [h(0)]) == 1 and resident(core) == set()
+    core.unpin("admin", [h(0)])
+    put_chain(core, [5])
+    top = core.top("admin", 5)
+    assert [t["hash"] for t in top] == [h(5).hex()] and top[0]["tier"] == "gpu"
+    assert core.flush("admin", "dram") == 0
+    assert core.flush("admin", "gpu") == 1 and resident(core) == set()
