@@ -1,6 +1,6 @@
 """Load a GGUF file (llama / qwen2 / qwen3 architectures) into a DecoderModel and a Tokenizer.
 
-Quantized tensors are dequantized with `gguf.quants.dequantize` (numpy, vectorised over blocks) in a
+The header is parsed by specd.loader.gguf_file (fast); quantized tensors are dequantized with `gguf.quants.dequantize` (numpy, vectorised over blocks) in a
 thread pool: numpy releases the GIL inside its kernels, so the big tensors dequantize in parallel.
 
 Llama-architecture GGUF files store Q and K rows permuted for the interleaved (GPT-J) RoPE pairing
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from specd.loader.gguf_file import GGUFFile, TensorInfo
 from specd.loader.gguf_vocab import gpt2_tokenizer, spm_tokenizer
 from specd.loader.weights import fill_model, sample_file
 from specd.models.config import ModelConfig, UnsupportedModelError, fingerprint_of
@@ -33,13 +34,7 @@ _LAYER_NAMES = {
 }
 _TOP_NAMES = {"token_embd.weight": "embed_tokens.weight", "output_norm.weight": "norm.weight", "output.weight": "lm_head.weight"}
 _PERMUTED_ARCHS = {"llama"}
-_UNQUANTIZED = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
 _END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>")
-
-
-def meta(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
 
 
 def hf_name(gguf_name: str) -> str:
@@ -52,12 +47,12 @@ def hf_name(gguf_name: str) -> str:
     raise UnsupportedModelError(f"GGUF tensor {gguf_name!r} has no counterpart in our model")
 
 
-def gguf_config(reader: gguf.GGUFReader) -> ModelConfig:
-    arch = meta(reader, "general.architecture")
+def gguf_config(reader: GGUFFile) -> ModelConfig:
+    arch = reader.get("general.architecture")
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
         raise UnsupportedModelError("GGUF rope_freqs (Llama 3.1 rope scaling) is not implemented")
-    k = lambda key, default=None: meta(reader, f"{arch}.{key}", default)  # noqa: E731
+    k = lambda key, default=None: reader.get(f"{arch}.{key}", default)  # noqa: E731
     hidden, heads = int(k("embedding_length")), int(k("attention.head_count"))
     head_dim = int(k("attention.key_length", hidden // heads))
     if int(k("rope.dimension_count", head_dim)) != head_dim:
@@ -68,7 +63,7 @@ def gguf_config(reader: gguf.GGUFReader) -> ModelConfig:
     embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
     return ModelConfig(
         arch=arch,
-        vocab_size=int(embd.shape[1]),
+        vocab_size=int(embd.shape[0]),
         hidden_size=hidden,
         intermediate_size=int(k("feed_forward_length")),
         num_layers=int(k("block_count")),
@@ -96,22 +91,20 @@ def unpermute_qk(w: Tensor, n_heads: int) -> Tensor:
     return w.reshape(n_heads, d // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def dequantize(t: gguf.ReaderTensor) -> np.ndarray:
-    """One GGUF tensor -> float32 ndarray in numpy (row-major, [out, in]) order."""
-    shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-    if t.tensor_type in _UNQUANTIZED:
-        return np.array(t.data, dtype=np.float32).reshape(shape)  # copy: the memmap is read-only
-    return gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
+def dequantize(reader: GGUFFile, t: TensorInfo) -> np.ndarray:
+    """One GGUF tensor -> writable float32 ndarray in numpy (row-major, [out, in]) order."""
+    array = gguf.quants.dequantize(reader.raw(t), t.qtype).reshape(t.shape)
+    return array if array.flags.writeable else array.copy()  # F32 comes back as a read-only memmap view
 
 
-def gguf_tensors(reader: gguf.GGUFReader, config: ModelConfig, dtype: torch.dtype, device: str | torch.device) -> Iterator[tuple[str, Tensor]]:
+def gguf_tensors(reader: GGUFFile, config: ModelConfig, dtype: torch.dtype, device: str | torch.device) -> Iterator[tuple[str, Tensor]]:
     """(our name, tensor in `dtype` on `device`) for every tensor, dequantized in parallel."""
     tensors = sorted(reader.tensors, key=lambda t: -int(t.n_elements))  # big first: better load balance
     workers = max(1, min(8, os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as pool:
-        for t, array in zip(tensors, pool.map(dequantize, tensors)):
+        for t, array in zip(tensors, pool.map(lambda t: dequantize(reader, t), tensors)):
             name = hf_name(t.name)
-            value = torch.from_numpy(np.ascontiguousarray(array))
+            value = torch.from_numpy(array)
             if config.arch in _PERMUTED_ARCHS and ".q_proj." in name:
                 value = unpermute_qk(value, config.num_heads)
             elif config.arch in _PERMUTED_ARCHS and ".k_proj." in name:
@@ -119,36 +112,36 @@ def gguf_tensors(reader: gguf.GGUFReader, config: ModelConfig, dtype: torch.dtyp
             yield name, value.to(device=device, dtype=dtype)
 
 
-def gguf_fingerprint(path: str | os.PathLike, reader: gguf.GGUFReader, config: ModelConfig) -> str:
+def gguf_fingerprint(path: str | os.PathLike, reader: GGUFFile, config: ModelConfig) -> str:
     """Architecture + tensor table + (header and metadata bytes, file size, 16 sampled data chunks)."""
     with open(path, "rb") as f:
         header = f.read(reader.data_offset)
-    table = [(t.name, tuple(int(x) for x in t.shape), t.tensor_type.name) for t in reader.tensors]
+    table = [(t.name, t.shape, t.qtype.name) for t in reader.tensors]
     return fingerprint_of(config, table, header + sample_file(path, reader.data_offset))
 
 
-def gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
-    kind = meta(reader, "tokenizer.ggml.model")
-    tokens = meta(reader, "tokenizer.ggml.tokens")
-    types = meta(reader, "tokenizer.ggml.token_type")
+def gguf_tokenizer(reader: GGUFFile) -> Tokenizer:
+    kind = reader.get("tokenizer.ggml.model")
+    tokens = reader.get("tokenizer.ggml.tokens")
+    types = reader.get("tokenizer.ggml.token_type")
     if kind == "llama":
-        inner = spm_tokenizer(tokens, meta(reader, "tokenizer.ggml.scores"), types, bool(meta(reader, "tokenizer.ggml.add_space_prefix", True)))
+        inner = spm_tokenizer(tokens, reader.get("tokenizer.ggml.scores"), types, bool(reader.get("tokenizer.ggml.add_space_prefix", True)))
         add_bos_default = True
     elif kind == "gpt2":
-        inner = gpt2_tokenizer(tokens, types, meta(reader, "tokenizer.ggml.merges"), meta(reader, "tokenizer.ggml.pre", "default"))
+        inner = gpt2_tokenizer(tokens, types, reader.get("tokenizer.ggml.merges"), reader.get("tokenizer.ggml.pre", "default"))
         add_bos_default = False
     else:
         raise UnsupportedModelError(f"GGUF tokenizer model {kind!r} not supported (have llama, gpt2)")
     special = {t for t, ty in zip(tokens, types) if ty == 3}
-    stops = [meta(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]
+    stops = [reader.get(f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]
     stops += [tokens.index(t) for t in _END_OF_TURN if t in special]
     return Tokenizer(
         inner,
-        bos_id=_valid_id(meta(reader, "tokenizer.ggml.bos_token_id"), len(tokens)),
-        eos_id=_valid_id(meta(reader, "tokenizer.ggml.eos_token_id"), len(tokens)),
+        bos_id=_valid_id(reader.get("tokenizer.ggml.bos_token_id"), len(tokens)),
+        eos_id=_valid_id(reader.get("tokenizer.ggml.eos_token_id"), len(tokens)),
         stop_ids=[i for i in stops if _valid_id(i, len(tokens)) is not None],
-        add_bos=bool(meta(reader, "tokenizer.ggml.add_bos_token", add_bos_default)),
-        chat_template=meta(reader, "tokenizer.chat_template"),
+        add_bos=bool(reader.get("tokenizer.ggml.add_bos_token", add_bos_default)),
+        chat_template=reader.get("tokenizer.chat_template"),
     )
 
 
@@ -158,9 +151,9 @@ def _valid_id(token_id: int | None, vocab: int) -> int | None:
 
 
 def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> tuple[DecoderModel, Tokenizer]:
-    reader = gguf.GGUFReader(path)
+    reader = GGUFFile(path)
     config = gguf_config(reader)
     config = replace(config, fingerprint=gguf_fingerprint(path, reader, config))
-    model = empty_model(config, dtype, device)
+    model = empty_model(config)
     fill_model(model, gguf_tensors(reader, config, dtype, device))
     return model, gguf_tokenizer(reader)

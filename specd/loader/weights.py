@@ -9,8 +9,7 @@ import hashlib
 import os
 from typing import Iterable
 
-import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from specd.models.decoder import DecoderModel
 
@@ -20,20 +19,34 @@ class CheckpointError(ValueError):
 
 
 def fill_model(model: DecoderModel, tensors: Iterable[tuple[str, Tensor]]) -> None:
-    """Copy each (name, tensor) into the parameter of that name (dtype/device converted)."""
-    params = dict(model.named_parameters())  # tied lm_head is deduplicated into embed_tokens.weight
+    """Install each (name, tensor) as the parameter of that name, without copying.
+
+    `model` comes from `empty_model` (parameters on the meta device), so this is where its memory
+    is first allocated: each checkpoint tensor becomes the parameter itself (a 2.5 GB copy into
+    pre-allocated storage took 7 s of a 23 s Qwen-0.5B load). Tied lm_head is re-tied at the end.
+    """
+    expected = {name: p.shape for name, p in model.named_parameters()}  # tied lm_head is deduplicated
     seen: set[str] = set()
-    with torch.no_grad():
-        for name, value in tensors:
-            if name not in params:
-                raise CheckpointError(f"unexpected tensor {name!r}")
-            if tuple(value.shape) != tuple(params[name].shape):
-                raise CheckpointError(f"{name}: checkpoint shape {tuple(value.shape)} != model {tuple(params[name].shape)}")
-            params[name].copy_(value)
-            seen.add(name)
-    missing = sorted(set(params) - seen)
+    for name, value in tensors:
+        if name not in expected:
+            raise CheckpointError(f"unexpected tensor {name!r}")
+        if name in seen:
+            raise CheckpointError(f"tensor {name!r} appears twice")
+        if tuple(value.shape) != tuple(expected[name]):
+            raise CheckpointError(f"{name}: checkpoint shape {tuple(value.shape)} != model {tuple(expected[name])}")
+        owner, leaf = _owner(model, name)
+        setattr(owner, leaf, nn.Parameter(value, requires_grad=False))
+        seen.add(name)
+    missing = sorted(set(expected) - seen)
     if missing:
         raise CheckpointError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    if model.config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+
+
+def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    path, _, leaf = name.rpartition(".")
+    return model.get_submodule(path), leaf
 
 
 def sample_file(path: str | os.PathLike, start: int, n_samples: int = 16, chunk: int = 4096) -> bytes:

@@ -84,12 +84,10 @@ class DecoderModel(nn.Module):
             raise ValueError(f"capture_layers must be distinct layer indices in [0, {self.config.num_layers}), got {list(capture_layers)}")
 
 
-def empty_model(config: ModelConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> DecoderModel:
-    """A model with uninitialised weights on `device` (loaders fill every tensor; no wasted init)."""
+def empty_model(config: ModelConfig) -> DecoderModel:
+    """A model whose parameters live on the meta device (no memory): loaders install every tensor
+    with specd.loader.weights.fill_model, which fails if any is left out."""
     with torch.device("meta"):
         model = DecoderModel(config)
-    model = model.to_empty(device=device).to(dtype)
-    model.rotary = Rotary(config)  # its table is computed, not loaded: rebuild it off the meta device
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
+    model.rotary = Rotary(config)  # computed, not loaded: build it on a real device
     return model.eval()

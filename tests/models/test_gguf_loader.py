@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from specd.loader import load_model
-from specd.loader.gguf import gguf_config, gguf_fingerprint, unpermute_qk
+from specd.loader.gguf import dequantize, gguf_config, gguf_fingerprint, unpermute_qk
+from specd.loader.gguf_file import GGUFFile, GGUFFormatError
 from specd.models import ContiguousKV
 
 STORIES = Path(__file__).resolve().parents[2] / "models" / "stories260K.gguf"
@@ -25,7 +26,7 @@ def llama_cpp_permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def _fingerprint(path: Path) -> str:
-    reader = gguf.GGUFReader(path)
+    reader = GGUFFile(path)
     return gguf_fingerprint(path, reader, gguf_config(reader))
 
 
@@ -36,8 +37,28 @@ def test_unpermute_inverts_llama_cpp_permute(shape, heads):
     assert not torch.equal(llama_cpp_permute(w, heads), w)
 
 
+def test_header_parser_agrees_with_gguf_reader():
+    ours, theirs = GGUFFile(STORIES), gguf.GGUFReader(STORIES)
+    assert ours.data_offset == theirs.data_offset
+    assert ours.metadata.keys() == {k for k in theirs.fields if not k.startswith("GGUF.")}
+    for key, field in theirs.fields.items():
+        if not key.startswith("GGUF."):
+            want = field.contents()
+            got = ours.get(key)
+            assert got == want or (isinstance(want, list) and torch.allclose(torch.tensor(got), torch.tensor(want))), key
+    for t_ours, t_theirs in zip(ours.tensors, theirs.tensors):
+        assert t_ours.name == t_theirs.name and t_ours.qtype == t_theirs.tensor_type
+        assert torch.equal(torch.from_numpy(dequantize(ours, t_ours)), torch.from_numpy(t_theirs.data.copy()))
+
+
+def test_not_a_gguf_file_is_a_typed_error(tmp_path):
+    (tmp_path / "x.gguf").write_bytes(b"NOPE" + bytes(64))
+    with pytest.raises(GGUFFormatError):
+        GGUFFile(tmp_path / "x.gguf")
+
+
 def test_stories_config_from_metadata():
-    c = gguf_config(gguf.GGUFReader(STORIES))
+    c = gguf_config(GGUFFile(STORIES))
     assert (c.arch, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size) == \
         ("llama", 5, 64, 8, 4, 8, 512)
     assert not c.tie_word_embeddings and not c.qkv_bias and c.rope_theta == 10000.0

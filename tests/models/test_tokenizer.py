@@ -4,11 +4,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import gguf
 import pytest
 
 from specd.chat_template import FALLBACK_TEMPLATE, ChatTemplateError, render_chat_template
 from specd.loader.gguf import gguf_tokenizer
+from specd.loader.gguf_file import GGUFFile
 
 STORIES = Path(__file__).resolve().parents[2] / "models" / "stories260K.gguf"
 QWEN_GGUF = os.environ.get("SPECD_QWEN_GGUF", "")
@@ -45,8 +45,8 @@ def spm_reference(text: str, tokens: list[str], scores: list[float], types: list
 
 @pytest.fixture(scope="module")
 def stories_vocab():
-    r = gguf.GGUFReader(STORIES)
-    return [r.fields[f"tokenizer.ggml.{k}"].contents() for k in ("tokens", "scores", "token_type")]
+    r = GGUFFile(STORIES)
+    return [r.get(f"tokenizer.ggml.{k}") for k in ("tokens", "scores", "token_type")]
 
 
 def _sample_texts() -> list[str]:
@@ -108,7 +108,7 @@ def test_chat_template_errors_are_typed():
 
 @pytest.fixture(scope="module")
 def qwen_tok():
-    return gguf_tokenizer(gguf.GGUFReader(QWEN_GGUF))
+    return gguf_tokenizer(GGUFFile(QWEN_GGUF))
 
 
 @needs_qwen
