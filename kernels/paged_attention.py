@@ -125,7 +125,7 @@ def paged_attention_triton(
     block_n = BLOCK_N_NARROW if block_d <= 128 else BLOCK_N_WIDE
     if num_splits is None:
         kv_tiles = triton.cdiv(block_tables.shape[1] * block_size, block_n)
-        num_splits = _auto_splits(q.device, q_tiles * batch * num_kv_heads, kv_tiles)
+        num_splits = _auto_splits(q.device, q_tiles, batch * num_kv_heads, kv_tiles)
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     if num_splits > 1:
         part_out = torch.empty((num_splits, num_tokens, num_q_heads, head_dim), device=q.device, dtype=torch.float32)
@@ -156,14 +156,14 @@ def paged_attention_triton(
     return out
 
 
-def _auto_splits(device: torch.device, programs: int, kv_tiles: int) -> int:
-    """Split the KV range when the grid has too few programs to keep the memory system busy.
+def _auto_splits(device: torch.device, q_tiles: int, heads: int, kv_tiles: int) -> int:
+    """Split the KV range of decode and verify steps (one query tile per sequence) when the grid
+    has too few programs to keep the memory system busy; prefill has parallelism in its queries.
     ``kv_tiles`` bounds the context from the block table's width (known without a sync)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or q_tiles > 1:
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    wanted = triton.cdiv(PROGRAMS_PER_SM * sms, max(programs, 1))
-    return max(1, min(MAX_SPLITS, wanted, kv_tiles))
+    return max(1, min(MAX_SPLITS, (PROGRAMS_PER_SM * sms) // heads, kv_tiles))
 
 
 def _interpreter_lacks_bf16_dot(q: torch.Tensor) -> bool:
