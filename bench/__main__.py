@@ -13,6 +13,8 @@ from typing import Optional, Sequence
 
 SUBCOMMANDS: dict[str, str] = {
     "kv-trace": "bench.kv_trace",
+    "serve": "bench.serve",
+    "build-workloads": "bench.workloads.build",
 }
 
 

@@ -75,7 +75,7 @@ class StackOptions:
     block_size: int | None = None
     specd_args: tuple[str, ...] = ()     # extra specd flags, passed through as given
     ready_timeout_s: float = 600.0       # a large GGUF dequantizes on the CPU before serving
-    log_dir: Path | None = None
+    log_dir: Path | None = None          # where the daemons' logs are kept on stop (specd.log, kvd.log)
 
 
 def free_port() -> int:
@@ -212,7 +212,7 @@ class Stack:
         self.opts.log_dir.mkdir(parents=True, exist_ok=True)
         for src in (self.root / "specd.log", self.root / "kvd" / "kvd.log"):
             if src.exists():
-                shutil.copyfile(src, self.opts.log_dir / f"{self.root.name}-{src.name}")
+                shutil.copyfile(src, self.opts.log_dir / src.name)
 
     def __enter__(self) -> "Stack":
         return self.start()
