@@ -145,8 +145,11 @@ class KvdClient:
     def attach(self, group: str, block_bytes: int) -> PoolInfo:
         return self.call(P.Attach(group=group, block_bytes=block_bytes))
 
-    def lookup(self, group: str, hashes: Sequence[bytes], session: Optional[str] = None) -> LookupResult:
-        return self.call(P.Lookup(group=group, hashes=list(hashes), session=session))
+    def lookup(self, group: str, hashes: Sequence[bytes], session: Optional[str] = None,
+               tokens: Optional[int] = None, block_tokens: Optional[int] = None) -> LookupResult:
+        """``tokens``/``block_tokens`` (optional) let kvd count token hit rates in its stats."""
+        return self.call(P.Lookup(group=group, hashes=list(hashes), session=session, tokens=tokens,
+                                  block_tokens=block_tokens))
 
     def allocate(self, group: str, n: int) -> tuple[LeaseId, list[BlockId]]:
         return self.call(P.Allocate(group=group, n=n))

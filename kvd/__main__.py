@@ -75,6 +75,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         server.bind()
         server.serve_forever()
+    except RuntimeError as err:  # another kvd owns the run dir
+        logging.getLogger("kvd").error("%s", err)
+        return 1
     finally:
         server.close()
     return 0

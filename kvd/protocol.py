@@ -97,6 +97,8 @@ class Lookup(Op):
     group: Name
     hashes: Hashes
     session: Optional[OptName] = None
+    tokens: Optional[Annotated[int, Strict(), Field(ge=0, le=2**40)]] = None  # prompt length, for token stats
+    block_tokens: Optional[Annotated[int, Strict(), Field(ge=1, le=1 << 16)]] = None
 
 
 class Allocate(Op):

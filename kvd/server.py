@@ -88,20 +88,21 @@ def _heartbeat(core: Any, client: str, op: P.Heartbeat) -> dict[str, Any]:
 
 HANDLERS: dict[str, Callable[[Any, str, Any], dict[str, Any]]] = {
     "attach": lambda core, c, op: core.attach(c, op.group, op.block_bytes).to_dict(),
-    "lookup": lambda core, c, op: core.lookup(c, op.group, op.hashes, session=op.session).to_dict(),
+    "lookup": lambda core, c, op: core.lookup(c, op.group, op.hashes, session=op.session, tokens=op.tokens,
+                                              block_tokens=op.block_tokens).to_dict(),
     "allocate": _allocate,
     "commit": _commit,
     "release": _release,
     "heartbeat": _heartbeat,
-    "stats": lambda core, c, op: {"stats": core.stats()},
-    "top": lambda core, c, op: {"top": core.top(op.n)},
-    "leases": lambda core, c, op: {"leases": core.leases()},
-    "sessions": lambda core, c, op: {"sessions": core.sessions()},
+    "stats": lambda core, c, op: {"stats": core.stats(c)},
+    "top": lambda core, c, op: {"top": core.top(c, op.n)},
+    "leases": lambda core, c, op: {"leases": core.leases(c)},
+    "sessions": lambda core, c, op: {"sessions": core.sessions(c)},
     "hash": lambda core, c, op: _hash_tokens(op),
-    "pin": lambda core, c, op: {"result": core.pin(op.hashes)},
-    "unpin": lambda core, c, op: {"result": core.unpin(op.hashes)},
-    "evict": lambda core, c, op: {"result": core.evict(op.hashes)},
-    "flush": lambda core, c, op: {"result": core.flush(op.tier)},
+    "pin": lambda core, c, op: {"result": core.pin(c, op.hashes)},
+    "unpin": lambda core, c, op: {"result": core.unpin(c, op.hashes)},
+    "evict": lambda core, c, op: {"result": core.evict(c, op.hashes)},
+    "flush": lambda core, c, op: {"result": core.flush(c, op.tier)},
 }
 
 
@@ -153,6 +154,7 @@ class KvdServer:
         self.main: Optional[zmq.Socket] = None
         self.admin: Optional[zmq.Socket] = None
         self._stop = False
+        self._bound = False  # only a server that bound may unlink the sockets and pid file
         self._parked: list[_Parked] = []
         self.counters = {"requests": 0, "errors": 0}
 
@@ -164,6 +166,7 @@ class KvdServer:
         main_path, admin_path = socket_paths(self.run_dir)
         self.main = self._bind_router(main_path)
         self.admin = self._bind_router(admin_path)
+        self._bound = True
         (self.run_dir / PID_NAME).write_text(f"{os.getpid()}\n")
         log.info("kvd ready: %s and %s (pid %d)", main_path, admin_path, os.getpid())
 
@@ -207,8 +210,9 @@ class KvdServer:
             if sock is not None:
                 sock.close(0)
         self.ctx.term()
-        for path in (*socket_paths(self.run_dir), self.run_dir / PID_NAME):
-            path.unlink(missing_ok=True)
+        if self._bound:
+            for path in (*socket_paths(self.run_dir), self.run_dir / PID_NAME):
+                path.unlink(missing_ok=True)
         log.info("kvd stopped")
 
     # ---- loop ----
@@ -285,7 +289,7 @@ class KvdServer:
             if kind == "batch":
                 result = run_batch(self.core, client, req.sub_ops)
             elif kind == "stats":
-                result = {"stats": {**self.core.stats(), "server": dict(self.counters)}}
+                result = {"stats": {**self.core.stats(client), "server": dict(self.counters)}}
             else:
                 result = run_op(self.core, client, req.op)
             return envelope + [P.encode_reply(req.id, result)]
@@ -302,7 +306,8 @@ class KvdServer:
 
     # ---- wait_ready without blocking the loop ----
     def _ready(self, client: str, lease: int) -> bool:
-        return bool(self.core.wait_ready(client, lease, 0.0))
+        """A non-blocking check: KvdCore.wait_ready with a zero timeout."""
+        return bool(self.core.wait_ready(lease, 0.0))
 
     def _wait_ready(self, sock: zmq.Socket, envelope: list[bytes], client: str,
                     req: P.Request) -> Optional[list[bytes]]:

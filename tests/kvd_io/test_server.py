@@ -26,7 +26,7 @@ class FakeCore:
     def attach(self, client, group, block_bytes):
         return PoolInfo(group, block_bytes, 4, "shm", path="/dev/null")
 
-    def lookup(self, client, group, hashes, session=None):
+    def lookup(self, client, group, hashes, session=None, tokens=None, block_tokens=None):
         return LookupResult(1, [0] * len(hashes), [0] * len(hashes), True)
 
     def allocate(self, client, group, n):
@@ -44,20 +44,20 @@ class FakeCore:
     def heartbeat(self, client):
         pass
 
-    def wait_ready(self, client, lease, timeout):
+    def wait_ready(self, lease, timeout):
         self.ready_after -= 1
         return self.ready_after < 0
 
     def tick(self, now):
         self.ticks += 1
 
-    def stats(self):
+    def stats(self, client):
         return {"lookups": 1}
 
-    def top(self, n):
+    def top(self, client, n):
         return [object()]  # not msgpack-able: the server must answer, not die
 
-    def flush(self, tier):
+    def flush(self, client, tier):
         return {"flushed": 0 if tier is None else tier}
 
 
