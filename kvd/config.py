@@ -56,9 +56,10 @@ class KvdConfig(BaseModel):
     half_life_s: float = Field(
         default=300.0, gt=0, description="Half-life of a block's temperature (decayed access count); 300 s maximised the reuse policy's hit rate on the Mooncake conversation trace (150-1200 s tried)."
     )
-    admission: Literal["none", "seen-twice"] = Field(
-        default="seen-twice",
-        description="Gate for DRAM/NVMe under the reuse policy: 'seen-twice' keeps one-off blocks out.",
+    admission: Literal["none", "seen-twice", "not-dead"] = Field(
+        default="not-dead",
+        description="Gate for DRAM/NVMe under the reuse policy: 'seen-twice' admits blocks accessed twice; "
+        "'not-dead' also admits once-seen blocks unless known dead (kvd/admission.py has the measurement).",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="Where the GPU pool lives: 'auto' = CUDA if available, else shared memory."

@@ -62,7 +62,7 @@ def test_reuse_protects_live_session_tail_and_system_prompt(make_core, clock):
 
 
 def test_reuse_admission_gate_keeps_one_offs_out_of_dram(make_core):
-    core = make_core(policy="reuse", gpu_blocks=1, dram_blocks=2)
+    core = make_core(policy="reuse", admission="seen-twice", gpu_blocks=1, dram_blocks=2)
     put_chain(core, [0])
     core.release("c", core.lookup("c", "full", [h(0)]).lease)  # seen twice
     put_chain(core, [1])  # 0 demoted
