@@ -154,6 +154,6 @@ def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devic
     reader = GGUFFile(path)
     config = gguf_config(reader)
     config = replace(config, fingerprint=gguf_fingerprint(path, reader, config))
-    model = empty_model(config)
+    model = empty_model(config, device)
     fill_model(model, gguf_tensors(reader, config, dtype, device))
     return model, gguf_tokenizer(reader)

@@ -115,7 +115,7 @@ def load_hf_model(root: str | os.PathLike, dtype: torch.dtype = torch.float32, d
     config = hf_config(json.loads((root / "config.json").read_text()), any(n == "lm_head.weight" for n, _, _ in table))
     content = b"".join(_header(p) + sample_file(p, 8 + len(_header(p))) for p in files)
     config = replace(config, fingerprint=fingerprint_of(config, table, content))
-    model = empty_model(config)
+    model = empty_model(config, device)
     fill_model(model, _tensors(files, config, dtype, device))
     return model
 

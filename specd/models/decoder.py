@@ -84,10 +84,10 @@ class DecoderModel(nn.Module):
             raise ValueError(f"capture_layers must be distinct layer indices in [0, {self.config.num_layers}), got {list(capture_layers)}")
 
 
-def empty_model(config: ModelConfig) -> DecoderModel:
+def empty_model(config: ModelConfig, device: str | torch.device = "cpu") -> DecoderModel:
     """A model whose parameters live on the meta device (no memory): loaders install every tensor
     with specd.loader.weights.fill_model, which fails if any is left out."""
     with torch.device("meta"):
         model = DecoderModel(config)
-    model.rotary = Rotary(config)  # computed, not loaded: build it on a real device
+    model.rotary = Rotary(config, device)  # computed, not loaded: build it where the weights will live
     return model.eval()

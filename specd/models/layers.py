@@ -45,10 +45,10 @@ class Rotary(nn.Module):
     a buffer, so `model.to(bfloat16)` cannot round the frequencies (that would shift long positions).
     """
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, device: str | torch.device | None = None):
         super().__init__()
         d = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d))
         if config.rope_type == "linear":
             inv_freq = inv_freq / config.rope_factor
         self.inv_freq = inv_freq.float()
