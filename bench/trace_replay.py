@@ -5,6 +5,7 @@ blocks). Here a request's prompt is its hash ids' blocks concatenated, scaled do
 
 - a trace block stands for 512 tokens; here it becomes ``tokens_per_hash`` tokens (``--tokens-per-hash``),
   so a 512-token model still sees a multi-block prefix structure;
+- the prompt length is the trace's ``input_length`` scaled the same way (the last block may be partial);
 - token ids are taken modulo the model's vocabulary (mooncake.py draws them from Qwen's 151,936);
 - the prompt is cut so prompt + answer fit the context (``max_model_len - max_tokens``); equal leading
   hash ids still give equal leading tokens, so the trace's prefix sharing survives the cut;
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.loadgen import TurnRequest
-from bench.mooncake import TraceRequest, block_tokens, read_trace
+from bench.mooncake import TRACE_BLOCK_TOKENS, TraceRequest, block_tokens, read_trace
 
 
 class TraceError(ValueError):
@@ -49,7 +50,9 @@ class TraceScript:
 
 
 def prompt_ids(req: TraceRequest, tokens_per_hash: int, vocab: int, limit: int) -> list[int]:
-    """The scaled-down prompt of one request: its blocks' tokens mod ``vocab``, at most ``limit`` tokens."""
+    """The scaled-down prompt of one request: its blocks' tokens mod ``vocab``, as long as its scaled
+    ``input_length``, at most ``limit`` tokens."""
+    limit = min(limit, -(-req.input_length * tokens_per_hash // TRACE_BLOCK_TOKENS))
     ids: list[int] = []
     for hid in req.hash_ids:
         if len(ids) >= limit:
