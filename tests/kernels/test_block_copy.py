@@ -5,11 +5,13 @@ import pytest
 import torch
 
 from kernels.block_copy import (
+    gather_blocks,
     gather_blocks_ref,
     gather_blocks_triton,
     scatter_blocks_ref,
     scatter_blocks_triton,
 )
+from kernels.dispatch import use_triton
 from kernels.errors import KernelArgumentError
 
 # 3000 bytes: 8-byte words, and rows wider than one program's 1024 words; 1001: single bytes.
@@ -56,10 +58,11 @@ def test_rejects_mismatched_src():
         scatter_blocks_triton(pool, torch.tensor([0, 1]), _pool(3, 16, torch.uint8))
 
 
-def test_package_dispatch_uses_references_on_cpu(monkeypatch):
-    import kernels
-
+def test_dispatch_uses_references_on_cpu(monkeypatch):
     monkeypatch.delenv("KVSPEC_TRITON_INTERPRET", raising=False)
-    assert not kernels.use_triton("cpu") and kernels.use_triton("cuda")
+    assert not use_triton("cpu") and use_triton("cuda")
+    pool = _pool(3, 24, torch.uint8)
+    ids = torch.tensor([2, 0], dtype=torch.int64)
+    assert torch.equal(gather_blocks(pool, ids), pool[[2, 0]])
     monkeypatch.setenv("KVSPEC_TRITON_INTERPRET", "1")
-    assert kernels.use_triton("cpu")
+    assert use_triton("cpu")
