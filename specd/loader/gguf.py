@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Iterator
 
 import gguf
 import numpy as np

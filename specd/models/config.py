@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -40,7 +40,6 @@ class ModelConfig:
     qk_norm: bool = False           # Qwen3: per-head RMSNorm on q and k before RoPE
     tie_word_embeddings: bool = False
     fingerprint: str = ""           # set by the loader; see fingerprint_of()
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
@@ -58,10 +57,9 @@ class ModelConfig:
         return self.head_dim ** -0.5
 
     def arch_dict(self) -> dict[str, Any]:
-        """The fields that define the computation (no fingerprint, no free-form extras)."""
+        """The fields that define the computation (everything but the fingerprint)."""
         d = dataclasses.asdict(self)
         d.pop("fingerprint")
-        d.pop("extra")
         return d
 
 
