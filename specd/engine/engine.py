@@ -20,22 +20,11 @@ from specd.engine.model_runner import ModelRunner
 from specd.engine.request import Request, RequestOutput
 from specd.engine.scheduler import ScheduledSeq, Scheduler
 from specd.engine.sequence import Sequence, SeqStatus
+from specd.loader import load_model, resolve_device, resolve_dtype
 
 log = logging.getLogger("specd.engine")
 
 RECONNECT_EVERY_S = 2.0
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 class SpecEngine:
@@ -53,6 +42,7 @@ class SpecEngine:
             model.config.fingerprint, tokenizer.name, str(layout.dtype), layout.describe(),
             layout.block_size, "", config.tenant_salt,
         )
+        self._stop_ids = frozenset(tokenizer.stop_ids)   # EOS and end-of-turn tokens
         self._seqs: dict[str, Sequence] = {}
         self._pending_outputs: list[RequestOutput] = []
         self._counters = dict(requests_total=0, requests_finished=0, requests_aborted=0, prompt_tokens_total=0,
@@ -71,8 +61,6 @@ class SpecEngine:
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def from_config(cls, config: EngineConfig) -> "SpecEngine":
-        from specd.loader import load_model
-
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
         model, tokenizer = load_model(config.model, dtype=dtype, device=device)
@@ -183,7 +171,7 @@ class SpecEngine:
             self._counters["cached_tokens_total"] += seq.num_cached_tokens
         self._counters["tokens_generated_total"] += 1
         out = RequestOutput(seq.id)
-        is_stop_token = (tok == self.tokenizer.eos_id and not params.ignore_eos) or tok in params.stop_token_ids
+        is_stop_token = (tok in self._stop_ids and not params.ignore_eos) or tok in params.stop_token_ids
         seq.output_ids.append(tok)
         out.token_ids = [tok]
         if is_stop_token:
