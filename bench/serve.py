@@ -229,6 +229,8 @@ def paired_ratios(configs: dict[str, dict[int, dict]], baseline: str) -> list[di
     (the two ran back to back), summarized as p50 and p99 over repeats."""
     rows = []
     for name, per in configs.items():
+        if name == baseline:
+            continue
         for level, m in per.items():
             base = configs[baseline][level]["repeats"]
             tput = [a["output_tok_s"] / b["output_tok_s"] for a, b in zip(m["repeats"], base) if b["output_tok_s"]]

@@ -228,3 +228,20 @@ def test_http_gateway_and_trace_replay(tmp_path):
     ours, standard = results["configs"]["ours"]["2"], results["configs"]["standard"]["2"]
     assert ours["requests"] == standard["requests"] == 6
     assert standard["cached_prompt_tokens"] == 0 and ours["cached_prompt_tokens"] >= 4 * 64
+
+
+def test_device_and_capacity_flags_reach_both_daemons(tmp_path):
+    """The GPU run's passthrough: --device cuda goes to specd and puts kvd's pool on CUDA; every config gets
+    the same GPU capacity (kvd's pool, or specd's private pool for standard)."""
+    from bench.stack import CONFIGS, StackOptions, kvd_fields, specd_argv
+
+    opts = StackOptions(model=MODEL, device="cuda", gpu_blocks=77, dram_blocks=5, nvme_blocks=9,
+                        specd_args=("--no-cuda-graphs",))
+    argv = specd_argv(opts, tmp_path / "s", 8123, tmp_path / "k")
+    flags = dict(zip(argv[3::2], argv[4::2]))
+    assert flags["--device"] == "cuda" and flags["--num-local-blocks"] == "77" and flags["--kvd-run-dir"] == str(tmp_path / "k")
+    assert argv[-1] == "--no-cuda-graphs"
+    ours, offload, lru = (kvd_fields(CONFIGS[n], opts, tmp_path) for n in ("ours", "lru-offload", "prefix-lru"))
+    assert {f["device"] for f in (ours, offload, lru)} == {"cuda"} and {f["gpu_blocks"] for f in (ours, offload, lru)} == {77}
+    assert (ours["dram_blocks"], ours["nvme_blocks"], ours["policy"]) == (5, 9, "reuse") and ours["nvme_dir"] is not None
+    assert (offload["dram_blocks"], offload["nvme_dir"], lru["dram_blocks"], lru["nvme_dir"]) == (5, None, 0, None)
