@@ -253,7 +253,8 @@ def ratios_markdown(rows: list[dict], baseline: str) -> str:
              "| config | concurrency | repeats | out tok/s ratio p50 | p99 | TTFT p50 ratio p50 | p99 |",
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['config']} | {r['concurrency']} | {r['repeats']} | {f(r['throughput_ratio']['p50'])} "
-              f"| {f(r['throughput_ratio']['p99'])} | {f(r['ttft_p50_ratio']['p50'])} | {f(r['ttft_p50_ratio']['p99'])} |"
+              f"| {f(r['throughput_ratio']['p99'])} | {f(r['ttft_p50_ratio']['p50'])} "
+              f"| {f(r['ttft_p50_ratio']['p99'])} |"
               for r in rows]
     return "\n".join(lines) + "\n"
 

@@ -69,7 +69,8 @@ def trace_scripts(requests: list[TraceRequest], *, tokens_per_hash: int, vocab: 
         answer = max(1, min(req.output_length, max_tokens))
         limit = max_model_len - answer - 1
         if limit < 1:
-            raise TraceError(f"a context of {max_model_len} tokens leaves no room for a prompt and {answer} answer tokens")
+            raise TraceError(f"a context of {max_model_len} tokens leaves no room for a prompt "
+                             f"and {answer} answer tokens")
         out.append(TraceScript(f"trace-{i:06d}", req.timestamp_ms / 1000.0,
                                tuple(prompt_ids(req, tokens_per_hash, vocab, limit)), answer))
     return out
