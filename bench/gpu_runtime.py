@@ -71,7 +71,7 @@ def check_logits(engine: SpecEngine, ref, prompt: list[int]) -> dict:
     ids = torch.tensor(prompt, device=DEVICE)
     kv = ContiguousKV(model.config.num_layers)
     with torch.inference_mode():
-        ours = model.logits(model(ids, kv.begin([("s", len(ids))]), kv).hidden)
+        ours = model.logits(model(ids, kv.begin([("s", len(ids))]).to(DEVICE), kv).hidden)
         theirs = ref(ids[None]).logits[0].float()
     diff = (ours - theirs).abs()
     return {"tokens": len(prompt), "max_abs_diff": diff.max().item(), "mean_abs_diff": diff.mean().item(),
@@ -149,20 +149,28 @@ def ttft_4k(model_path: Path, tmp: Path, n_tokens: int, repeats: int) -> dict:
                                                      max_num_batched_tokens=8192))
         params = SamplingParams(temperature=0.0, max_tokens=1)
         run_engine(engine, [long_prompt(engine.tokenizer, n_tokens, 999)], params)     # warm-up
-        cold, warm, cached = [], [], []
+        cold, warm, cached, phases = [], [], [], []
+        keys = ("schedule_seconds_total", "forward_seconds_total", "output_seconds_total", "commit_seconds_total")
+
+        def timed(prompt):
+            before = engine.stats()
+            r = run_engine(engine, [prompt], params)
+            after = engine.stats()
+            phases.append({k.split("_")[0] + "_ms": 1e3 * (after[k] - before[k]) for k in keys})
+            return r["ttft"][0]
+
         for i in range(repeats):
             p = long_prompt(engine.tokenizer, n_tokens, i)
-            r = run_engine(engine, [p], params)
-            cold.append(r["ttft"][0])
+            cold.append(timed(p))
             q = p + engine.tokenizer.encode("\n# What does this code do?", add_bos=False)
-            r2 = run_engine(engine, [q], params)
-            warm.append(r2["ttft"][0])
+            warm.append(timed(q))
             cached.append(engine.stats()["cached_tokens_total"])
         return {"prompt_tokens": n_tokens, "cold_ttft_ms": [1e3 * x for x in cold],
                 "cached_ttft_ms": [1e3 * x for x in warm],
                 "cold_median_ms": 1e3 * statistics.median(cold), "cached_median_ms": 1e3 * statistics.median(warm),
                 "speedup_median": statistics.median(c / w for c, w in zip(cold, warm)),
-                "cached_tokens_total": cached[-1], "kvd_connected": engine.source.connected}
+                "cached_tokens_total": cached[-1], "kvd_connected": engine.source.connected,
+                "phases_cold_cached_alternating": phases}
 
 
 def main() -> int:

@@ -46,7 +46,9 @@ class SpecEngine:
         self._seqs: dict[str, Sequence] = {}
         self._pending_outputs: list[RequestOutput] = []
         self._counters = dict(requests_total=0, requests_finished=0, requests_aborted=0, prompt_tokens_total=0,
-                              cached_tokens_total=0, tokens_generated_total=0, steps_total=0)
+                              cached_tokens_total=0, tokens_generated_total=0, steps_total=0,
+                              schedule_seconds_total=0.0, forward_seconds_total=0.0, output_seconds_total=0.0,
+                              commit_seconds_total=0.0)
         self._last_reconnect_s = 0.0
         self._attach(source)
 
@@ -117,24 +119,34 @@ class SpecEngine:
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         self._maybe_reconnect()
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         outputs, self._pending_outputs = self._pending_outputs, []
         if not batch:
             self._fail_unschedulable(outputs)
             return outputs
+        t1 = time.perf_counter()
         logits = self.runner.run(batch)
         sampling = [s for s in batch if s.samples]
         seqs = [s.seq for s in sampling]
         tokens = sampler.sample(logits, [q.request.params for q in seqs], [q.generator for q in seqs]).tolist()
+        t2 = time.perf_counter()
         for s in batch:
             s.seq.num_computed_tokens += s.num_tokens
         now = time.monotonic()
         for seq, tok in zip(seqs, tokens):
             outputs.append(self._append_token(seq, tok, now))
+        t3 = time.perf_counter()
         for s in batch:
             if s.seq.status is SeqStatus.RUNNING:
                 self.blocks.commit_full(s.seq)
-        self._counters["steps_total"] += 1
+        t4 = time.perf_counter()
+        c = self._counters
+        c["steps_total"] += 1
+        c["schedule_seconds_total"] += t1 - t0          # includes kvd lookups and allocations
+        c["forward_seconds_total"] += t2 - t1           # model + sampling, synchronised by .tolist()
+        c["output_seconds_total"] += t3 - t2            # detokenize, stop checks, finishing
+        c["commit_seconds_total"] += t4 - t3            # publishing full blocks to kvd
         return outputs
 
     def _maybe_reconnect(self) -> None:
