@@ -182,39 +182,46 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to check this script on a tiny model")
     ap.add_argument("--ttft-tokens", type=int, default=4096)
+    ap.add_argument("--parts", default="logits,decode,ttft", help="which measurements: logits (with the greedy "
+                    "answer), decode (with the HBM bound), ttft")
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
     args.out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     res: dict = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "model": args.model.name}
-    t0 = time.perf_counter()
-    engine = SpecEngine.from_config(EngineConfig(model=args.model, device=DEVICE, num_local_blocks=8192,
-                                                 max_num_seqs=32))
-    res["load_s"] = time.perf_counter() - t0
-    tok = engine.tokenizer
-    ref = to_transformers(engine.model)
-    prompt = tok.encode_chat(CHAT)
-    res["logits"] = check_logits(engine, ref, prompt)
-    print("logits", res["logits"], flush=True)
-    ours = run_engine(engine, [prompt], SamplingParams(temperature=0.0, max_tokens=64))["ids"][0]
-    theirs, _ = hf_generate(ref, tok, [prompt], 64, greedy_stop=True)
-    theirs = theirs[0]
-    same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-    res["greedy"] = {"identical_prefix_tokens": same, "ours": tok.decode(ours), "transformers": tok.decode(theirs)}
-    print("greedy", res["greedy"], flush=True)
-    batches = [int(b) for b in args.batches.split(",")]
-    res["decode"] = decode_throughput(engine, ref, tok, prompt, batches, args.new_tokens, args.repeats)
-    wb = weight_bytes(engine.model)
-    bound_ms = 1e3 * wb / HBM_BYTES_PER_S
-    step = res["decode"][0]["decode_step_ms_p50"]
-    res["hbm"] = {"weight_bytes": wb, "bound_ms": bound_ms, "batch1_step_ms": step, "fraction_of_bound": bound_ms / step}
-    print("hbm", res["hbm"], flush=True)
-    del ref, engine
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
-    res["ttft_4k"] = ttft_4k(args.model, Path(tempfile.mkdtemp()), args.ttft_tokens, args.repeats)
-    print("ttft", res["ttft_4k"], flush=True)
+    parts = set(args.parts.split(","))
+    if parts & {"logits", "decode"}:
+        t0 = time.perf_counter()
+        engine = SpecEngine.from_config(EngineConfig(model=args.model, device=DEVICE, num_local_blocks=8192,
+                                                     max_num_seqs=32))
+        res["load_s"] = time.perf_counter() - t0
+        tok = engine.tokenizer
+        ref = to_transformers(engine.model)
+        prompt = tok.encode_chat(CHAT)
+        if "logits" in parts:
+            res["logits"] = check_logits(engine, ref, prompt)
+            print("logits", res["logits"], flush=True)
+            ours = run_engine(engine, [prompt], SamplingParams(temperature=0.0, max_tokens=64))["ids"][0]
+            theirs = hf_generate(ref, tok, [prompt], 64, greedy_stop=True)[0][0]
+            same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+            res["greedy"] = {"identical_prefix_tokens": same, "ours": tok.decode(ours), "transformers": tok.decode(theirs)}
+            print("greedy", res["greedy"], flush=True)
+        if "decode" in parts:
+            batches = [int(b) for b in args.batches.split(",")]
+            res["decode"] = decode_throughput(engine, ref, tok, prompt, batches, args.new_tokens, args.repeats)
+            wb = weight_bytes(engine.model)
+            bound_ms = 1e3 * wb / HBM_BYTES_PER_S
+            step = res["decode"][0]["decode_step_ms_p50"]
+            res["hbm"] = {"weight_bytes": wb, "bound_ms": bound_ms, "batch1_step_ms": step,
+                          "fraction_of_bound": bound_ms / step}
+            print("hbm", res["hbm"], flush=True)
+        del ref, engine
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    if "ttft" in parts:
+        res["ttft_4k"] = ttft_4k(args.model, Path(tempfile.mkdtemp()), args.ttft_tokens, args.repeats)
+        print("ttft", res["ttft_4k"], flush=True)
     res["gpu_seconds"] = time.perf_counter() - t_all
     (args.out / "runtime.json").write_text(json.dumps(res, indent=2))
     return 0
