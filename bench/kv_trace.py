@@ -3,8 +3,13 @@
 For every (policy, capacity, dram capacity) it starts a fresh kvd process (own temp run dir, GPU
 capacity = fraction x unique blocks of the trace, 512-token blocks to match the trace's hash unit,
 64-byte blocks so memory stays small) and replays the requests as fast as one client can: lookup the
-chain; on a partial hit allocate and commit the missing blocks; release. Timestamps are not used: the
-daemon runs on the wall clock, so replaying in real time would only make the run slower.
+chain; on a partial hit allocate and commit the missing blocks; release.
+
+Time: the daemon runs on the wall clock, and the trace spans about an hour. The replay is paced at
+``--speedup`` x trace time (request i is sent at ts_i / speedup), and kvd's time constant (half_life_s)
+is divided by the same factor, so temperature decays per trace-second as it would live. Replaying
+unpaced (``--speedup 0``) would squeeze an hour into seconds and make every block look equally
+recent to a decaying-frequency policy. The table reports how far the replay fell behind its schedule.
 
 Token hit rate = sum over requests of min(hit blocks x 512, input_length) / sum of input_length
 (the definition under which an LRU at 10% gives 28.4% and an infinite cache 37.4%).
@@ -30,6 +35,7 @@ from bench.mooncake import TRACE_BLOCK_TOKENS, TraceHasher, TraceRequest, ideal_
 from bench.stats import percentile
 from client.kvd_client import KvdClient, OutOfBlocks
 from kvd import protocol as P
+from kvd.config import KvdConfig
 
 GROUP = "full"
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/traces/mooncake_conversation_trace.jsonl"
@@ -62,6 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="write results as JSON here")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--block-bytes", type=int, default=64, help="bytes per block in kvd (tiny: no KV is moved)")
+    p.add_argument("--speedup", type=float, default=150.0,
+                   help="replay at this multiple of trace time and divide half_life_s by it (0: unpaced)")
     p.add_argument("--micro", action="store_true", help="also measure 64-block hit/miss lookup latency")
     p.add_argument("--micro-iters", type=int, default=2000)
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
@@ -82,6 +90,7 @@ class ReplayResult:
     lookup_p50_us: float
     lookup_p99_us: float
     out_of_blocks: int
+    max_lag_s: float
     kvd_stats: dict[str, Any]
 
 
@@ -111,14 +120,22 @@ def replay_request(client: KvdClient, hashes: list[bytes], req: TraceRequest) ->
 
 
 def replay(client: KvdClient, trace: list[TraceRequest], chains: list[list[bytes]], progress: bool,
-           label: str) -> dict[str, Any]:
+           label: str, speedup: float) -> dict[str, Any]:
     from tqdm import tqdm
 
     hit_tokens = total_tokens = hit_blocks = starved = 0
     lat: list[float] = []
+    max_lag = 0.0
     t0 = time.perf_counter()
+    start_ms = trace[0].timestamp_ms if trace else 0
     for req, hashes in tqdm(list(zip(trace, chains)), desc=label, disable=not progress, file=sys.stderr,
                             mininterval=1.0):
+        if speedup > 0:
+            due = t0 + (req.timestamp_ms - start_ms) / 1000 / speedup
+            lag = time.perf_counter() - due
+            if lag < 0:
+                time.sleep(-lag)
+            max_lag = max(max_lag, lag)
         k, dt, out = replay_request(client, hashes, req)
         lat.append(dt)
         hit_blocks += k
@@ -129,20 +146,22 @@ def replay(client: KvdClient, trace: list[TraceRequest], chains: list[list[bytes
     return {"token_hit_rate": hit_tokens / total_tokens, "hit_blocks": hit_blocks,
             "lookups_per_s": len(lat) / sum(lat), "requests_per_s": len(lat) / wall,
             "lookup_p50_us": percentile(lat, 50) * 1e6, "lookup_p99_us": percentile(lat, 99) * 1e6,
-            "out_of_blocks": starved}
+            "out_of_blocks": starved, "max_lag_s": max_lag}
 
 
 def run_one(args: argparse.Namespace, trace: list[TraceRequest], chains: list[list[bytes]], policy: str,
             capacity: float, dram: float, uniq: int) -> ReplayResult:
     gpu_blocks = max(1, int(capacity * uniq))
     dram_blocks = int(dram * uniq)
+    half_life = KvdConfig.model_fields["half_life_s"].default / (args.speedup or 1.0)
     with tempfile.TemporaryDirectory(prefix="kvd-bench-") as tmp:
         with KvdProcess(Path(tmp) / "run", policy=policy, gpu_blocks=gpu_blocks, dram_blocks=dram_blocks,
-                        nvme_blocks=0, admission="none", max_groups=1, lease_ttl_s=600, log_level="WARNING"):
+                        nvme_blocks=0, admission="none", max_groups=1, lease_ttl_s=600, half_life_s=half_life,
+                        log_level="WARNING"):
             with KvdClient(Path(tmp) / "run", timeout_s=30) as client:
                 client.attach(GROUP, args.block_bytes)
                 label = f"{policy}@{capacity:g}" + (f"+dram{dram:g}" if dram else "")
-                res = replay(client, trace, chains, not args.no_progress, label)
+                res = replay(client, trace, chains, not args.no_progress, label, args.speedup)
                 stats = client.stats()
     return ReplayResult(policy, capacity, dram, gpu_blocks, dram_blocks, len(trace), kvd_stats=stats, **res)
 
@@ -191,12 +210,12 @@ def micro(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(results: list[ReplayResult], ideal: float) -> str:
     head = f"{'policy':<12} {'gpu cap':>7} {'dram cap':>8} {'gpu blocks':>10} {'token hit':>9} " \
-           f"{'lookups/s':>9} {'req/s':>7} {'p50 us':>7} {'p99 us':>7}"
+           f"{'lookups/s':>9} {'req/s':>7} {'p50 us':>7} {'p99 us':>7} {'max lag s':>9}"
     rows = [head, "-" * len(head)]
     for r in results:
         rows.append(f"{r.policy:<12} {r.capacity:>7.2f} {r.dram_capacity:>8.2f} {r.gpu_blocks:>10} "
                     f"{100 * r.token_hit_rate:>8.2f}% {r.lookups_per_s:>9.0f} {r.requests_per_s:>7.0f} "
-                    f"{r.lookup_p50_us:>7.0f} {r.lookup_p99_us:>7.0f}")
+                    f"{r.lookup_p50_us:>7.0f} {r.lookup_p99_us:>7.0f} {r.max_lag_s:>9.2f}")
     rows.append(f"ideal (infinite cache): {100 * ideal:.2f}%")
     return "\n".join(rows)
 
