@@ -1,6 +1,8 @@
 """Shared fixture for the kvd I/O tests: real kvd processes in temp dirs, stopped at teardown."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.kvd_process import KvdProcess
@@ -23,3 +25,6 @@ def kvd_factory(tmp_path):
             proc.stop(10)
         except Exception:
             proc.kill()
+        if proc.proc is not None:  # pools a SIGKILLed kvd could not unlink
+            for leftover in Path("/dev/shm").glob(f"kvd-{proc.pid}-*"):
+                leftover.unlink(missing_ok=True)
