@@ -158,10 +158,10 @@ class SpecEngine:
         if now - self._last_reconnect_s < RECONNECT_EVERY_S:
             return
         self._last_reconnect_s = now
-        from specd.engine.kvd_source import KvdBlockSource, KvdUnavailable
+        from specd.engine.kvd_source import PROBE_TIMEOUT_S, KvdBlockSource, KvdUnavailable
 
         try:
-            fresh = KvdBlockSource.connect(self.config.kvd_run_dir, self.layout, self.device)
+            fresh = KvdBlockSource.connect(self.config.kvd_run_dir, self.layout, self.device, PROBE_TIMEOUT_S)
         except (KvdUnavailable, OSError):
             return
         self.blocks.release_reserve()

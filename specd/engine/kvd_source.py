@@ -24,7 +24,8 @@ from specd.engine.kv_layout import KVLayout
 log = logging.getLogger("specd.kvd")
 
 GROUP = "full"
-ATTACH_TIMEOUT_S = 0.5    # probing for a restarted kvd must not delay requests
+ATTACH_TIMEOUT_S = 30.0   # a first attach may make kvd allocate (and pin) its pools: seconds for GBs
+PROBE_TIMEOUT_S = 0.5     # probing for a restarted kvd while serving must not delay requests
 CALL_TIMEOUT_S = 2.0      # a dead kvd must not stall a decode step for long
 HEARTBEAT_S = 2.0         # well under kvd's default 30 s lease TTL
 
@@ -47,8 +48,9 @@ class KvdBlockSource:
         self.lookup_errors = 0
 
     @classmethod
-    def connect(cls, run_dir: Path, layout: KVLayout, device: torch.device) -> "KvdBlockSource":
-        client = KvdClient(run_dir, timeout_s=ATTACH_TIMEOUT_S)
+    def connect(cls, run_dir: Path, layout: KVLayout, device: torch.device,
+                attach_timeout_s: float = ATTACH_TIMEOUT_S) -> "KvdBlockSource":
+        client = KvdClient(run_dir, timeout_s=attach_timeout_s)
         try:
             info = client.attach(GROUP, layout.block_bytes)
             client.timeout_s = CALL_TIMEOUT_S
