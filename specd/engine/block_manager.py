@@ -2,7 +2,12 @@
 
 Invariant: ``seq.block_table[:seq.num_committed_blocks]`` are published under ``seq.hashes[:n]``;
 the rest are write-leased to this sequence alone. Only full blocks whose KV is computed are committed,
-so a half-written block is never published.
+so a half-written block is never published. ``seq.block_leases[i]`` is the allocate lease behind
+``block_table[i]`` (None for a cache hit, which the sequence's lookup lease covers).
+
+Duplicates: when another sequence published the same hash first, kvd keeps its block, frees ours and
+returns the canonical id. The table must switch to it at once, since the freed slot can be handed to
+someone else on the next allocation.
 """
 from __future__ import annotations
 
@@ -22,7 +27,6 @@ class BlockManager:
         # free blocks leased ahead of need, so a decode step rarely needs a round trip to kvd
         self._reserve: list[tuple[LeaseId, BlockId]] = []
         self._reserve_target = reserve
-        self._owner: dict[BlockId, LeaseId] = {}   # write block -> the allocate lease it came from
         # blocks of each allocate lease not yet given back (in the reserve or in a live sequence);
         # a lease is released only at zero, since one lease can feed several sequences
         self._outstanding: dict[LeaseId, int] = {}
@@ -49,6 +53,7 @@ class BlockManager:
         if lease is not None:
             seq.leases.append(lease)
         seq.block_table.extend(hits)
+        seq.block_leases.extend([None] * len(hits))
         seq.num_committed_blocks = seq.num_hit_blocks = len(hits)
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
         return seq.num_cached_tokens
@@ -67,6 +72,7 @@ class BlockManager:
             self._refill(n - len(self._reserve) + self._reserve_target)
         taken, self._reserve = self._reserve[:n], self._reserve[n:]
         seq.block_table.extend(block for _, block in taken)
+        seq.block_leases.extend(lease for lease, _ in taken)
 
     def _refill(self, n: int) -> None:
         try:
@@ -77,9 +83,7 @@ class BlockManager:
                 raise
             lease, blocks = self.source.allocate(short)
         self._outstanding[lease] = len(blocks)
-        for b in blocks:
-            self._owner[b] = lease
-            self._reserve.append((lease, b))
+        self._reserve.extend((lease, b) for b in blocks)
 
     # -- commit and free -----------------------------------------------------------------
     def commit_full(self, seq: Sequence) -> None:
@@ -88,34 +92,36 @@ class BlockManager:
         full = min(seq.num_computed_tokens // self.block_size, len(seq.hashes))
         if full <= seq.num_committed_blocks:
             return
-        by_lease: dict[LeaseId, list] = defaultdict(list)
+        by_lease: dict[LeaseId, list[int]] = defaultdict(list)     # lease -> indices into the table
         for i in range(seq.num_committed_blocks, full):
-            block = seq.block_table[i]
-            parent = seq.hashes[i - 1] if i > 0 else None
-            by_lease[self._owner[block]].append((block, seq.hashes[i], parent))
+            by_lease[seq.block_leases[i]].append(i)
         if self.source.connected:
-            for lease, entries in by_lease.items():
-                self.source.commit(lease, entries)
+            for lease, idx in by_lease.items():
+                entries = [(seq.block_table[i], seq.hashes[i], seq.hashes[i - 1] if i > 0 else None) for i in idx]
+                canonical = self.source.commit(lease, entries)
+                for i, block in zip(idx, canonical or ()):
+                    seq.block_table[i] = block
         seq.num_committed_blocks = full
 
     def free(self, seq: Sequence, hints: dict | None = None) -> None:
         """Release what the sequence holds: its lookup leases now, each allocate lease once no
         other sequence and no reserved block still uses it."""
-        done = self._give_back(seq.block_table[seq.num_hit_blocks :])
+        done = self._give_back(seq.block_leases)
         self.source.release(seq.leases + done, hints)
         seq.leases.clear()
         seq.block_table.clear()
+        seq.block_leases.clear()
         seq.num_hit_blocks = seq.num_committed_blocks = 0
 
     def release_reserve(self) -> None:
-        done = self._give_back([b for _, b in self._reserve])
+        done = self._give_back([lease for lease, _ in self._reserve])
         self._reserve.clear()
         self.source.release(done)
 
-    def _give_back(self, blocks) -> list[LeaseId]:
+    def _give_back(self, leases) -> list[LeaseId]:
+        """One block of each listed allocate lease is no longer used; returns the leases now unused."""
         done = []
-        for b in blocks:
-            lease = self._owner.pop(b, None)
+        for lease in leases:
             if lease is None:
                 continue          # a cache hit: covered by the sequence's lookup lease
             self._outstanding[lease] -= 1

@@ -100,16 +100,25 @@ class KvdBlockSource:
                 self._degrade(exc)
         return self._allocate_local(n)
 
-    def commit(self, lease: LeaseId, entries) -> None:
+    def commit(self, lease: LeaseId, entries) -> list[BlockId] | None:
         if not self._connected or lease < 0:
-            return
+            return None
         try:
-            self.client.commit(lease, [(int(b), bytes(h), None if p is None else bytes(p)) for b, h, p in entries])
+            canonical = self.client.commit(lease, [(int(b), bytes(h), None if p is None else bytes(p))
+                                                   for b, h, p in entries])
         except _ClientUnavailable as exc:
             self._degrade(exc)
+            return None
         except KvdClientError as exc:
             # a refused commit (e.g. the lease was reclaimed) only loses a cache entry, never correctness
             log.warning("kvd refused a commit: %s", exc)
+            return None
+        held = self._held.setdefault(lease, [])
+        for (mine, _, _), block in zip(entries, canonical):
+            if block != mine:          # a duplicate: kvd freed ours and leased us its canonical block
+                held.remove(mine)
+                held.append(block)
+        return canonical
 
     def release(self, leases: Sequence[LeaseId], hints: dict | None = None) -> None:
         for lease in leases:

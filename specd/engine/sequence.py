@@ -25,6 +25,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
     block_table: list[BlockId] = field(default_factory=list)
+    block_leases: list[LeaseId | None] = field(default_factory=list)   # allocate lease per block; None = hit
     leases: list[LeaseId] = field(default_factory=list)
     # hashes[i] is the chained hash of full block i of the token stream (prompt + output)
     hashes: list[BlockHash] = field(default_factory=list)

@@ -39,10 +39,17 @@ class CachingSource(LocalBlockSource):
 
     def commit(self, lease, entries):
         assert all(b in self._leases[lease] for b, _, _ in entries)
+        out = []
         for b, h, parent in entries:
             assert parent is None or parent in self.index
-            self.index.setdefault(h, b)
-            self.committed.add(b)
+            if h in self.index:                 # a duplicate: ours is freed, the first copy is canonical
+                self._leases[lease].remove(b)
+                self._free.append(b)
+            else:
+                self.index[h] = b
+                self.committed.add(b)
+            out.append(self.index[h])
+        return out
 
     def release(self, leases, hints=None):
         for lease in leases:
@@ -133,3 +140,21 @@ def test_out_of_blocks_preempts_the_newest_sequence():
     out = sched.schedule()
     assert [s.seq.id for s in out] == ["a"]
     assert sched.num_preemptions == 1 and list(sched.waiting) == [b]
+
+
+def test_duplicate_commit_switches_to_the_canonical_block():
+    src = CachingSource(16)
+    bm = BlockManager(src, 4, ROOT, reserve=0)
+    a, b = seq_of(range(9), "a"), seq_of(range(9), "b")
+    for s in (a, b):                      # both miss, both compute the same two full blocks
+        bm.match_prefix(s)
+        bm.ensure_slots(s, 9)
+        s.num_computed_tokens = 9
+    bm.commit_full(a)
+    mine = list(b.block_table[:2])
+    bm.commit_full(b)
+    assert b.block_table[:2] == a.block_table[:2] != mine
+    assert set(mine) <= set(src._free)    # b's copies went back to the pool ...
+    bm.free(a)
+    bm.free(b)
+    assert src.num_free() == 16 - 2       # ... and only the two canonical blocks stay cached

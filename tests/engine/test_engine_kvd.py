@@ -56,6 +56,32 @@ def test_shared_prefix_is_prefilled_once_and_decodes_identically(kvd):
     assert s1 == s2 and u2.cached_tokens > 0
 
 
+def test_concurrent_identical_prompts_deduplicate_without_corruption(tmp_path):
+    """Two sequences prefill the same prompt in one step; the second commit is a duplicate, so kvd
+    frees its copies and returns the canonical blocks. A second worker then takes every free block
+    (the freed ones included) and writes its own KV there: the first worker must not read it."""
+    block_bytes = 5 * 2 * 16 * 4 * 8 * 4            # stories260K: L * 2 * bs * Hkv * D * fp32
+    with KvdProcess(tmp_path / "kvd", gpu_bytes=24 * block_bytes, dram_bytes=0, max_groups=1) as kvd:
+        local = SpecEngine.from_config(EngineConfig())
+        first = SpecEngine.from_config(EngineConfig(kvd_run_dir=kvd.run_dir))
+        second = SpecEngine.from_config(EngineConfig(kvd_run_dir=kvd.run_dir))
+        prompt = first.tokenizer.encode(STORY)
+        other = first.tokenizer.encode(" ".join(["Tom had a big dog and the dog liked to run in the sun."] * 12))[:200]
+        want, _ = run(local, "w", prompt)
+        want_other, _ = run(local, "o", other)
+        for rid in ("a", "b"):
+            first.add_request(Request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=24)))
+        got = {"a": [], "b": []}
+        for out in first.step():                     # both prefill and commit; b's commit is a duplicate
+            got[out.id] += out.token_ids
+        got_other, _ = run(second, "o", other)       # fills kvd's free blocks with other KV
+        while first.has_work():
+            for out in first.step():
+                got[out.id] += out.token_ids
+        assert got_other == want_other
+        assert got["a"] == want and got["b"] == want
+
+
 def test_no_kvd_serves_without_cache_and_says_so(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="specd.engine"):
         engine = SpecEngine.from_config(EngineConfig(kvd_run_dir=tmp_path / "absent"))
