@@ -12,6 +12,7 @@ import sys
 from typing import Optional, Sequence
 
 SUBCOMMANDS: dict[str, str] = {
+    "demo": "bench.demo",
     "kv-trace": "bench.kv_trace",
     "serve": "bench.serve",
     "build-workloads": "bench.workloads.build",
