@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ByteSize, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -28,13 +28,13 @@ class KvdConfig(BaseModel):
         default=Path("/run/kvd"),
         description="Directory of the sockets (kvd.sock, kvd-admin.sock); $KVD_RUN_DIR sets it.",
     )
-    gpu_bytes: int = Field(
-        default=256 * MiB, ge=0, description="Bytes of the GPU pool (or its /dev/shm stand-in), all groups."
+    gpu_bytes: ByteSize = Field(
+        default=256 * MiB, ge=0, description="Bytes of the GPU pool (or its /dev/shm stand-in), all groups; accepts 8GiB, 512MiB, 8G."
     )
-    dram_bytes: int = Field(
+    dram_bytes: ByteSize = Field(
         default=1 * GiB, ge=0, description="Bytes of the DRAM tier (POSIX shared memory), all groups; 0 disables it."
     )
-    nvme_bytes: int = Field(
+    nvme_bytes: ByteSize = Field(
         default=4 * GiB, ge=0, description="Bytes of the NVMe slab files, all groups; 0 disables the tier."
     )
     nvme_dir: Path | None = Field(

@@ -53,6 +53,7 @@ class NvmePool(BlockPool):
 
     def __init__(self, directory: Path, group: str, blocks: int, block_bytes: int) -> None:
         super().__init__(blocks, block_bytes)
+        self.retired_slots = 0          # slots freed while their tombstone could not be written
         directory.mkdir(parents=True, exist_ok=True)
         self.slab_path = directory / f"{group}.slab"
         self.index_path = directory / f"{group}.idx"
@@ -145,9 +146,18 @@ class NvmePool(BlockPool):
             raise OSError(f"short read of nvme slot {slot}: {n} bytes")
 
     def free(self, slot: int) -> None:
-        """Tombstone first, so a crash never leaves an entry pointing at reused bytes unverified."""
-        self._index.write(_entry(_DEL, slot, None, bytes(HASH_BYTES)))
+        """Tombstone first, so a crash never leaves an entry pointing at reused bytes unverified.
+
+        When the tombstone cannot be written (disk full), the slot is retired instead of reused: its
+        old index entry then still matches the bytes on disk, and freeing never fails its caller (a
+        promotion worker must not die of a full disk)."""
         self._meta.pop(slot, None)
+        try:
+            self._index.write(_entry(_DEL, slot, None, bytes(HASH_BYTES)))
+        except OSError as e:
+            self.retired_slots += 1
+            log.warning("nvme: cannot tombstone slot %d (%s); slot retired until restart", slot, e)
+            return
         super().free(slot)
 
     def close(self) -> None:

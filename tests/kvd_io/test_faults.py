@@ -125,8 +125,6 @@ def _can_make_tiny_fs(tmp_path: Path) -> bool:
     return res.returncode == 0
 
 
-@pytest.mark.xfail(reason="core bug: NvmeTier.free() writes a tombstone to the full disk and its ENOSPC kills "
-                          "the mover thread (kvd/core.py _on_moved), so later promotions never land", strict=False)
 def test_disk_full_degrades_with_warning(kvd_factory, tmp_path):
     if not _can_make_tiny_fs(tmp_path):
         pytest.skip("cannot mount a private tmpfs (no user namespaces here)")
