@@ -17,8 +17,10 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
+    """Compared by identity: a sequence is one live request, never equal to another."""
+
     request: Request
     detok: Detokenizer
     generator: torch.Generator | None          # per-request RNG (seeded requests are reproducible)
