@@ -1,0 +1,96 @@
+"""STS: sequential temperature scaling of the confidence head, and the ECE it minimises.
+
+The scheduler (DESIGN.md §5) admits draft position j of a request by its survival ``a_j = Π_{i≤j} c_i``,
+so what must be calibrated is the *cumulative* product, not each conditional c_i alone. STS gives every
+block position its own temperature ``t_j`` on the confidence logit (``c_j = σ(z_j / t_j)``) and fits them
+left to right: ``t_1`` by the ECE of ``a_1`` against the observed survival of position 1, then ``t_2`` with
+``t_1`` fixed, and so on, each by a 1-D grid search. Temperatures > 1 soften an overconfident head.
+
+Data: per verified block, the raw confidence logits ``z [M, γ]`` and the number of accepted drafts
+``accepted [M]``; position j (1-based) survived iff ``accepted ≥ j``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+ECE_BINS = 15
+# log-spaced 0.25 .. 8: wide enough for heads that are 4x too sharp or too flat, 97 points
+DEFAULT_GRID = tuple(float(t) for t in torch.logspace(-2, 3, 97, base=2.0))
+
+
+class CalibrationError(ValueError):
+    """Calibration data with the wrong shape, or too few blocks to fit."""
+
+
+@dataclass(frozen=True)
+class StsFit:
+    temperatures: list[float]     # [γ], position j's temperature
+    ece_before: float             # pooled ECE of the raw cumulative survival, all positions
+    ece_after: float              # the same with the fitted temperatures
+    ece_before_by_position: list[float]
+    ece_after_by_position: list[float]
+
+
+def ece(pred: Tensor, observed: Tensor, bins: int = ECE_BINS) -> float:
+    """Expected calibration error: Σ_b (n_b / n) · |mean(pred_b) − mean(observed_b)| over equal-width bins.
+
+    pred: [M] probabilities in [0, 1]; observed: [M] outcomes in {0, 1} (or frequencies). 0 for no data.
+    """
+    pred, observed = pred.flatten().double(), observed.flatten().double()
+    if pred.numel() == 0:
+        return 0.0
+    idx = (pred * bins).long().clamp(0, bins - 1)
+    count = torch.zeros(bins, dtype=torch.float64).index_add_(0, idx, torch.ones_like(pred))
+    gap = torch.zeros(bins, dtype=torch.float64).index_add_(0, idx, pred - observed)
+    return float(gap.abs().sum() / pred.numel())
+
+
+def survival(accepted: Tensor, gamma: int) -> Tensor:
+    """accepted: [M] int -> [M, γ] float, 1 where position j (1-based) survived (accepted ≥ j)."""
+    return (torch.arange(1, gamma + 1).unsqueeze(0) <= accepted.long().unsqueeze(1)).float()
+
+
+def cumulative_survival(conf_logits: Tensor, temperatures: Tensor) -> Tensor:
+    """conf_logits: [M, γ]; temperatures: [γ] -> [M, γ] predicted a_j = Π_{i≤j} σ(z_i / t_i)."""
+    return torch.cumprod(torch.sigmoid(conf_logits.double() / temperatures.double()), dim=1)
+
+
+def apply_temperatures(confidence: Tensor, temperatures: Tensor) -> Tensor:
+    """confidence: [.., γ] raw conditional probabilities -> calibrated ones, σ(logit(c) / t)."""
+    c = confidence.double().clamp(1e-7, 1 - 1e-7)
+    return torch.sigmoid(torch.logit(c) / temperatures.double()).to(confidence.dtype)
+
+
+def ece_by_position(conf_logits: Tensor, accepted: Tensor, temperatures: Tensor) -> tuple[float, list[float]]:
+    """(pooled ECE over all (block, position) pairs, per-position ECE) of the cumulative survival."""
+    pred = cumulative_survival(conf_logits, temperatures)
+    obs = survival(accepted, conf_logits.shape[1])
+    per = [ece(pred[:, j], obs[:, j]) for j in range(pred.shape[1])]
+    return ece(pred, obs), per
+
+
+def fit_sts(conf_logits: Tensor, accepted: Tensor, grid: tuple[float, ...] = DEFAULT_GRID) -> StsFit:
+    """conf_logits: [M, γ] raw confidence logits; accepted: [M] accepted drafts per block.
+
+    Left to right, t_j = argmin over the grid of ECE(a_j, survived_j) with t_{<j} fixed (ties: the
+    temperature closest to 1, so an already calibrated position is left alone)."""
+    if conf_logits.dim() != 2 or accepted.shape != conf_logits.shape[:1]:
+        raise CalibrationError(f"need conf_logits [M, γ] and accepted [M], got {tuple(conf_logits.shape)}, {tuple(accepted.shape)}")
+    if conf_logits.shape[0] < 2:
+        raise CalibrationError("STS needs at least 2 verified blocks")
+    gamma = conf_logits.shape[1]
+    obs = survival(accepted, gamma)
+    ordered = sorted(grid, key=lambda t: abs(torch.log(torch.tensor(t)).item()))
+    temps = torch.ones(gamma, dtype=torch.float64)
+    prefix = torch.ones(conf_logits.shape[0], dtype=torch.float64)
+    for j in range(gamma):
+        z = conf_logits[:, j].double()
+        scores = [ece(prefix * torch.sigmoid(z / t), obs[:, j]) for t in ordered]
+        temps[j] = ordered[min(range(len(ordered)), key=scores.__getitem__)]
+        prefix = prefix * torch.sigmoid(z / temps[j])
+    before, before_pos = ece_by_position(conf_logits, accepted, torch.ones(gamma))
+    after, after_pos = ece_by_position(conf_logits, accepted, temps)
+    return StsFit(temps.tolist(), before, after, before_pos, after_pos)
