@@ -30,7 +30,7 @@ class ModelRunner:
         self.device = device
         cfg = model.config
         self.backend = PagedAttentionBackend(
-            layout.view(pool), scale=cfg.attn_scale, sliding_window=getattr(cfg, "sliding_window", None)
+            layout.view(pool), scale=cfg.attn_scale, windows=cfg.layer_windows
         )
         self.graphs = None
         if cuda_graphs and device.type == "cuda":

@@ -6,6 +6,7 @@ The metadata for a step is built once (``set_step``) and read by every layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -22,11 +23,11 @@ class StepMetadata:
 
 
 class PagedAttentionBackend:
-    def __init__(self, pool_view: torch.Tensor, scale: float, sliding_window: int | None = None):
-        # pool_view: [N, L, 2, bs, Hkv, D]
+    def __init__(self, pool_view: torch.Tensor, scale: float, windows: Sequence[int | None] | None = None):
+        # pool_view: [N, L, 2, bs, Hkv, D]; windows: one sliding window (or None = full) per layer
         self.pool_view = pool_view
         self.scale = scale
-        self.sliding_window = sliding_window
+        self.windows = tuple(windows) if windows is not None else (None,) * pool_view.shape[1]
         self.meta: StepMetadata | None = None
 
     def set_step(self, meta: StepMetadata) -> None:
@@ -40,5 +41,5 @@ class PagedAttentionBackend:
         kernels.append_kv(k, v, k_pool, v_pool, meta.slot_mapping)
         return kernels.paged_attention(
             q, k_pool, v_pool, meta.block_tables, meta.cu_q_lens, meta.seq_lens, self.scale,
-            sliding_window=self.sliding_window, max_q_len=meta.max_q_len,
+            sliding_window=self.windows[layer], max_q_len=meta.max_q_len,
         )

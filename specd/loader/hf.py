@@ -1,7 +1,8 @@
 """Load a Hugging Face model directory: config.json, *.safetensors (sharded or not), tokenizer.json.
 
 Supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM. Both config spellings are read:
-transformers 4.x (`rope_theta`, `rope_scaling`) and 5.x (`rope_parameters`).
+transformers 4.x (`rope_theta`, `rope_scaling`, `max_window_layers`) and 5.x (`rope_parameters`,
+`layer_types`).
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from specd.tokenizer import Tokenizer
 
 _ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# transformers' attention layer types we implement; "attention" is its legacy name for full attention.
+_FULL, _SLIDING = ("full_attention", "attention"), "sliding_attention"
 
 
 def _arch(cfg: dict[str, Any]) -> str:
@@ -45,12 +48,42 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, str, float]:
     return theta, kind, float(scaling.get("factor", 1.0)) if kind == "linear" else 1.0
 
 
+def _layer_types(cfg: dict[str, Any], num_layers: int) -> list[str]:
+    """transformers 5 writes `layer_types`; older Qwen configs imply them: layers >= max_window_layers slide."""
+    types = cfg.get("layer_types")
+    if types is None:
+        first_sliding = int(cfg.get("max_window_layers", num_layers))
+        return [_SLIDING if i >= first_sliding else _FULL[0] for i in range(num_layers)]
+    if len(types) != num_layers:
+        raise UnsupportedModelError(f"layer_types has {len(types)} entries for {num_layers} layers")
+    unknown = sorted(set(types) - {*_FULL, _SLIDING})
+    if unknown:
+        raise UnsupportedModelError(f"attention layer types {unknown} are not implemented (have full and sliding)")
+    return types
+
+
+def _layer_windows(cfg: dict[str, Any], arch: str, num_layers: int) -> tuple[int | None, ...]:
+    """One window per layer, as transformers' Qwen2/Qwen3 resolve it.
+
+    The window applies only when `use_sliding_window` is true and `sliding_window` is set; the shipped
+    Qwen2.5 configs carry a `sliding_window` with `use_sliding_window: false`, which is full attention.
+    Llama in transformers has no sliding window, so a Llama config asking for one is refused.
+    """
+    types = _layer_types(cfg, num_layers)
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    if arch == "llama" and (cfg.get("use_sliding_window") or _SLIDING in (cfg.get("layer_types") or [])):
+        raise UnsupportedModelError("sliding-window attention is not implemented for llama")
+    if window is None:
+        return (None,) * num_layers
+    if int(window) < 1:
+        raise UnsupportedModelError(f"sliding_window {window} must be positive")
+    return tuple(int(window) if t == _SLIDING else None for t in types)
+
+
 def hf_config(cfg: dict[str, Any], has_lm_head: bool) -> ModelConfig:
     arch = _arch(cfg)
     if cfg.get("hidden_act", "silu") != "silu" or cfg.get("mlp_bias"):
         raise UnsupportedModelError("only bias-free SwiGLU (silu) MLPs are implemented")
-    if cfg.get("use_sliding_window"):
-        raise UnsupportedModelError("sliding-window attention is not implemented")
     theta, rope_type, factor = _rope(cfg)
     heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
     attention_bias = bool(cfg.get("attention_bias", False))
@@ -72,6 +105,7 @@ def hf_config(cfg: dict[str, Any], has_lm_head: bool) -> ModelConfig:
         o_bias=attention_bias if arch != "qwen2" else False,
         qk_norm=arch == "qwen3",
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)) or not has_lm_head,
+        layer_windows=_layer_windows(cfg, arch, int(cfg["num_hidden_layers"])),
     )
 
 

@@ -39,6 +39,9 @@ class ModelConfig:
     o_bias: bool = False            # Llama attention_bias also biases o_proj
     qk_norm: bool = False           # Qwen3: per-head RMSNorm on q and k before RoPE
     tie_word_embeddings: bool = False
+    # Per layer: sliding window W (the query at position p sees keys p - W < j <= p) or None (full
+    # attention). Empty means all full; __post_init__ expands it to one entry per layer.
+    layer_windows: tuple[int | None, ...] = ()
     fingerprint: str = ""           # set by the loader; see fingerprint_of()
 
     def __post_init__(self) -> None:
@@ -50,6 +53,21 @@ class ModelConfig:
             )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        object.__setattr__(self, "layer_windows", self._checked_windows())
+
+    def _checked_windows(self) -> tuple[int | None, ...]:
+        """One window per layer, each None or a positive int (W = 0 would leave a query no key)."""
+        windows = tuple(self.layer_windows) or (None,) * self.num_layers
+        if len(windows) != self.num_layers:
+            raise ValueError(f"layer_windows has {len(windows)} entries for {self.num_layers} layers")
+        if any(w is not None and (not isinstance(w, int) or w < 1) for w in windows):
+            raise ValueError(f"sliding windows must be positive ints or None, got {windows}")
+        return windows
+
+    @property
+    def has_sliding_window(self) -> bool:
+        """True when some layer attends over a window instead of the whole prefix."""
+        return any(w is not None for w in self.layer_windows)
 
     @property
     def attn_scale(self) -> float:

@@ -4,7 +4,11 @@ Used by the tests, the transformers comparison and as a CPU fallback. It support
 in one flat step (a ragged batch) so tests can check that batching does not change any logit; the
 engine's paged backend (kernels/paged_attention.py) must reproduce exactly what this one computes.
 
+Sliding-window layers (`windows[layer] = W`) mask keys older than W positions; the cache still keeps
+every key, because this backend is for correctness, not memory.
+
 Usage per step:
+    kv = ContiguousKV.for_model(model.config)        # or ContiguousKV(num_layers) for full attention
     positions = kv.begin([(seq_a, 5), (seq_b, 1)])   # tokens of seq_a first, then seq_b, in the flat [T]
     out = model(input_ids, positions, kv)
 """
@@ -16,15 +20,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from specd.models.config import ModelConfig
+
 
 class ContiguousKV:
     """Growing per-sequence caches. Only `begin`, `__call__` and `free` mutate it (one caller, no threads)."""
 
-    def __init__(self, num_layers: int):
+    def __init__(self, num_layers: int, windows: Sequence[int | None] | None = None):
         self.num_layers = num_layers
+        self.windows = tuple(windows) if windows is not None else (None,) * num_layers  # per layer: W or None
+        if len(self.windows) != num_layers:
+            raise ValueError(f"{len(self.windows)} windows for {num_layers} layers")
         self._k: dict[Hashable, list[Tensor | None]] = {}
         self._v: dict[Hashable, list[Tensor | None]] = {}
         self._segments: list[tuple[Hashable, int]] = []
+
+    @classmethod
+    def for_model(cls, config: ModelConfig) -> "ContiguousKV":
+        """A backend with the model's per-layer windows (what DecoderModel checks for)."""
+        return cls(config.num_layers, config.layer_windows)
 
     def seq_len(self, seq: Hashable) -> int:
         """Tokens cached for `seq` (as of the last layer written)."""
@@ -56,7 +70,7 @@ class ContiguousKV:
         for seq, n in self._segments:
             keys = self._append(self._k[seq], layer, k[start:start + n])
             vals = self._append(self._v[seq], layer, v[start:start + n])
-            outs.append(causal_attention(q[start:start + n], keys, vals))
+            outs.append(causal_attention(q[start:start + n], keys, vals, self.windows[layer]))
             start += n
         return torch.cat(outs)
 
@@ -67,13 +81,16 @@ class ContiguousKV:
         return cache[layer]
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, window: int | None = None) -> Tensor:
     """q: [n, Hq, D] are the last n of the L positions in k, v: [L, Hkv, D]. Returns [n, Hq, D].
 
-    Query i sits at position L - n + i and sees keys 0..L-n+i (bottom-right aligned causal mask).
+    Query i sits at position p = L - n + i and sees keys 0..p (bottom-right aligned causal mask), or
+    only p - window < j <= p with a sliding window (the kernels' and transformers' convention).
     """
     n, big_l = q.shape[0], k.shape[0]
     mask = torch.ones(n, big_l, dtype=torch.bool, device=q.device).tril(diagonal=big_l - n)
+    if window is not None:
+        mask &= ~torch.ones_like(mask).tril(diagonal=big_l - n - window)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, enable_gqa=True
     )                                                                     # [Hq, n, D]

@@ -15,6 +15,11 @@ from specd.models.config import ModelConfig
 from specd.models.layers import MLP, Attention, AttentionBackend, RMSNorm, Rotary
 
 
+class BackendWindowError(ValueError):
+    """The attention backend's per-layer windows differ from the model's: it would attend over the
+    wrong keys on sliding-window layers and give plausible but wrong logits, so refuse instead."""
+
+
 @dataclass
 class ModelOutput:
     hidden: Tensor                                        # [T, d], after the final RMSNorm
@@ -64,6 +69,7 @@ class DecoderModel(nn.Module):
         capture_layers: Sequence[int] = (),
     ) -> ModelOutput:
         self._check_capture(capture_layers)
+        self._check_windows(attn)
         h = self.embed_tokens(input_ids)                                    # [T, d]
         cos, sin = self.rotary(positions, h.dtype)
         wanted = {layer: slot for slot, layer in enumerate(capture_layers)}
@@ -77,6 +83,13 @@ class DecoderModel(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden: [T, d] -> [T, vocab] fp32 (matmul in the model dtype, then upcast)."""
         return self.lm_head(hidden).float()
+
+    def _check_windows(self, attn: AttentionBackend) -> None:
+        """Full-attention models accept any backend; sliding-window ones need `attn.windows` to match."""
+        if self.config.has_sliding_window and tuple(getattr(attn, "windows", ())) != self.config.layer_windows:
+            raise BackendWindowError(
+                f"model layer windows {self.config.layer_windows} but the backend has {getattr(attn, 'windows', None)}"
+            )
 
     def _check_capture(self, capture_layers: Sequence[int]) -> None:
         bad = [i for i in capture_layers if not 0 <= i < self.config.num_layers]

@@ -15,7 +15,12 @@ from specd.models.config import ModelConfig
 
 
 class AttentionBackend(Protocol):
-    """Owns the KV layout and the step's sequence boundaries (see docs/design/interfaces.md)."""
+    """Owns the KV layout and the step's sequence boundaries (see docs/design/interfaces.md).
+
+    It also owns each layer's attention span: a backend for a model with sliding-window layers carries
+    `windows` (one W or None per layer, equal to `config.layer_windows`; DecoderModel checks) and looks
+    the window up by `layer`, so the model code never passes a mask.
+    """
 
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D], already rotated. Returns [T, Hq, D]."""
