@@ -1,0 +1,244 @@
+"""BlockDrafter: the DSpark block drafter (and, with its heads off, the DFlash-style baseline).
+
+One forward turns the block [anchor, MASK×(γ-1)] at positions a..a+γ-1 into γ next-token predictions:
+slot k predicts the token at a+1+k. Each draft layer attends, bidirectionally, to the block and to
+*injected* context keys/values: the fused target features of positions < a, projected by that layer's
+own k/v projections (+ k_norm + RoPE at their true positions). Parameter names are DeepSpec's
+(`fc`, `hidden_norm`, `layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm,
+post_attention_layernorm, mlp.*}`, `norm`, `markov_head.*`, `confidence_head.proj`), minus the frozen
+`embed_tokens` / `lm_head`, which are borrowed from the target (see docs/design/drafter.md).
+
+Context K/V depend only on the fused features and their positions, never on the block, so a serving
+engine may cache them per request and layer (`context_kv`) and extend them with each step's accepted
+positions; block K/V are never stored, which is DeepSpec's "crop the draft cache after each block".
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specd.drafter.base import BlockOut, DrafterError, DraftOutput, SlotSampler, TargetHeads, count_parameters
+from specd.drafter.confidence_head import ConfidenceHead
+from specd.drafter.config import DrafterConfig
+from specd.drafter.markov_head import MarkovHead, sample_block
+from specd.models.config import ModelConfig
+from specd.models.layers import MLP, RMSNorm, Rotary, apply_rotary
+from specd.sampling_params import SamplingParams
+
+KV = tuple[Tensor, Tensor]   # (k, v), each [B, S, Hkv, D], rotated
+
+
+class InjectedAttention(nn.Module):
+    """Queries from the block only; keys/values over [context features ; block], non-causal with a mask."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.hq, self.hkv, self.d = config.num_heads, config.num_kv_heads, config.head_dim
+        h = config.hidden_size
+        self.q_proj = nn.Linear(h, self.hq * self.d, bias=False)
+        self.k_proj = nn.Linear(h, self.hkv * self.d, bias=False)
+        self.v_proj = nn.Linear(h, self.hkv * self.d, bias=False)
+        self.o_proj = nn.Linear(self.hq * self.d, h, bias=False)
+        self.q_norm = RMSNorm(self.d, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.d, config.rms_norm_eps)
+
+    def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> KV:
+        """x: [B, S, d]; cos, sin: [B, S, 1, D] -> rotated k, v [B, S, Hkv, D]."""
+        b, s, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, s, self.hkv, self.d))
+        return apply_rotary(k, cos, sin), self.v_proj(x).view(b, s, self.hkv, self.d)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: KV, mask: Tensor) -> Tensor:
+        """x: [B, Q, d] (normed block states); ctx: context K/V [B, S, ...]; mask: [B, Q, S+Q] bool."""
+        b, q_len, _ = x.shape
+        q = apply_rotary(self.q_norm(self.q_proj(x).view(b, q_len, self.hq, self.d)), cos, sin)
+        k_blk, v_blk = self.kv(x, cos, sin)
+        k = torch.cat([ctx[0], k_blk], dim=1)
+        v = torch.cat([ctx[1], v_blk], dim=1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            attn_mask=mask[:, None], scale=self.d ** -0.5, enable_gqa=True,
+        )                                                                   # [B, Hq, Q, D]
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.hq * self.d))
+
+
+class DraftLayer(nn.Module):
+    """Pre-norm block over the block states; the injected context enters only through attention."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = InjectedAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, ctx: KV, mask: Tensor) -> Tensor:  # h: [B, Q, d]
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class BlockDrafter(nn.Module):
+    """DSpark (Markov + confidence heads) or DFlash (`markov_rank=0, confidence=False`): one class, flags."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        if config.method not in ("dspark", "dflash"):
+            raise DrafterError(f"BlockDrafter serves dspark/dflash, not {config.method!r}")
+        self.config = config
+        backbone = config.backbone()
+        d = config.hidden_size
+        self.fc = nn.Linear(len(config.target_layers) * d, d, bias=False)
+        self.hidden_norm = RMSNorm(d, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(backbone) for _ in range(config.num_layers))
+        self.norm = RMSNorm(d, config.rms_norm_eps)
+        self.rotary = Rotary(backbone)
+        self.markov_head = MarkovHead(config.vocab_size, config.markov_rank) if config.markov_rank else None
+        self.confidence_head = ConfidenceHead(d, config.markov_rank) if config.confidence else None
+        self._heads: TargetHeads | None = None
+
+    # --- wiring -------------------------------------------------------------------------------
+    def attach_target(self, target: nn.Module) -> "BlockDrafter":
+        """Borrow the target's (a DecoderModel's) embedding and LM head; nothing is copied."""
+        heads = TargetHeads(target.embed_tokens, target.lm_head)
+        heads.check(self.config)
+        self._heads = heads
+        return self
+
+    @property
+    def heads(self) -> TargetHeads:
+        if self._heads is None:
+            raise DrafterError("no target attached: call drafter.attach_target(target) first")
+        return self._heads
+
+    def load_deepspec_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Load a DeepSpec DSpark/DFlash checkpoint strictly, after dropping its frozen copies of the
+        target's `embed_tokens` / `lm_head` (we borrow the target's own; shapes must still match)."""
+        state = dict(state)
+        for key in ("embed_tokens.weight", "lm_head.weight"):
+            w = state.pop(key, None)
+            if w is not None and tuple(w.shape) != (self.config.vocab_size, self.config.hidden_size):
+                raise DrafterError(f"checkpoint {key} is {tuple(w.shape)}, target is "
+                                   f"{(self.config.vocab_size, self.config.hidden_size)}")
+        self.load_state_dict(state, strict=True)
+
+    # --- pieces shared by training and inference ----------------------------------------------
+    def fuse(self, features: Sequence[Tensor]) -> Tensor:
+        """Captured target layer outputs ([T, d] each, in target_layers order) -> fused [T, d]."""
+        if len(features) != len(self.config.target_layers):
+            raise DrafterError(f"got {len(features)} feature tensors for target_layers {self.config.target_layers}")
+        return self.hidden_norm(self.fc(torch.cat(list(features), dim=-1)))
+
+    def context_kv(self, ctx: Tensor, positions: Tensor) -> list[KV]:
+        """ctx: [B, S, d] fused features; positions: [B, S] int64 -> per layer (k, v) [B, S, Hkv, D].
+
+        The cacheable part of a draft: it depends on nothing the block contains.
+        """
+        cos, sin = self._rope(positions, ctx.dtype)
+        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+
+    def block_hidden(self, block_ids: Tensor, positions: Tensor, ctx_kv: list[KV], mask: Tensor) -> Tensor:
+        """block_ids, positions: [B, Q] int64; mask: [B, Q, S+Q] bool -> final-normed hidden [B, Q, d]."""
+        h = self.heads.embed(block_ids).to(self.fc.weight.dtype)
+        cos, sin = self._rope(positions, h.dtype)
+        for layer, kv in zip(self.layers, ctx_kv):
+            h = layer(h, cos, sin, kv, mask)
+        return self.norm(h)
+
+    def markov_logits(self, base_logits: Tensor, prev_tokens: Tensor) -> Tensor:
+        """base_logits: [N, γ, V] fp32; prev_tokens: [N, γ] (col 0 = anchor) -> U_k + W2·W1[x_{k-1}]."""
+        return base_logits if self.markov_head is None else self.markov_head(base_logits, prev_tokens)
+
+    def confidence_logits(self, hidden: Tensor, prev_tokens: Tensor) -> Tensor:
+        """hidden: [N, γ, d]; prev_tokens: [N, γ] -> pre-sigmoid conditional survival logits [N, γ] fp32."""
+        if self.confidence_head is None or self.markov_head is None:
+            raise DrafterError(f"{self.config.method} drafter has no confidence head")
+        return self.confidence_head(hidden, self.markov_head.prev_embedding(prev_tokens))
+
+    # --- training -----------------------------------------------------------------------------
+    def block_logits(self, ctx: Tensor, tokens: Tensor, anchors: Tensor) -> BlockOut:
+        """Teacher-forced blocks at many anchors of one sequence, in one forward.
+
+        ctx: [T, d] fused features; tokens: [T] int64; anchors: [N] int64 in [0, T-1]. Block n is
+        [tokens[a], MASK×(γ-1)] at positions a..a+γ-1; slot k's label is tokens[a+1+k]. Anchors with
+        a+γ > T-1 are accepted: the caller must mask the labels past the end.
+        """
+        t, g = tokens.shape[0], self.config.gamma
+        if ctx.shape[0] != t:
+            raise DrafterError(f"ctx has {ctx.shape[0]} positions, tokens {t}")
+        if anchors.numel() and (int(anchors.min()) < 0 or int(anchors.max()) > t - 1):
+            raise DrafterError(f"anchors must lie in [0, {t - 1}]")
+        n, dev = anchors.numel(), tokens.device
+        ids = torch.full((n, g), self.config.mask_token_id, dtype=torch.int64, device=dev)
+        ids[:, 0] = tokens[anchors]
+        positions = anchors[:, None] + torch.arange(g, device=dev)                 # [N, γ]
+        ctx_kv = self.context_kv(ctx[None], torch.arange(t, device=dev)[None])
+        mask = training_mask(anchors, t, g)
+        hidden = self.block_hidden(ids.view(1, n * g), positions.view(1, n * g), ctx_kv, mask)
+        hidden = hidden.view(n, g, -1)
+        return BlockOut(base_logits=self.heads.logits(hidden), hidden=hidden)
+
+    # --- inference ----------------------------------------------------------------------------
+    def draft_block(self, ctx_feats: Sequence[Tensor], last_tokens: Sequence[int]) -> BlockOut:
+        """One padded, batched block forward for B requests (no Markov bias, no sampling).
+
+        ctx_feats[i]: [n_i, d] fused features of positions 0..n_i-1; last_tokens[i] sits at n_i.
+        """
+        if len(ctx_feats) != len(last_tokens):
+            raise DrafterError(f"{len(ctx_feats)} contexts for {len(last_tokens)} anchors")
+        g, dev = self.config.gamma, self.fc.weight.device
+        lens = torch.tensor([f.shape[0] for f in ctx_feats], dtype=torch.int64, device=dev)
+        ctx = nn.utils.rnn.pad_sequence([f.to(dev, self.fc.weight.dtype) for f in ctx_feats], batch_first=True)
+        b, s = ctx.shape[:2]
+        ctx_pos = torch.arange(s, device=dev).expand(b, s)
+        ids = torch.full((b, g), self.config.mask_token_id, dtype=torch.int64, device=dev)
+        ids[:, 0] = torch.tensor(list(last_tokens), dtype=torch.int64, device=dev)
+        positions = lens[:, None] + torch.arange(g, device=dev)
+        valid = (ctx_pos < lens[:, None])[:, None, :].expand(b, g, s)
+        mask = torch.cat([valid, torch.ones(b, g, g, dtype=torch.bool, device=dev)], dim=2)
+        hidden = self.block_hidden(ids, positions, self.context_kv(ctx, ctx_pos), mask)
+        return BlockOut(base_logits=self.heads.logits(hidden), hidden=hidden)
+
+    @torch.no_grad()
+    def draft(self, ctx_feats: Sequence[Tensor], last_tokens: Sequence[int], params: Sequence[SamplingParams],
+              generators: Sequence[torch.Generator | None], ctx_tokens: Sequence[Tensor] | None = None) -> DraftOutput:
+        """γ proposals per request: one batched block forward, then the Markov loop with each
+        request's own sampling. `ctx_tokens` is unused (DSpark reads the context only through features)."""
+        del ctx_tokens
+        out = self.draft_block(ctx_feats, last_tokens)
+        anchors = torch.tensor(list(last_tokens), dtype=torch.int64, device=out.hidden.device)
+        sampler = SlotSampler(params, generators, self.config.gamma, out.hidden.device)
+        tokens, probs = sample_block(out.base_logits, anchors, self.markov_head, sampler)
+        confidence = None
+        if self.confidence_head is not None:
+            prev = torch.cat([anchors[:, None], tokens[:, :-1]], dim=1)
+            confidence = torch.sigmoid(self.confidence_logits(out.hidden, prev))
+        return DraftOutput(tokens=tokens, probs=probs, confidence=confidence)
+
+    # --- reporting ----------------------------------------------------------------------------
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        return count_parameters(self, trainable_only)
+
+    def describe(self) -> str:
+        c = self.config
+        return (f"{c.method}: {c.num_layers} layer(s), γ={c.gamma}, fuses target layers {list(c.target_layers)}, "
+                f"markov rank {c.markov_rank}, confidence {'on' if c.confidence else 'off'}, "
+                f"mask id {c.mask_token_id}, {self.num_parameters() / 1e6:.3f} M own parameters")
+
+    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """positions: [B, S] -> cos, sin [B, S, 1, D]."""
+        cos, sin = self.rotary(positions.reshape(-1), dtype)
+        shape = (*positions.shape, 1, cos.shape[-1])
+        return cos.view(shape), sin.view(shape)
+
+
+def training_mask(anchors: Tensor, seq_len: int, gamma: int) -> Tensor:
+    """anchors: [N] -> mask [1, N·γ, T + N·γ] bool: block n sees context positions < anchors[n] and
+    every slot of its own block (bidirectional), nothing of other blocks."""
+    n, dev = anchors.numel(), anchors.device
+    q_block = torch.arange(n * gamma, device=dev) // gamma                          # [Nγ]
+    sees_ctx = torch.arange(seq_len, device=dev)[None, :] < anchors[q_block][:, None]
+    sees_block = q_block[:, None] == q_block[None, :]
+    return torch.cat([sees_ctx, sees_block], dim=1)[None]
