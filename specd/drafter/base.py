@@ -115,6 +115,23 @@ class SlotSampler:
         return torch.where(self.greedy, argmax, sampled), probs
 
 
+def load_deepspec_state_dict(drafter: nn.Module, state: dict[str, Tensor]) -> None:
+    """Load a DeepSpec checkpoint's state dict strictly into our drafter of the same method.
+
+    DeepSpec stores frozen copies of the target's `embed_tokens` / `lm_head`; we borrow the target's
+    own, so those two keys are dropped here (after checking their shapes) and everything else must
+    match key for key and shape for shape.
+    """
+    config: DrafterConfig = drafter.config
+    want = (config.vocab_size, config.hidden_size)
+    state = dict(state)
+    for key in ("embed_tokens.weight", "lm_head.weight"):
+        w = state.pop(key, None)
+        if w is not None and tuple(w.shape) != want:
+            raise DrafterError(f"checkpoint {key} is {tuple(w.shape)}, the target's is {want}")
+    drafter.load_state_dict(state, strict=True)
+
+
 def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
     """Parameters owned by the drafter; the shared (target) embedding and LM head are never counted."""
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)

@@ -113,17 +113,6 @@ class BlockDrafter(nn.Module):
             raise DrafterError("no target attached: call drafter.attach_target(target) first")
         return self._heads
 
-    def load_deepspec_state_dict(self, state: dict[str, Tensor]) -> None:
-        """Load a DeepSpec DSpark/DFlash checkpoint strictly, after dropping its frozen copies of the
-        target's `embed_tokens` / `lm_head` (we borrow the target's own; shapes must still match)."""
-        state = dict(state)
-        for key in ("embed_tokens.weight", "lm_head.weight"):
-            w = state.pop(key, None)
-            if w is not None and tuple(w.shape) != (self.config.vocab_size, self.config.hidden_size):
-                raise DrafterError(f"checkpoint {key} is {tuple(w.shape)}, target is "
-                                   f"{(self.config.vocab_size, self.config.hidden_size)}")
-        self.load_state_dict(state, strict=True)
-
     # --- pieces shared by training and inference ----------------------------------------------
     def fuse(self, features: Sequence[Tensor]) -> Tensor:
         """Captured target layer outputs ([T, d] each, in target_layers order) -> fused [T, d]."""

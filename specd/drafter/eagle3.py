@@ -1,0 +1,212 @@
+"""Eagle3Drafter: the EAGLE-3-style baseline, one autoregressive decoder layer over fused target features.
+
+Element t of its sequence pairs a hidden state for position t with the embedding of token t+1, at
+RoPE position t, and predicts token t+2. Context elements carry the fused target features
+(`fc([low; mid; high])`); a drafted element carries the drafter's own previous output hidden state
+(pre-norm), which is what training-time test (TTT) teaches it to consume. The layer input is
+[input_layernorm(embed) ; hidden_norm(hidden)] (2d wide), so q/k/v project from 2d.
+
+Anchor convention, shared with BlockDrafter: the anchor token sits at position a, features exist for
+positions < a; step s feeds token a+s and predicts token a+1+s. Context elements 0..a-2 are keys;
+the step-0 element (features a-1, anchor) and every drafted element are the query's own keys.
+
+Parameter names are DeepSpec's Qwen3Eagle3Model (`fc`, `layers.0.{hidden_norm, input_layernorm,
+self_attn.*, post_attention_layernorm, mlp.*}`, `norm`), minus the borrowed `embed_tokens`/`lm_head`.
+Note `fuse` here is fc only: the RMSNorm sits inside the layer (`hidden_norm`), after the residual tap.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from specd.drafter.base import DrafterError, DraftOutput, SlotSampler, TargetHeads, count_parameters
+from specd.drafter.config import DrafterConfig
+from specd.models.config import ModelConfig
+from specd.models.layers import MLP, RMSNorm, Rotary, apply_rotary
+from specd.sampling_params import SamplingParams
+
+KV = tuple[Tensor, Tensor]   # (k, v): [..., S, Hkv, D] context keys, or [N, Hkv, D] one drafted element
+
+
+class Eagle3Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.hq, self.hkv, self.d = config.num_heads, config.num_kv_heads, config.head_dim
+        two_h = 2 * config.hidden_size
+        self.q_proj = nn.Linear(two_h, self.hq * self.d, bias=False)
+        self.k_proj = nn.Linear(two_h, self.hkv * self.d, bias=False)
+        self.v_proj = nn.Linear(two_h, self.hkv * self.d, bias=False)
+        self.o_proj = nn.Linear(self.hq * self.d, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.d, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.d, config.rms_norm_eps)
+
+    def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> KV:
+        """x: [..., 2d]; cos, sin: [..., 1, D] -> rotated k, v [..., Hkv, D]."""
+        k = self.k_norm(self.k_proj(x).unflatten(-1, (self.hkv, self.d)))
+        return apply_rotary(k, cos, sin), self.v_proj(x).unflatten(-1, (self.hkv, self.d))
+
+    def query(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """x: [N, 2d] -> rotated q [N, Hq, D]."""
+        return apply_rotary(self.q_norm(self.q_proj(x).unflatten(-1, (self.hq, self.d))), cos, sin)
+
+    def attend(self, q: Tensor, ctx: KV, ctx_mask: Tensor, own: list[KV]) -> Tensor:
+        """One query per row over context keys (shared [S, Hkv, D] or per row [N, S, Hkv, D], masked by
+        ctx_mask [N, S]) plus the row's own drafted keys (all visible). q: [N, Hq, D] -> [N, d].
+
+        Done by hand (two score blocks, one softmax) so TTT never materialises the shared context
+        keys once per anchor.
+        """
+        rep = self.hq // self.hkv
+        ck, cv = (t.repeat_interleave(rep, dim=-2) for t in ctx)
+        ok = torch.stack([k for k, _ in own], dim=1).repeat_interleave(rep, dim=-2)   # [N, s, Hq, D]
+        ov = torch.stack([v for _, v in own], dim=1).repeat_interleave(rep, dim=-2)
+        shared = ck.dim() == 3
+        score_eq, mix_eq = ("nhd,shd->nhs", "nhs,shd->nhd") if shared else ("nhd,nshd->nhs", "nhs,nshd->nhd")
+        s_ctx = torch.einsum(score_eq, q, ck).float().masked_fill(~ctx_mask[:, None, :], float("-inf"))
+        s_own = torch.einsum("nhd,nshd->nhs", q, ok).float()
+        w = torch.softmax(torch.cat([s_ctx, s_own], dim=-1) * self.d ** -0.5, dim=-1).to(q.dtype)
+        n_ctx = s_ctx.shape[-1]
+        out = torch.einsum(mix_eq, w[..., :n_ctx], cv)
+        out = out + torch.einsum("nhs,nshd->nhd", w[..., n_ctx:], ov)
+        return self.o_proj(out.reshape(q.shape[0], self.hq * self.d))
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Eagle3Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def inputs(self, emb: Tensor, hidden: Tensor) -> Tensor:
+        """emb, hidden: [..., d] -> attention input [..., 2d]."""
+        return torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
+
+    def finish(self, hidden: Tensor, attn_out: Tensor) -> Tensor:
+        """Residual on the (un-normed) hidden stream, then the MLP block. [N, d] -> [N, d]."""
+        h = hidden + attn_out
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        if config.method != "eagle3":
+            raise DrafterError(f"Eagle3Drafter serves eagle3, not {config.method!r}")
+        self.config = config
+        backbone = config.backbone()
+        d = config.hidden_size
+        self.fc = nn.Linear(len(config.target_layers) * d, d, bias=False)
+        self.layers = nn.ModuleList([Eagle3Layer(backbone)])
+        self.norm = RMSNorm(d, config.rms_norm_eps)
+        self.rotary = Rotary(backbone)
+        self._heads: TargetHeads | None = None
+
+    def attach_target(self, target: nn.Module) -> "Eagle3Drafter":
+        """Borrow the target's (a DecoderModel's) embedding and LM head; nothing is copied."""
+        heads = TargetHeads(target.embed_tokens, target.lm_head)
+        heads.check(self.config)
+        self._heads = heads
+        return self
+
+    @property
+    def heads(self) -> TargetHeads:
+        if self._heads is None:
+            raise DrafterError("no target attached: call drafter.attach_target(target) first")
+        return self._heads
+
+    @property
+    def layer(self) -> Eagle3Layer:
+        return self.layers[0]
+
+    def fuse(self, features: Sequence[Tensor]) -> Tensor:
+        """Captured target layer outputs ([T, d] each, target_layers order) -> fc(concat) [T, d] (no norm)."""
+        if len(features) != len(self.config.target_layers):
+            raise DrafterError(f"got {len(features)} feature tensors for target_layers {self.config.target_layers}")
+        return self.fc(torch.cat(list(features), dim=-1))
+
+    def context_kv(self, feats: Tensor, next_tokens: Tensor, positions: Tensor) -> KV:
+        """Keys of context elements (feature t, token t+1) at positions t: feats [..., S, d],
+        next_tokens, positions [..., S] -> k, v [..., S, Hkv, D]. Cacheable per request."""
+        x = self.layer.inputs(self.heads.embed(next_tokens).to(feats.dtype), feats)
+        cos, sin = self._rope(positions, feats.dtype)
+        return self.layer.self_attn.kv(x, cos, sin)
+
+    def step(self, hidden: Tensor, tokens: Tensor, positions: Tensor, ctx: KV, ctx_mask: Tensor,
+             own: list[KV]) -> Tensor:
+        """One autoregressive step for N rows: hidden [N, d], tokens/positions [N]; appends this
+        element's k/v to `own`. Returns the new hidden [N, d] (pre-norm; logits via `logits`)."""
+        x = self.layer.inputs(self.heads.embed(tokens).to(hidden.dtype), hidden)
+        cos, sin = self._rope(positions, hidden.dtype)
+        own.append(self.layer.self_attn.kv(x, cos, sin))
+        q = self.layer.self_attn.query(x, cos, sin)
+        return self.layer.finish(hidden, self.layer.self_attn.attend(q, ctx, ctx_mask, own))
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """hidden: [..., d] -> [..., V] fp32 through the final norm and the target's LM head."""
+        return self.heads.logits(self.norm(hidden))
+
+    def ttt_logits(self, feats: Tensor, tokens: Tensor, anchors: Tensor, steps: int) -> Tensor:
+        """Training-time test: unroll `steps` steps from each anchor, feeding the drafter's own hidden
+        states after step 1 and the teacher-forced tokens tokens[a+s].
+
+        feats: [T, d] fused; tokens: [T]; anchors: [N] with 1 <= a and a + steps - 1 <= T - 1.
+        Returns logits [N, steps, V] fp32; [n, s] predicts tokens[a+1+s] (the caller masks labels past T-1).
+        """
+        t = tokens.shape[0]
+        if anchors.numel() and (int(anchors.min()) < 1 or int(anchors.max()) + steps - 1 > t - 1):
+            raise DrafterError(f"TTT anchors need 1 <= a <= {t - steps} for T={t}, steps={steps}")
+        dev = tokens.device
+        ctx = self.context_kv(feats[:-1], tokens[1:], torch.arange(t - 1, device=dev))   # elements 0..T-2
+        ctx_mask = torch.arange(t - 1, device=dev)[None, :] <= (anchors - 2)[:, None]    # [N, T-1]
+        hidden, own, out = feats[anchors - 1], [], []
+        for s in range(steps):
+            hidden = self.step(hidden, tokens[anchors + s], anchors - 1 + s, ctx, ctx_mask, own)
+            out.append(self.logits(hidden))
+        return torch.stack(out, dim=1)
+
+    @torch.no_grad()
+    def draft(self, ctx_feats: Sequence[Tensor], last_tokens: Sequence[int], params: Sequence[SamplingParams],
+              generators: Sequence[torch.Generator | None], ctx_tokens: Sequence[Tensor] | None = None) -> DraftOutput:
+        """γ sequential steps batched over requests. ctx_feats[i]: [n_i, d] fused (n_i >= 1);
+        ctx_tokens[i]: [n_i] the tokens at positions 0..n_i-1 (EAGLE-3 embeds token t+1 with feature t)."""
+        if ctx_tokens is None or len(ctx_tokens) != len(ctx_feats):
+            raise DrafterError("eagle3 needs ctx_tokens, one [n_i] tensor per request")
+        if any(f.shape[0] < 1 or f.shape[0] != tk.shape[0] for f, tk in zip(ctx_feats, ctx_tokens)):
+            raise DrafterError("eagle3 needs n_i >= 1 features and as many context tokens per request")
+        dev, dtype = self.fc.weight.device, self.fc.weight.dtype
+        lens = torch.tensor([f.shape[0] for f in ctx_feats], dtype=torch.int64, device=dev)
+        pad = nn.utils.rnn.pad_sequence
+        feats = pad([f[:-1].to(dev, dtype) for f in ctx_feats], batch_first=True)        # [B, S, d]
+        nxt = pad([tk[1:].to(dev) for tk in ctx_tokens], batch_first=True)                # [B, S]
+        positions = torch.arange(feats.shape[1], device=dev).expand(feats.shape[:2])
+        ctx = self.context_kv(feats, nxt, positions)
+        ctx_mask = positions < (lens - 1)[:, None]
+        hidden = torch.stack([f[-1].to(dev, dtype) for f in ctx_feats])
+        tok = torch.tensor(list(last_tokens), dtype=torch.int64, device=dev)
+        sampler = SlotSampler(params, generators, self.config.gamma, dev)
+        own, tokens, probs = [], [], []
+        for s in range(self.config.gamma):
+            hidden = self.step(hidden, tok, lens - 1 + s, ctx, ctx_mask, own)
+            tok, p = sampler(self.logits(hidden), s)
+            tokens.append(tok)
+            probs.append(p)
+        return DraftOutput(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), confidence=None)
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        return count_parameters(self, trainable_only)
+
+    def describe(self) -> str:
+        c = self.config
+        return (f"eagle3: 1 layer, γ={c.gamma} sequential steps, fuses target layers {list(c.target_layers)}, "
+                f"{self.num_parameters() / 1e6:.3f} M own parameters")
+
+    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """positions: [...] -> cos, sin [..., 1, D]."""
+        cos, sin = self.rotary(positions.reshape(-1), dtype)
+        shape = (*positions.shape, 1, cos.shape[-1])
+        return cos.view(shape), sin.view(shape)

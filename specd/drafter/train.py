@@ -1,0 +1,227 @@
+"""Online-distillation trainer: the target runs in every step, the drafter learns from it.
+
+One step: pick `batch_size` sequences (prompt + the target's own answer, see data.py), run the target once
+over all of them (a ragged batch, no grad) capturing the layers the drafter fuses and the logits at every
+position, then draw `anchors` random anchors per sequence inside the answer and train on those blocks:
+
+- dspark: ``0.1·CE + 0.9·L1 + 1.0·BCE(confidence)`` on the Markov-corrected logits (losses.py);
+- dflash: position-weighted CE on the block logits;
+- eagle3: training-time test, CE over γ unrolled steps.
+
+Hidden states are never written to disk (DeepSpec's offline cache is 38 TB for Qwen3-4B): they are
+recomputed each step, which on a small target costs less than reading them back. AdamW, linear warmup then
+cosine decay, gradient clipping at 1.0. A checkpoint (weights, optimizer, schedule, RNG, loss curves) is
+written every `ckpt_every` steps; `resume` continues from it bit-for-bit in the data order.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from specd.drafter.data import TrainSequence
+from specd.drafter.losses import LossParts, dflash_loss, dspark_loss, eagle3_loss
+from specd.models import ContiguousKV, DecoderModel
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    lr: float = 6e-4
+    warmup_frac: float = 0.04      # DeepSpec: 4% linear warmup, then cosine to 0
+    weight_decay: float = 0.0      # DeepSpec: wd 0
+    grad_clip: float = 1.0
+    batch_size: int = 8            # sequences per step
+    anchors: int = 16              # random anchors per sequence
+    log_every: int = 10            # loss-curve resolution (steps)
+    ckpt_every: int = 200
+    seed: int = 0
+
+
+@dataclass
+class LossCurves:
+    """Means over each `log_every` window: what training.json reports."""
+    step: list[int] = field(default_factory=list)
+    total: list[float] = field(default_factory=list)
+    ce: list[float] = field(default_factory=list)
+    l1: list[float] = field(default_factory=list)
+    bce: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+
+
+def lr_factor(step: int, total: int, warmup_frac: float) -> float:
+    """Linear warmup over warmup_frac·total steps, then cosine from 1 to 0."""
+    warmup = max(1, int(round(total * warmup_frac)))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+@torch.no_grad()
+def target_pass(target: DecoderModel, seqs: Sequence[list[int]], layers: Sequence[int]) -> tuple[list[Tensor], list[list[Tensor]]]:
+    """One ragged target forward over all sequences: per sequence its logits [T_i, V] fp32 and the
+    captured outputs of `layers` ([T_i, d] each)."""
+    device = next(target.parameters()).device
+    kv = ContiguousKV(target.config.num_layers)
+    positions = kv.begin([(i, len(s)) for i, s in enumerate(seqs)], device=device)
+    ids = torch.tensor([t for s in seqs for t in s], dtype=torch.int64, device=device)
+    out = target(ids, positions, kv, capture_layers=list(layers))
+    sizes = [len(s) for s in seqs]
+    logits = target.logits(out.hidden).split(sizes)
+    captured = [list(parts) for parts in zip(*(c.split(sizes) for c in out.captured))] if layers else [[] for _ in seqs]
+    return list(logits), captured
+
+
+def sample_anchors(prompt_len: int, length: int, n: int, gen: torch.Generator) -> Tensor:
+    """[≤ n] distinct anchors a in [prompt_len − 1, length − 2]: slot 0 always predicts an answer token."""
+    lo = max(prompt_len - 1, 0)
+    span = length - 1 - lo
+    if span <= 0:
+        return torch.empty(0, dtype=torch.int64)
+    return (lo + torch.randperm(span, generator=gen)[:n]).sort().values
+
+
+@dataclass
+class Blocks:
+    """Teacher-forced block targets of N anchors of one sequence."""
+    labels: Tensor        # [N, γ] int64, tokens[a+1+k] (clamped where invalid)
+    valid: Tensor         # [N, γ] bool, a+1+k < T
+    prev: Tensor          # [N, γ] int64, tokens[a+k]: the anchor, then the teacher-forced previous token
+    target_logits: Tensor  # [N, γ, V] the target's logits at a+k (they predict tokens[a+1+k])
+
+
+def make_blocks(tokens: Tensor, logits: Tensor, anchors: Tensor, gamma: int) -> Blocks:
+    """tokens: [T] int64; logits: [T, V] target logits; anchors: [N]."""
+    t = tokens.shape[0]
+    pos = anchors[:, None] + torch.arange(gamma, device=tokens.device)[None]    # [N, γ] = a+k
+    valid = pos + 1 < t
+    safe = pos.clamp(max=t - 1)
+    return Blocks(labels=tokens[(pos + 1).clamp(max=t - 1)], valid=valid, prev=tokens[safe],
+                  target_logits=logits[safe])
+
+
+def block_loss(drafter, method: str, feats: list[list[Tensor]], seqs: list[Tensor], logits: list[Tensor],
+               anchors: list[Tensor]) -> LossParts:
+    """The method's loss over all anchors of the batch (blocks of every sequence concatenated)."""
+    gamma = drafter.config.gamma
+    outs, confs, blocks = [], [], []
+    for f, tok, lg, an in zip(feats, seqs, logits, anchors):
+        if an.numel() == 0:
+            continue
+        b = make_blocks(tok, lg, an, gamma)
+        ctx = drafter.fuse(f)
+        if method == "eagle3":
+            outs.append(drafter.ttt_logits(ctx, tok, an, gamma))
+        else:
+            out = drafter.block_logits(ctx, tok, an)
+            outs.append(drafter.markov_logits(out.base_logits, b.prev))
+            if method == "dspark" and drafter.config.confidence:
+                confs.append(drafter.confidence_logits(out.hidden, b.prev))
+        blocks.append(b)
+    pred = torch.cat(outs)
+    labels = torch.cat([b.labels for b in blocks])
+    valid = torch.cat([b.valid for b in blocks])
+    if method == "dspark":
+        t_logits = torch.cat([b.target_logits for b in blocks])
+        return dspark_loss(pred, t_logits, labels, valid, torch.cat(confs) if confs else None)
+    if method == "dflash":
+        return dflash_loss(pred, labels, valid)
+    return eagle3_loss(pred, labels, valid)
+
+
+class Trainer:
+    """Owns the optimizer, schedule, data RNG and loss curves of one run; `train` may be resumed."""
+
+    def __init__(self, target: DecoderModel, drafter, seqs: Sequence[TrainSequence], cfg: TrainConfig, out_dir: Path):
+        self.target, self.drafter, self.seqs, self.cfg, self.out_dir = target, drafter, list(seqs), cfg, Path(out_dir)
+        self.method = drafter.config.method
+        self.device = next(target.parameters()).device
+        params = [p for p in drafter.parameters() if p.requires_grad]
+        self.optim = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.optim, lambda s: lr_factor(s, cfg.steps, cfg.warmup_frac))
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.step = 0
+        self.curves = LossCurves()
+        self.train_s = 0.0
+        self._window: list[LossParts] = []
+
+    def train_step(self) -> LossParts:
+        idx = torch.randint(len(self.seqs), (self.cfg.batch_size,), generator=self.gen).tolist()
+        batch = [self.seqs[i] for i in idx]
+        logits, feats = target_pass(self.target, [s.tokens for s in batch], self.drafter.config.target_layers)
+        toks = [torch.tensor(s.tokens, dtype=torch.int64, device=self.device) for s in batch]
+        anchors = [sample_anchors(s.prompt_len, len(s.tokens), self.cfg.anchors, self.gen).to(self.device) for s in batch]
+        self.drafter.train()
+        loss = block_loss(self.drafter, self.method, feats, toks, logits, anchors)
+        self.optim.zero_grad(set_to_none=True)
+        loss.total.backward()
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.grad_clip)
+        self.optim.step()
+        self.sched.step()
+        return loss
+
+    def train(self, progress: bool = True) -> LossCurves:
+        bar = tqdm(total=self.cfg.steps, initial=self.step, desc=f"train {self.method}", disable=not progress)
+        while self.step < self.cfg.steps:
+            t0 = time.perf_counter()
+            loss = self.train_step()
+            self.train_s += time.perf_counter() - t0
+            self.step += 1
+            self._record(loss)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.total.item():.3f}", ce=f"{loss.ce:.3f}")
+            if self.step % self.cfg.ckpt_every == 0 or self.step == self.cfg.steps:
+                self.save_checkpoint()
+        bar.close()
+        self.drafter.eval()
+        return self.curves
+
+    def _record(self, loss: LossParts) -> None:
+        self._window.append(loss)
+        if self.step % self.cfg.log_every and self.step != self.cfg.steps:
+            return
+        n = len(self._window)
+        c = self.curves
+        c.step.append(self.step)
+        c.total.append(sum(x.total.item() for x in self._window) / n)
+        c.ce.append(sum(x.ce for x in self._window) / n)
+        c.l1.append(sum(x.l1 for x in self._window) / n)
+        c.bce.append(sum(x.bce for x in self._window) / n)
+        c.lr.append(self.sched.get_last_lr()[0])
+        self._window = []
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        path = self.out_dir / CHECKPOINT
+        tmp = path.with_suffix(".tmp")
+        torch.save({"step": self.step, "drafter": self.drafter.state_dict(), "optim": self.optim.state_dict(),
+                    "sched": self.sched.state_dict(), "gen": self.gen.get_state(), "curves": asdict(self.curves),
+                    "train_s": self.train_s, "window": [(x.total.item(), x.ce, x.l1, x.bce) for x in self._window],
+                    "config": asdict(self.cfg)}, tmp)
+        tmp.replace(path)     # atomic: a kill mid-write leaves the previous checkpoint intact
+        return path
+
+    def load_checkpoint(self) -> int:
+        """Continue a run from out_dir/checkpoint.pt; returns the step it resumes at."""
+        state = torch.load(self.out_dir / CHECKPOINT, map_location=self.device, weights_only=False)
+        if state["config"]["steps"] != self.cfg.steps:
+            raise ValueError(f"checkpoint was for {state['config']['steps']} steps, this run asks {self.cfg.steps}")
+        self.drafter.load_state_dict(state["drafter"])
+        self.optim.load_state_dict(state["optim"])
+        self.sched.load_state_dict(state["sched"])
+        self.gen.set_state(state["gen"])
+        self.curves = LossCurves(**state["curves"])
+        self.train_s = state["train_s"]
+        self._window = [LossParts(torch.tensor(t), ce, l1, bce) for t, ce, l1, bce in state["window"]]
+        self.step = state["step"]
+        return self.step
