@@ -218,9 +218,29 @@ class KvdCore:
             hints = ReleaseHints.from_dict(hints)
         with self._lock:
             if lease_id == 0:
+                self._hint_named(hints, self.clock())
                 return
             lease = self._leases.get(client, lease_id)
             self._end_lease(lease, hints)
+
+    def _hint_named(self, hints: ReleaseHints, now: float) -> None:
+        """Hints about published blocks named by hash (``kinds``), whatever lease holds them: an
+        engine's write leases outlive the sequence that filled them (one lease feeds several
+        sequences), so a release of "lease 0" is how it tells kvd about a finished turn's blocks."""
+        for g in self.groups.values():
+            named = [r for h in hints.kinds if (r := g.index.get(h)) is not None]
+            if not named:
+                continue
+            for rec in named:
+                rec.kind = BlockKind(hints.kinds[rec.hash])
+                if hints.session is not None:
+                    rec.session = hints.session
+                if hints.turn_end and hints.expected_return_s is not None:
+                    rec.protect_until = max(rec.protect_until, now + hints.expected_return_s)
+                if rec.evictable:
+                    g.policy.on_touched(rec, now)
+            if hints.session is not None:
+                self._see_session(hints.session, "", named[-1].hash, len(named), now, hints.expected_return_s)
 
     def _end_lease(self, lease: Lease, hints: ReleaseHints) -> None:
         g = self.groups[lease.group]

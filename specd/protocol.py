@@ -62,11 +62,17 @@ class Generate(_Message):
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     params: SamplingParams = Field(default_factory=SamplingParams)
     session: str | None = Field(None, max_length=256)
+    # when the session's next turn is expected (the client's think time); kvd keeps its blocks until then
+    expected_return_s: float | None = Field(None, ge=0.0, le=3600.0, allow_inf_nan=False)
+    # OpenAI-style tool schemas, rendered by the chat template (only with ``messages``)
+    tools: list[dict[str, Any]] | None = Field(None, max_length=1024)
 
     @model_validator(mode="after")
     def _one_prompt_form(self) -> "Generate":
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("exactly one of 'prompt' and 'messages' must be set")
+        if self.tools is not None and self.messages is None:
+            raise ValueError("'tools' needs 'messages' (they are rendered by the chat template)")
         return self
 
 
@@ -193,14 +199,12 @@ def decode_reply(frame: bytes) -> Reply:
 
 
 def generate_request(msg_id: int, *, prompt: str | list[int] | None = None, messages: list[dict] | None = None,
-                     params: dict[str, Any] | None = None, session: str | None = None) -> dict[str, Any]:
+                     params: dict[str, Any] | None = None, session: str | None = None,
+                     expected_return_s: float | None = None, tools: list[dict] | None = None) -> dict[str, Any]:
     msg: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": "generate", "id": msg_id, "params": params or {}}
-    if prompt is not None:
-        msg["prompt"] = prompt
-    if messages is not None:
-        msg["messages"] = messages
-    if session is not None:
-        msg["session"] = session
+    optional = {"prompt": prompt, "messages": messages, "session": session,
+                "expected_return_s": expected_return_s, "tools": tools}
+    msg.update({k: v for k, v in optional.items() if v is not None})
     return msg
 
 

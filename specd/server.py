@@ -25,6 +25,7 @@ import zmq
 
 from specd import protocol
 from specd.engine.errors import EngineError
+from specd.engine.hints import chat_prefix_kinds
 from specd.engine.request import Request, RequestOutput
 
 log = logging.getLogger("specd.server")
@@ -161,8 +162,11 @@ class SpecdServer:
         try:
             if request_id in self._routes:
                 raise EngineError("duplicate_id", f"request id {msg.id} is already in flight on this connection")
-            self.engine.add_request(Request(id=request_id, prompt_ids=self._prompt_ids(msg), params=msg.params,
-                                            session=msg.session, arrival_s=time.monotonic()))
+            prompt_ids = self._prompt_ids(msg)
+            self.engine.add_request(Request(id=request_id, prompt_ids=prompt_ids, params=msg.params,
+                                            session=msg.session, arrival_s=time.monotonic(),
+                                            prefix_kinds=self._prefix_kinds(msg, prompt_ids),
+                                            expected_return_s=msg.expected_return_s))
         except EngineError as exc:
             self._counters["ipc_errors_total"] += 1
             self._send_quietly(sock, identity, protocol.error_reply(msg.id, exc.code, exc.message))
@@ -182,7 +186,21 @@ class SpecdServer:
             return list(msg.prompt)
         if msg.prompt is not None:
             return tokenizer.encode(msg.prompt) if msg.prompt else []
-        return tokenizer.encode_chat([m.model_dump() for m in msg.messages])
+        extra = {"tools": msg.tools} if msg.tools else {}
+        return tokenizer.encode_chat([m.model_dump() for m in msg.messages], **extra)
+
+    def _prefix_kinds(self, msg: protocol.Generate, prompt_ids: list[int]) -> list[tuple[int, int]] | None:
+        """System / tool-schema spans of a chat prompt (specd/engine/hints.py says how), so kvd knows
+        which blocks every session of the application shares. Hints are advice: a tokenizer that cannot
+        render a system-only chat costs the hint, never the request."""
+        if msg.messages is None:
+            return None
+        try:
+            return chat_prefix_kinds(self.engine.tokenizer.encode_chat, [m.model_dump() for m in msg.messages],
+                                     prompt_ids, msg.tools)
+        except Exception:
+            log.debug("no prefix kinds for this chat", exc_info=True)
+            return None
 
     def _cancel(self, identity: bytes, msg_id: int) -> None:
         request_id = _request_id(identity, msg_id)

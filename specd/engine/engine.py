@@ -15,6 +15,7 @@ from specd.engine.block_source import BlockSource, LocalBlockSource
 from specd.engine.config import EngineConfig
 from specd.engine.detokenizer import Detokenizer
 from specd.engine.errors import EngineError
+from specd.engine.hints import SessionHints
 from specd.engine.kv_layout import KVLayout
 from specd.engine.model_runner import ModelRunner
 from specd.engine.request import Request, RequestOutput
@@ -50,6 +51,7 @@ class SpecEngine:
                               schedule_seconds_total=0.0, forward_seconds_total=0.0, output_seconds_total=0.0,
                               commit_seconds_total=0.0)
         self._last_reconnect_s = 0.0
+        self.hints = SessionHints(layout.block_size)
         self._attach(source)
 
     def _attach(self, source: BlockSource) -> None:
@@ -208,7 +210,11 @@ class SpecEngine:
         if seq.status is SeqStatus.RUNNING:
             self.blocks.commit_full(seq)
         self.scheduler.remove(seq)
-        self.blocks.free(seq, {"session": seq.request.session, "turn_end": True} if seq.request.session else None)
+        req = seq.request
+        self.blocks.extend_hashes(seq)
+        hints = self.hints.release_hints(seq.hashes, req.prefix_kinds, req.session, req.arrival_s,
+                                         time.monotonic(), req.expected_return_s)
+        self.blocks.free(seq, hints)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
         self._seqs.pop(seq.id, None)
         self._counters["requests_finished"] += 1

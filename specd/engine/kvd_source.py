@@ -121,6 +121,11 @@ class KvdBlockSource:
         return canonical
 
     def release(self, leases: Sequence[LeaseId], hints: dict | None = None) -> None:
+        """Unpin ``leases``. Per-block hints (``kinds``) go once, by hash, as a release of lease 0:
+        the blocks a finished turn wrote may sit in a write lease that stays open for other sequences."""
+        if hints and hints.get("kinds") and self._connected:
+            self._release_remote(LeaseId(0), hints)
+            hints = {k: v for k, v in hints.items() if k != "kinds"}
         for lease in leases:
             blocks = self._held.pop(lease, [])
             if not self._connected or lease < 0:

@@ -15,6 +15,10 @@ class Request:
     params: SamplingParams
     session: str | None = None
     arrival_s: float = 0.0
+    # (token_count, BlockKind) spans from token 0: the system prompt, then the tool schemas
+    # (specd/engine/hints.py turns them into per-block kinds for kvd); None = all conversation
+    prefix_kinds: list[tuple[int, int]] | None = None
+    expected_return_s: float | None = None   # the client's own guess of its think time; else learned
 
 
 @dataclass
