@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from dataclasses import dataclass
 
 from kvd.admission import seen_twice
 from kvd.block_index import BlockRecord
@@ -31,24 +32,43 @@ KIND_BONUS = 4.0  # x16 temperature: a system prompt outlives ordinary blocks
 DEAD_PENALTY = 100.0  # ~100 half-lives: evicted before anything alive
 
 
+@dataclass(frozen=True)
+class ReuseTerms:
+    """Which terms of the key are on. All are, in service; bench/eviction_ablation.py turns one off at
+    a time to show each earns its place (docs/design/eviction.md). ``frequency`` off keeps recency
+    (the key of a block touched once at its last access)."""
+
+    frequency: bool = True
+    depth: bool = True
+    children: bool = True
+    kinds: bool = True
+    protection: bool = True
+    dead: bool = True
+
+
 class ReusePolicy(EvictionPolicy):
     name = "reuse"
 
     gated = True
 
-    def __init__(self, tiers: tuple[Tier, ...], half_life_s: float, gate=seen_twice) -> None:
+    def __init__(self, tiers: tuple[Tier, ...], half_life_s: float, gate=seen_twice,
+                 terms: ReuseTerms = ReuseTerms()) -> None:
         super().__init__(tiers, half_life_s, gate)
+        self.terms = terms
         self._heaps: dict[Tier, list[tuple[float, int, BlockRecord]]] = {t: [] for t in tiers}
         self._seq = itertools.count()
 
     def key(self, rec: BlockRecord) -> float:
-        k = log_key(rec.count, max(rec.t_last, rec.protect_until), self.half_life_s)
-        k += math.log2(1.0 + rec.depth / DEPTH_SCALE)
-        if rec.children > 1:
+        t = self.terms
+        last = max(rec.t_last, rec.protect_until) if t.protection else rec.t_last
+        k = log_key(rec.count if t.frequency else 1.0, last, self.half_life_s)
+        if t.depth:
+            k += math.log2(1.0 + rec.depth / DEPTH_SCALE)
+        if t.children and rec.children > 1:
             k += math.log2(rec.children)
-        if rec.kind in (BlockKind.SYSTEM, BlockKind.TOOL_SCHEMA):
+        if t.kinds and rec.kind in (BlockKind.SYSTEM, BlockKind.TOOL_SCHEMA):
             k += KIND_BONUS
-        if rec.tail or rec.superseded:
+        if t.dead and (rec.tail or rec.superseded):
             k -= DEAD_PENALTY
         return k
 
