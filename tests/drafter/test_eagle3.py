@@ -1,0 +1,77 @@
+"""Eagle3Drafter: TTT shapes and masks, TTT == inference unroll, batched draft == single calls."""
+import pytest
+import torch
+
+from conftest import fused, make_drafter
+from specd.drafter import DrafterError
+from specd.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def eagle(target):
+    return make_drafter(target[0], "eagle3", gamma=5)
+
+
+@pytest.fixture(scope="module")
+def feats(eagle, target, tokens):
+    return fused(eagle, target[0], tokens)
+
+
+def test_ttt_shapes_and_gradients_through_the_unroll(eagle, feats, tokens):
+    eagle.train()
+    try:
+        logits = eagle.ttt_logits(feats, tokens, torch.tensor([1, 6, 20]), steps=4)
+        assert logits.shape == (3, 4, 512) and logits.dtype == torch.float32
+        logits[:, 3].logsumexp(-1).sum().backward()           # only the last step's loss
+        assert eagle.fc.weight.grad is None                    # feats were precomputed (no grad)
+        assert eagle.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+    finally:
+        eagle.zero_grad(set_to_none=True)
+        eagle.eval()
+
+
+def test_ttt_never_sees_features_at_or_after_the_anchor(eagle, feats, tokens):
+    anchors = torch.tensor([9, 14])
+    with torch.no_grad():
+        ref = eagle.ttt_logits(feats, tokens, anchors, steps=3)
+        later = feats.clone()
+        later[9:] += torch.randn_like(later[9:])
+        out = eagle.ttt_logits(later, tokens, anchors, steps=3)
+        earlier = feats.clone()
+        earlier[7] += 1.0
+        moved = eagle.ttt_logits(earlier, tokens, anchors, steps=3)
+    torch.testing.assert_close(out[0], ref[0], rtol=0, atol=0)
+    assert (moved[0] - ref[0]).abs().max() > 1e-3
+
+
+def test_ttt_with_drafted_tokens_reproduces_the_greedy_draft(eagle, feats, tokens):
+    """TTT teacher-forces the tokens; feeding it the draft's own tokens must give the draft's choices."""
+    a, steps = 11, eagle.config.gamma
+    out = eagle.draft([feats[:a]], [int(tokens[a])], [GREEDY], [None], ctx_tokens=[tokens[:a]])
+    seq = torch.cat([tokens[:a + 1], out.tokens[0, :-1]])                       # T = a + steps
+    padded = torch.cat([feats[:a], torch.randn(steps, feats.shape[1])])         # unseen positions: noise
+    with torch.no_grad():
+        logits = eagle.ttt_logits(padded, seq, torch.tensor([a]), steps=steps)
+    assert torch.equal(logits[0].argmax(-1), out.tokens[0])
+
+
+def test_batched_draft_equals_single_calls(eagle, feats, tokens):
+    lens = [1, 12, 6]
+    params = [SamplingParams(temperature=0.8, top_k=40), GREEDY, SamplingParams(temperature=1.0)]
+    gens = lambda: [torch.Generator().manual_seed(11 + i) for i in range(3)]   # noqa: E731
+    args = ([feats[:n] for n in lens], [int(tokens[n]) for n in lens])
+    batched = eagle.draft(*args, params, gens(), ctx_tokens=[tokens[:n] for n in lens])
+    assert batched.confidence is None and batched.lengths.tolist() == [5, 5, 5]
+    for i, g in enumerate(gens()):
+        single = eagle.draft([args[0][i]], [args[1][i]], [params[i]], [g], ctx_tokens=[tokens[:lens[i]]])
+        assert torch.equal(single.tokens[0], batched.tokens[i])
+        torch.testing.assert_close(single.probs[0], batched.probs[i], rtol=1e-5, atol=1e-6)
+
+
+def test_draft_needs_context_tokens(eagle, feats, tokens):
+    with pytest.raises(DrafterError):
+        eagle.draft([feats[:4]], [int(tokens[4])], [GREEDY], [None])
+    with pytest.raises(DrafterError):
+        eagle.ttt_logits(feats, tokens, torch.tensor([0]), steps=2)
