@@ -314,6 +314,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="rejection-sampling / draft RNG seed")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (1: a tiny target is latency-bound; more threads only contend)")
     parser.add_argument("--out", type=Path, required=True, help="results JSON")
 
 
@@ -338,6 +340,7 @@ def run(args: argparse.Namespace) -> int:
     from specd.loader import load_model
 
     torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
     target, tokenizer = load_model(args.target, args.dtype, args.device)
     proposer, temps = load_proposer(args.drafter, target, args.gamma)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)

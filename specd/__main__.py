@@ -116,7 +116,14 @@ def _table(stats: dict[str, Any]) -> str:
                      for k, v in sorted(stats.items()))
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"serve": cmd_serve, "stats": cmd_stats}
+def cmd_train_drafter(argv: list[str]) -> int:
+    from specd.drafter.cli import main as train_drafter  # torch and the trainer load only for this command
+
+    return train_drafter(argv)
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"serve": cmd_serve, "stats": cmd_stats,
+                                                   "train-drafter": cmd_train_drafter}
 
 
 def main(argv: list[str] | None = None) -> int:

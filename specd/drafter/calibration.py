@@ -94,3 +94,64 @@ def fit_sts(conf_logits: Tensor, accepted: Tensor, grid: tuple[float, ...] = DEF
     before, before_pos = ece_by_position(conf_logits, accepted, torch.ones(gamma))
     after, after_pos = ece_by_position(conf_logits, accepted, temps)
     return StsFit(temps.tolist(), before, after, before_pos, after_pos)
+
+
+@torch.no_grad()
+def heldout_survival(target, drafter, seqs, temperature: float, seed: int, max_blocks_per_seq: int = 32
+                     ) -> tuple[Tensor, Tensor]:
+    """Observed survival of teacher-forced blocks on held-out sequences: (conf_logits [M, γ], accepted [M]).
+
+    For each full block (anchor in the answer, all γ labels present) the drafter's Markov-corrected
+    distribution at `temperature` proposes one token per slot (greedy: argmax, one-hot), and
+    kernels.rejection_sample checks it against the target's distribution at the same temperature. The
+    prefix of slot k is the data's token (teacher forcing), so a slot's outcome is exact given that
+    prefix; a live chain would condition on the accepted drafts instead (identical at T = 0 when the data
+    is greedy). Cheap and batched: no generation loop.
+    """
+    from kernels.rejection_sample import rejection_sample
+    from specd.drafter.train import make_blocks, sample_anchors, target_pass
+    from specd.engine.sampler import inverse_cdf
+
+    gamma = drafter.config.gamma
+    gen = torch.Generator().manual_seed(seed)
+    conf, accepted = [], []
+    for s in seqs:
+        n_full = len(s.tokens) - gamma - max(s.prompt_len - 1, 0)
+        if n_full <= 0:
+            continue
+        logits, feats = target_pass(target, [s.tokens], drafter.config.target_layers)
+        tok = torch.tensor(s.tokens, dtype=torch.int64, device=logits[0].device)
+        anchors = sample_anchors(s.prompt_len, len(s.tokens) - gamma + 1, max_blocks_per_seq, gen).to(tok.device)
+        b = make_blocks(tok, logits[0], anchors, gamma)
+        out = drafter.block_logits(drafter.fuse(feats[0]), tok, anchors)
+        d_logits = drafter.markov_logits(out.base_logits, b.prev)                      # [N, γ, V]
+        t_logits = torch.cat([b.target_logits, b.target_logits[:, -1:]], dim=1)     # bonus row unused
+        d_probs, t_probs = (_probs(x, temperature) for x in (d_logits, t_logits))
+        n = anchors.numel()
+        if temperature == 0:
+            d_tok = d_logits.argmax(-1)
+        else:
+            u = torch.rand(n * gamma, generator=gen).to(tok.device)
+            d_tok = inverse_cdf(d_probs.flatten(0, 1), u).view(n, gamma)
+        acc, _ = rejection_sample(t_probs.contiguous(), d_probs.contiguous(), d_tok,
+                                  torch.full((n,), gamma, dtype=torch.int32, device=tok.device),
+                                  torch.rand(n, gamma, generator=gen).to(tok.device),
+                                  torch.rand(n, generator=gen).to(tok.device))
+        conf.append(drafter.confidence_logits(out.hidden, b.prev).float().cpu())
+        accepted.append(acc.long().cpu())
+    if not conf:
+        raise CalibrationError("no held-out sequence is long enough for a full block")
+    return torch.cat(conf), torch.cat(accepted)
+
+
+def _probs(logits: Tensor, temperature: float) -> Tensor:
+    """logits: [N, K, V] -> fp32 probs at `temperature` (one-hot argmax when 0), same transform as serving."""
+    from specd.engine.sampler import sampling_probs
+
+    if temperature == 0:
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    flat = logits.flatten(0, 1).float()
+    m = flat.shape[0]
+    out = sampling_probs(flat, torch.full((m,), temperature, device=flat.device),
+                         torch.zeros(m, dtype=torch.int64, device=flat.device), torch.ones(m, device=flat.device))
+    return out.view(logits.shape)

@@ -56,7 +56,7 @@ def weighted_mean(values: Tensor, weights: Tensor, valid: Tensor) -> Tensor:
 
 def token_ce(logits: Tensor, labels: Tensor) -> Tensor:
     """logits: [N, γ, V]; labels: [N, γ] int64 (any value where invalid) -> [N, γ] per-slot CE."""
-    safe = labels.clamp(min=0)
+    safe = labels.clamp(0, logits.shape[-1] - 1)
     return F.cross_entropy(logits.flatten(0, 1).float(), safe.flatten(), reduction="none").view(labels.shape)
 
 

@@ -90,6 +90,14 @@ def sample_anchors(prompt_len: int, length: int, n: int, gen: torch.Generator) -
     return (lo + torch.randperm(span, generator=gen)[:n]).sort().values
 
 
+def method_anchors(method: str, seq: TrainSequence, gamma: int, n: int, gen: torch.Generator) -> Tensor:
+    """Anchors for one sequence. EAGLE-3's unroll needs its γ steps inside the sequence (a ≤ T − γ) and a
+    context element before the anchor (a ≥ 1); block drafters accept anchors up to T − 2 (labels masked)."""
+    if method == "eagle3":
+        return sample_anchors(max(seq.prompt_len, 2), len(seq.tokens) - gamma + 2, n, gen)
+    return sample_anchors(seq.prompt_len, len(seq.tokens), n, gen)
+
+
 @dataclass
 class Blocks:
     """Teacher-forced block targets of N anchors of one sequence."""
@@ -160,7 +168,8 @@ class Trainer:
         batch = [self.seqs[i] for i in idx]
         logits, feats = target_pass(self.target, [s.tokens for s in batch], self.drafter.config.target_layers)
         toks = [torch.tensor(s.tokens, dtype=torch.int64, device=self.device) for s in batch]
-        anchors = [sample_anchors(s.prompt_len, len(s.tokens), self.cfg.anchors, self.gen).to(self.device) for s in batch]
+        anchors = [method_anchors(self.method, s, self.drafter.config.gamma, self.cfg.anchors, self.gen).to(self.device)
+                   for s in batch]
         self.drafter.train()
         loss = block_loss(self.drafter, self.method, feats, toks, logits, anchors)
         self.optim.zero_grad(set_to_none=True)
