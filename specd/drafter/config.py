@@ -117,7 +117,8 @@ class DrafterConfig:
             fields["target_layers"] = tuple(overrides["target_layers"])
         bad = [i for i in fields["target_layers"] if i >= t.num_layers - 1]
         if bad:
-            raise DrafterConfigError(f"target layers {bad} include the last layer (or beyond) of a {t.num_layers}-layer target")
+            raise DrafterConfigError(
+                f"target layers {bad} include the last layer (or beyond) of a {t.num_layers}-layer target")
         return DrafterConfig(**fields)
 
 

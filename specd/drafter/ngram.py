@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from torch import Tensor
 
 from specd.drafter.base import DraftOutput
 from specd.drafter.config import DrafterConfig

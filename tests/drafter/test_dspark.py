@@ -116,7 +116,8 @@ def test_sampled_probs_are_exactly_the_sampling_distribution(dspark, ctx, tokens
     corrected = dspark.markov_logits(base, prev)
     for i, p in enumerate(params):
         rows = corrected[i]
-        want = sampling_probs(rows, torch.full((7,), p.temperature), torch.full((7,), p.top_k), torch.full((7,), p.top_p))
+        want = sampling_probs(rows, torch.full((7,), p.temperature), torch.full((7,), p.top_k),
+                              torch.full((7,), p.top_p))
         torch.testing.assert_close(out.probs[i], want, rtol=1e-5, atol=1e-7)
         assert (out.probs[i].gather(1, out.tokens[i][:, None]) > 0).all()
     assert (out.probs[1] > 0).sum(-1).max() <= 5               # top-k really filtered
