@@ -23,7 +23,7 @@ def tokens(target) -> torch.Tensor:
     return torch.tensor(tokenizer.encode(TEXT, add_bos=True), dtype=torch.int64)
 
 
-def make_drafter(model, method: str, **overrides):
+def _make_drafter(model, method: str, **overrides):
     """A randomly initialised drafter; seeded so every test sees the same weights."""
     torch.manual_seed(0)
     overrides.setdefault("num_layers", 2 if method in ("dspark", "dflash") else 1)
@@ -36,8 +36,20 @@ def make_drafter(model, method: str, **overrides):
     return drafter.eval()
 
 
-def fused(drafter, model, tokens) -> torch.Tensor:
+def _fused(drafter, model, tokens) -> torch.Tensor:
     """[T, d] fused features of `tokens` for `drafter`."""
     out = target_features(model, tokens, drafter.config.target_layers)
     with torch.no_grad():
         return drafter.fuse(out.captured)
+
+
+@pytest.fixture(scope="session")
+def make_drafter():
+    """The factory `make_drafter(model, method, **overrides)` (a fixture, so tests never import conftest)."""
+    return _make_drafter
+
+
+@pytest.fixture(scope="session")
+def fused():
+    """The helper `fused(drafter, model, tokens) -> [T, d]`."""
+    return _fused

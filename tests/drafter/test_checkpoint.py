@@ -4,7 +4,6 @@ import json
 import pytest
 import torch
 
-from conftest import fused, make_drafter
 from specd.drafter import (DrafterConfig, DrafterError, build_drafter, load_deepspec_state_dict, load_drafter,
                            save_drafter)
 from specd.sampling_params import SamplingParams
@@ -48,7 +47,7 @@ def deepspec_eagle3_keys(c) -> dict[str, tuple[int, ...]]:
 
 @pytest.mark.parametrize("method,layout", [("dspark", deepspec_dspark_keys), ("dflash", deepspec_dspark_keys),
                                            ("eagle3", deepspec_eagle3_keys)])
-def test_deepspec_state_dict_loads_strictly(target, method, layout):
+def test_deepspec_state_dict_loads_strictly(target, method, layout, make_drafter):
     drafter = make_drafter(target[0], method)
     state = {k: torch.randn(shape) for k, shape in layout(drafter.config).items()}
     load_deepspec_state_dict(drafter, state)
@@ -60,7 +59,7 @@ def test_deepspec_state_dict_loads_strictly(target, method, layout):
         load_deepspec_state_dict(drafter, state)
 
 
-def test_deepspec_embedding_of_another_target_is_refused(target):
+def test_deepspec_embedding_of_another_target_is_refused(target, make_drafter):
     drafter = make_drafter(target[0], "dflash")
     state = {k: torch.randn(s) for k, s in deepspec_dspark_keys(drafter.config).items()}
     state["lm_head.weight"] = torch.randn(1000, 64)
@@ -69,7 +68,7 @@ def test_deepspec_embedding_of_another_target_is_refused(target):
 
 
 @pytest.mark.parametrize("method", ["dspark", "eagle3", "ngram"])
-def test_save_load_round_trip(target, tokens, tmp_path, method):
+def test_save_load_round_trip(target, tokens, tmp_path, method, make_drafter, fused):
     model, _ = target
     ngram = build_drafter(DrafterConfig.for_target(model.config, "ngram"))
     drafter = ngram if method == "ngram" else make_drafter(model, method)

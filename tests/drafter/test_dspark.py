@@ -2,7 +2,6 @@
 import pytest
 import torch
 
-from conftest import fused, make_drafter
 from specd.drafter import BlockDrafter, DrafterError, target_features
 from specd.engine.sampler import sampling_probs
 from specd.sampling_params import SamplingParams
@@ -12,12 +11,12 @@ HOT = SamplingParams(temperature=0.9, top_k=50, top_p=0.95)
 
 
 @pytest.fixture(scope="module")
-def dspark(target):
+def dspark(target, make_drafter):
     return make_drafter(target[0], "dspark")
 
 
 @pytest.fixture(scope="module")
-def ctx(dspark, target, tokens):
+def ctx(dspark, target, tokens, fused):
     return fused(dspark, target[0], tokens)
 
 
@@ -133,7 +132,7 @@ def test_confidence_is_sigmoid_of_the_head_on_sampled_prev_tokens(dspark, ctx, t
     torch.testing.assert_close(out.confidence, want)
 
 
-def test_markov_rank_zero_is_the_identity(target, tokens):
+def test_markov_rank_zero_is_the_identity(target, tokens, make_drafter, fused):
     dflash = make_drafter(target[0], "dflash")
     ctx = fused(dflash, target[0], tokens)
     with torch.no_grad():
@@ -151,7 +150,7 @@ def _captured(drafter, model, tokens):
     return target_features(model, tokens, drafter.config.target_layers).captured
 
 
-def test_gradients_reach_the_drafter_but_not_the_target(target, tokens):
+def test_gradients_reach_the_drafter_but_not_the_target(target, tokens, make_drafter):
     model, _ = target
     drafter = make_drafter(model, "dspark").train()
     for p in model.parameters():

@@ -2,7 +2,6 @@
 import pytest
 import torch
 
-from conftest import fused, make_drafter
 from specd.drafter import DrafterError
 from specd.sampling_params import SamplingParams
 
@@ -10,12 +9,12 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def eagle(target):
+def eagle(target, make_drafter):
     return make_drafter(target[0], "eagle3", gamma=5)
 
 
 @pytest.fixture(scope="module")
-def feats(eagle, target, tokens):
+def feats(eagle, target, tokens, fused):
     return fused(eagle, target[0], tokens)
 
 
