@@ -42,7 +42,11 @@ class CacheGroup:
         tiers = policy_tiers(cfg.policy, dram_n > 0, nvme_n > 0)
         self.pools: dict[Tier, BlockPool] = {Tier.GPU: GpuPool(f"{tag}-{name}", gpu_n, block_bytes, cfg.device, cfg.run_dir)}
         if Tier.DRAM in tiers:
-            self.pools[Tier.DRAM] = DramPool(f"{tag}-{name}", dram_n, block_bytes, cfg.device, cfg.run_dir)
+            try:
+                self.pools[Tier.DRAM] = DramPool(f"{tag}-{name}", dram_n, block_bytes, cfg.device, cfg.run_dir)
+            except OSError as e:  # memory exhaustion: serve with fewer tiers, never crash later
+                log.warning("group %s: DRAM tier of %d blocks unavailable (%s); running without it", name, dram_n, e)
+                self.counters["dram_unavailable"] += 1
         if Tier.NVME in tiers:
             self.pools[Tier.NVME] = NvmePool(Path(cfg.nvme_dir), name, nvme_n, block_bytes)
         cls = POLICIES[cfg.policy]

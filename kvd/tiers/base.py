@@ -6,6 +6,7 @@ so a tier move is a single copy (DESIGN.md §3: never one small tensor at a time
 """
 from __future__ import annotations
 
+import errno
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -97,11 +98,33 @@ def shm_dir(run_dir: Path) -> Path:
     return d if d.is_dir() and os.access(d, os.W_OK) else run_dir
 
 
-def shm_tensor(path: Path, blocks: int, block_bytes: int) -> torch.Tensor:
+def reserve_file(path: Path, nbytes: int) -> None:
+    """Back every byte of ``path`` now, or raise OSError (ENOSPC) and remove it.
+
+    Why: a tmpfs file is sparse, so mapping more than /dev/shm can hold succeeds and the first write
+    past the limit kills the process with SIGBUS, long after start-up. Checking the free space first
+    refuses an impossible pool without touching memory; fallocate then commits the pages."""
+    st = os.statvfs(path.parent)
+    if st.f_bavail * st.f_frsize < nbytes:
+        raise OSError(errno.ENOSPC, f"{path.parent} has {st.f_bavail * st.f_frsize} bytes free, pool needs {nbytes}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+
+
+def shm_tensor(path: Path, blocks: int, block_bytes: int, reserve: bool = False) -> torch.Tensor:
     """A ``[blocks, block_bytes]`` uint8 tensor mapped from ``path`` (created, zero-filled, shared),
-    so another process can map the same bytes with ``torch.from_file(path, shared=True)``."""
+    so another process can map the same bytes with ``torch.from_file(path, shared=True)``.
+    ``reserve``: back the whole file first (``reserve_file``); raises OSError if it cannot be."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)  # a stale pool from a crashed run must not leak old bytes
     nbytes = blocks * block_bytes
+    if reserve:
+        reserve_file(path, nbytes)
     t = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
     return t.view(blocks, block_bytes)

@@ -2,7 +2,8 @@
 
 Why a /dev/shm file rather than ``pin_memory=True``: other processes can map it, and a /dev/shm
 mapping registered with cudaHostRegister copies at the same 55 GB/s as pinned memory (DESIGN.md §7).
-If registration fails (pinned-memory exhaustion) the tier still works, unpinned.
+If registration fails (pinned-memory exhaustion) the tier still works, unpinned. If the memory itself
+cannot be had (/dev/shm too small), construction raises OSError and the group runs without DRAM.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class DramPool(MemoryPool):
 
     def __init__(self, tag: str, blocks: int, block_bytes: int, device: str, run_dir: Path) -> None:
         path = shm_dir(run_dir) / f"{tag}-dram.pool"
-        super().__init__(Tier.DRAM, shm_tensor(path, blocks, block_bytes), path)
+        super().__init__(Tier.DRAM, shm_tensor(path, blocks, block_bytes, reserve=True), path)
         self.pinned = use_cuda(device) and self._pin()
 
     def _pin(self) -> bool:

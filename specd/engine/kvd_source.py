@@ -129,9 +129,20 @@ class KvdBlockSource:
         for lease in leases:
             blocks = self._held.pop(lease, [])
             if not self._connected or lease < 0:
-                self._free.extend(blocks)
+                self._free_unshared(blocks)
             else:
                 self._release_remote(lease, hints)
+
+    def _free_unshared(self, blocks: Sequence[BlockId]) -> None:
+        """Degraded mode: a block goes back to the private free list only when no live lease holds it.
+        Several leases can name one block (each sequence that hit a cached prefix has its own lookup
+        lease on it, and a published block can be another's hit), so freeing on the first release let
+        a new allocation overwrite KV a running sequence still reads (found by tests/faults)."""
+        still = {b for held in self._held.values() for b in held}
+        free = set(self._free)
+        for b in dict.fromkeys(blocks):
+            if b not in still and b not in free:
+                self._free.append(b)
 
     def num_free(self) -> int:
         return len(self._free) if not self._connected else -1
