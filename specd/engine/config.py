@@ -28,3 +28,9 @@ class EngineConfig(BaseModel):
     )
     cuda_graphs: bool = Field(True, description="Capture decode steps in CUDA graphs on the GPU.")
     tenant_salt: str = Field("", description="Cache namespace salt: blocks are shared only within one salt.")
+    speculation: str = Field(
+        "none", pattern="^(none|ngram|dspark|dflash|eagle3)$",
+        description="Speculative decoding method for requests that do not choose one.",
+    )
+    num_speculative_tokens: int = Field(7, ge=1, le=32, description="Draft tokens proposed per verification (gamma).")
+    drafter: Path | None = Field(None, description="Trained drafter directory (dspark, dflash, eagle3).")

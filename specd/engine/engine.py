@@ -19,7 +19,10 @@ from specd.engine.hints import SessionHints
 from specd.engine.kv_layout import KVLayout
 from specd.engine.model_runner import ModelRunner
 from specd.engine.request import Request, RequestOutput
+from specd.engine.block_source import OutOfBlocks
+from specd.engine.proposers import load_proposer
 from specd.engine.scheduler import ScheduledSeq, Scheduler
+from specd.engine.speculation import METHODS, verify
 from specd.engine.sequence import Sequence, SeqStatus
 from specd.loader import load_model, resolve_device, resolve_dtype
 
@@ -49,7 +52,9 @@ class SpecEngine:
         self._counters = dict(requests_total=0, requests_finished=0, requests_aborted=0, prompt_tokens_total=0,
                               cached_tokens_total=0, tokens_generated_total=0, steps_total=0,
                               schedule_seconds_total=0.0, forward_seconds_total=0.0, output_seconds_total=0.0,
-                              commit_seconds_total=0.0)
+                              commit_seconds_total=0.0, spec_verifications_total=0,
+                              spec_drafted_tokens_total=0, spec_accepted_tokens_total=0)
+        self._proposers: dict = {}
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)
@@ -127,17 +132,19 @@ class SpecEngine:
         if not batch:
             self._fail_unschedulable(outputs)
             return outputs
+        self._add_drafts(batch)
         t1 = time.perf_counter()
         logits = self.runner.run(batch)
-        sampling = [s for s in batch if s.samples]
-        seqs = [s.seq for s in sampling]
-        tokens = sampler.sample(logits, [q.request.params for q in seqs], [q.generator for q in seqs]).tolist()
+        emitted = self._sample(batch, logits)
         t2 = time.perf_counter()
-        for s in batch:
-            s.seq.num_computed_tokens += s.num_tokens
         now = time.monotonic()
-        for seq, tok in zip(seqs, tokens):
-            outputs.append(self._append_token(seq, tok, now))
+        for sched in batch:          # prompt chunks that do not sample yet (``samples`` reads the old count)
+            if not sched.samples:
+                sched.seq.num_computed_tokens += sched.num_tokens
+        for sched, toks in emitted:
+            # KV is valid for the scheduled tokens and the accepted drafts; the last emitted token is pending
+            sched.seq.num_computed_tokens += sched.num_tokens + (len(toks) - 1 if sched.draft else 0)
+            outputs.append(self._emit(sched.seq, toks, now))
         t3 = time.perf_counter()
         for s in batch:
             if s.seq.status is SeqStatus.RUNNING:
@@ -145,11 +152,81 @@ class SpecEngine:
         t4 = time.perf_counter()
         c = self._counters
         c["steps_total"] += 1
-        c["schedule_seconds_total"] += t1 - t0          # includes kvd lookups and allocations
-        c["forward_seconds_total"] += t2 - t1           # model + sampling, synchronised by .tolist()
+        c["schedule_seconds_total"] += t1 - t0          # includes kvd lookups, allocations and drafting
+        c["forward_seconds_total"] += t2 - t1           # model + sampling/verification, synchronised by .tolist()
         c["output_seconds_total"] += t3 - t2            # detokenize, stop checks, finishing
         c["commit_seconds_total"] += t4 - t3            # publishing full blocks to kvd
         return outputs
+
+    # -- speculation -----------------------------------------------------------------------
+    def _method(self, seq: Sequence) -> str:
+        return seq.request.speculation or self.config.speculation
+
+    def _add_drafts(self, batch: list[ScheduledSeq]) -> None:
+        """Attach a draft to every decoding sequence that speculates: one batched proposal per method."""
+        by_method: dict[str, list[ScheduledSeq]] = {}
+        for sched in batch:
+            seq = sched.seq
+            if sched.samples and sched.num_tokens == 1 and self._method(seq) != "none":
+                by_method.setdefault(self._method(seq), []).append(sched)
+        for method, group in by_method.items():
+            proposer = self._proposer(method)
+            limits = [self._draft_limit(s.seq) for s in group]
+            drafts = proposer.propose([s.seq.all_ids for s in group], limits,
+                                      [s.seq.request.params for s in group], [s.seq.generator for s in group])
+            for sched, draft in zip(group, drafts):
+                if draft.tokens and self._room_for(sched.seq, 1 + len(draft.tokens)):
+                    sched.draft = draft
+
+    def _draft_limit(self, seq: Sequence) -> int:
+        """Never draft past max_tokens or the context: every draft token may be emitted."""
+        left = min(seq.request.params.max_tokens - len(seq.output_ids), self.max_model_len - seq.num_tokens)
+        return max(0, min(self.config.num_speculative_tokens, left - 1))
+
+    def _room_for(self, seq: Sequence, tokens: int) -> bool:
+        try:
+            self.blocks.ensure_slots(seq, tokens)
+            return True
+        except OutOfBlocks:
+            return False
+
+    def _proposer(self, method: str):
+        if method not in self._proposers:
+            if method not in METHODS or method == "none":
+                raise EngineError("bad_request", f"unknown speculation method {method!r} (have {', '.join(METHODS)})")
+            self._proposers[method] = load_proposer(method, self.config, self.model)
+        return self._proposers[method]
+
+    def _sample(self, batch: list[ScheduledSeq], logits) -> list[tuple[ScheduledSeq, list[int]]]:
+        """Split the logits rows: plain sampling for most, chain verification for drafted sequences."""
+        plain, spec, rows, row = [], [], [], 0
+        for sched in batch:
+            if not sched.samples:
+                continue
+            n = sched.num_draft + 1
+            (spec if sched.draft else plain).append(sched)
+            rows.append((row, n))
+            row += n
+        starts = {id(s): r for s, (r, _) in zip([s for s in batch if s.samples], rows)}
+        out: list[tuple[ScheduledSeq, list[int]]] = []
+        if plain:
+            idx = [starts[id(s)] for s in plain]
+            toks = sampler.sample(logits[idx], [s.seq.request.params for s in plain],
+                                  [s.seq.generator for s in plain]).tolist()
+            out += [(s, [t]) for s, t in zip(plain, toks)]
+        if spec:
+            chains = verify([logits[starts[id(s)] : starts[id(s)] + s.num_draft + 1] for s in spec],
+                            [s.draft for s in spec], [s.seq.request.params for s in spec],
+                            [s.seq.generator for s in spec])
+            for s, toks in zip(spec, chains):
+                s.seq.spec_verifications += 1
+                s.seq.spec_drafted += s.num_draft
+                s.seq.spec_accepted += len(toks) - 1
+                self._counters["spec_verifications_total"] += 1
+                self._counters["spec_drafted_tokens_total"] += s.num_draft
+                self._counters["spec_accepted_tokens_total"] += len(toks) - 1
+            out += list(zip(spec, chains))
+        return out
 
     def _maybe_reconnect(self) -> None:
         """(Re-)attach to kvd after an outage or a start without it, at a moment when no sequence
@@ -178,26 +255,30 @@ class SpecEngine:
             self.scheduler.add(seq)
         log.info("kvd attached: the shared prefix cache is on")
 
-    def _append_token(self, seq: Sequence, tok: int, now: float) -> RequestOutput:
+    def _emit(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
+        """Append the step's tokens (one, or a verified chain) until one of them ends the request."""
         params = seq.request.params
         if seq.first_token_s is None:
             seq.first_token_s = now
             self._counters["cached_tokens_total"] += seq.num_cached_tokens
-        self._counters["tokens_generated_total"] += 1
         out = RequestOutput(seq.id)
-        is_stop_token = (tok in self._stop_ids and not params.ignore_eos) or tok in params.stop_token_ids
-        seq.output_ids.append(tok)
-        out.token_ids = [tok]
-        if is_stop_token:
-            reason = "stop"
-        else:
-            out.text = seq.detok.add(tok)
+        reason = None
+        for tok in tokens:
+            self._counters["tokens_generated_total"] += 1
+            seq.output_ids.append(tok)
+            out.token_ids.append(tok)
+            if (tok in self._stop_ids and not params.ignore_eos) or tok in params.stop_token_ids:
+                reason = "stop"
+                break
+            out.text += seq.detok.add(tok)
             if seq.detok.stopped:
                 reason = "stop"
             elif len(seq.output_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
                 reason = "length"
-            else:
-                return out
+            if reason:
+                break
+        if reason is None:
+            return out
         out.text += seq.detok.finish() if not seq.detok.stopped else ""
         self._finish(seq, reason)
         out.finished, out.finish_reason, out.usage = True, reason, seq.usage()

@@ -51,8 +51,9 @@ class ModelRunner:
         max_blocks = max(len(s.seq.block_table) for s in batch)
         tables = torch.zeros(len(batch), max_blocks, dtype=torch.int32)
         for i, sched in enumerate(batch):
-            seq, start, n = sched.seq, sched.seq.num_computed_tokens, sched.num_tokens
-            toks = seq.all_ids[start : start + n]
+            seq, start = sched.seq, sched.seq.num_computed_tokens
+            toks = seq.all_ids[start : start + sched.num_tokens] + (sched.draft.tokens if sched.draft else [])
+            n = len(toks)
             ids.extend(toks)
             pos.extend(range(start, start + n))
             table = seq.block_table
@@ -61,14 +62,14 @@ class ModelRunner:
             seq_lens.append(start + n)
             tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
             if sched.samples:
-                sample_rows.append(cu[-1] - 1)
+                sample_rows.extend(range(cu[-1] - 1 - sched.num_draft, cu[-1]))   # verify rows + the last
         dev = self.device
         meta = StepMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             block_tables=tables.to(dev),
             cu_q_lens=torch.tensor(cu, dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            max_q_len=max(s.num_tokens for s in batch),
+            max_q_len=max(s.num_tokens + s.num_draft for s in batch),
         )
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
@@ -79,7 +80,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Returns fp32 logits [S, vocab] for the sampling sequences, in batch order."""
+        """Returns fp32 logits for the sampling sequences, in batch order: one row each, or
+        ``num_draft + 1`` rows for a sequence that verifies drafts."""
         inputs = self.prepare(batch)
         if self.graphs is not None and inputs.meta.max_q_len == 1:
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)

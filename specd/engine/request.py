@@ -15,6 +15,7 @@ class Request:
     params: SamplingParams
     session: str | None = None
     arrival_s: float = 0.0
+    speculation: str | None = None     # per-request method override ("none" turns it off)
     # (token_count, BlockKind) spans from token 0: the system prompt, then the tool schemas
     # (specd/engine/hints.py turns them into per-block kinds for kvd); None = all conversation
     prefix_kinds: list[tuple[int, int]] | None = None
@@ -27,6 +28,7 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0          # prompt tokens served from kvd instead of prefilled
     ttft_s: float | None = None     # engine-side time to first token
+    speculation: dict | None = None  # {verifications, drafted_tokens, accepted_tokens} when speculation ran
 
 
 @dataclass

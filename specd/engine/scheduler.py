@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from specd.engine.speculation import Draft
+
 from specd.engine.block_manager import BlockManager
 from specd.engine.block_source import OutOfBlocks
 from specd.engine.sequence import Sequence, SeqStatus
@@ -19,6 +21,11 @@ from specd.engine.sequence import Sequence, SeqStatus
 class ScheduledSeq:
     seq: Sequence
     num_tokens: int          # tokens computed this step: all_ids[num_computed : num_computed + num_tokens]
+    draft: Draft | None = None   # speculative tokens verified after them (decode steps only)
+
+    @property
+    def num_draft(self) -> int:
+        return len(self.draft.tokens) if self.draft else 0
 
     @property
     def samples(self) -> bool:

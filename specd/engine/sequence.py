@@ -36,6 +36,9 @@ class Sequence:
     num_cached_tokens: int = 0                  # prompt tokens whose KV came from the cache
     num_computed_tokens: int = 0                # tokens whose KV is in the pool
     first_token_s: float | None = None
+    spec_verifications: int = 0                 # verify passes that carried drafts for this sequence
+    spec_drafted: int = 0
+    spec_accepted: int = 0
     finish_reason: str | None = None
 
     @property
@@ -66,4 +69,7 @@ class Sequence:
             completion_tokens=len(self.output_ids),
             cached_tokens=self.num_cached_tokens,
             ttft_s=ttft,
+            speculation=None if not self.spec_verifications else {
+                "verifications": self.spec_verifications, "drafted_tokens": self.spec_drafted,
+                "accepted_tokens": self.spec_accepted},
         )
