@@ -85,7 +85,9 @@ class DrafterProposer:
 
     @torch.no_grad()
     def propose(self, tokens, captured, params, generator):
-        return self.drafter.draft([self.drafter.fuse(captured)], [tokens[-1]], [params], [generator])
+        ctx_tokens = torch.tensor(tokens[:-1], dtype=torch.int64)      # EAGLE-3 pairs feature t with token t+1
+        return self.drafter.draft([self.drafter.fuse(captured)], [tokens[-1]], [params], [generator],
+                                  ctx_tokens=[ctx_tokens])
 
 
 class NgramProposer:
