@@ -133,17 +133,23 @@ class SpecEngine:
             self._fail_unschedulable(outputs)
             return outputs
         self._add_drafts(batch)
+        capture = self._capture_layers(batch)
         t1 = time.perf_counter()
-        logits = self.runner.run(batch)
+        logits, captured = self.runner.run(batch, capture)
         emitted = self._sample(batch, logits)
         t2 = time.perf_counter()
         now = time.monotonic()
         for sched in batch:          # prompt chunks that do not sample yet (``samples`` reads the old count)
             if not sched.samples:
                 sched.seq.num_computed_tokens += sched.num_tokens
+        valid = {id(sched): sched.num_tokens for sched in batch}
         for sched, toks in emitted:
             # KV is valid for the scheduled tokens and the accepted drafts; the last emitted token is pending
-            sched.seq.num_computed_tokens += sched.num_tokens + (len(toks) - 1 if sched.draft else 0)
+            valid[id(sched)] += len(toks) - 1 if sched.draft else 0
+            sched.seq.num_computed_tokens += valid[id(sched)]
+        if captured is not None:
+            self._keep_features(batch, capture, captured, valid)
+        for sched, toks in emitted:
             outputs.append(self._emit(sched.seq, toks, now))
         t3 = time.perf_counter()
         for s in batch:
@@ -172,11 +178,37 @@ class SpecEngine:
         for method, group in by_method.items():
             proposer = self._proposer(method)
             limits = [self._draft_limit(s.seq) for s in group]
-            drafts = proposer.propose([s.seq.all_ids for s in group], limits,
-                                      [s.seq.request.params for s in group], [s.seq.generator for s in group])
+            drafts = proposer.propose([s.seq for s in group], limits)
             for sched, draft in zip(group, drafts):
                 if draft.tokens and self._room_for(sched.seq, 1 + len(draft.tokens)):
                     sched.draft = draft
+
+    def _feature_proposers(self, batch: list[ScheduledSeq]) -> dict:
+        """The proposers that read target features, for the methods of this batch's sequences."""
+        found = {}
+        for sched in batch:
+            method = self._method(sched.seq)
+            if method not in ("none", "ngram") and method not in found:
+                found[method] = self._proposer(method)
+        return found
+
+    def _capture_layers(self, batch: list[ScheduledSeq]) -> tuple[int, ...]:
+        layers = {layer for p in self._feature_proposers(batch).values() for layer in p.capture_layers}
+        return tuple(sorted(layers))
+
+    def _keep_features(self, batch, capture, captured, valid) -> None:
+        """Append the fused features of each feature-drafting sequence's newly computed tokens."""
+        proposers = self._feature_proposers(batch)
+        row = 0
+        for sched in batch:
+            n_rows = sched.num_tokens + sched.num_draft
+            proposer = proposers.get(self._method(sched.seq))
+            if proposer is not None and sched.seq.status is not SeqStatus.FINISHED:
+                rows = slice(row, row + valid[id(sched)])
+                feats = proposer.fuse([captured[capture.index(layer)][rows] for layer in proposer.capture_layers])
+                old = sched.seq.draft_feats
+                sched.seq.draft_feats = feats if old is None else torch.cat([old, feats])
+            row += n_rows
 
     def _draft_limit(self, seq: Sequence) -> int:
         """Never draft past max_tokens or the context: every draft token may be emitted."""
@@ -247,7 +279,7 @@ class SpecEngine:
         waiting = list(self.scheduler.waiting)
         for seq in waiting:
             self.blocks.free(seq)
-            seq.num_computed_tokens = 0
+            seq.reset_computed()
         if hasattr(self.source, "close"):
             self.source.close()
         self._attach(fresh)

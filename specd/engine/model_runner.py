@@ -79,12 +79,13 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Returns fp32 logits for the sampling sequences, in batch order: one row each, or
-        ``num_draft + 1`` rows for a sequence that verifies drafts."""
+    def run(self, batch: list[ScheduledSeq], capture_layers: tuple[int, ...] = ()):
+        """Returns (logits, captured). logits: fp32, for the sampling sequences in batch order: one
+        row each, or ``num_draft + 1`` rows for a sequence that verifies drafts. captured: the outputs
+        of ``capture_layers`` for every token of the step ([T, d] each), or None."""
         inputs = self.prepare(batch)
-        if self.graphs is not None and inputs.meta.max_q_len == 1:
-            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        if self.graphs is not None and inputs.meta.max_q_len == 1 and not capture_layers:
+            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta), None
         self.backend.set_step(inputs.meta)
-        out = self.model(inputs.input_ids, inputs.positions, self.backend)
-        return self.model.logits(out.hidden[inputs.sample_rows])
+        out = self.model(inputs.input_ids, inputs.positions, self.backend, capture_layers=list(capture_layers))
+        return self.model.logits(out.hidden[inputs.sample_rows]), (out.captured if capture_layers else None)

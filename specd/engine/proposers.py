@@ -1,6 +1,8 @@
 """Which proposer serves a speculation method. Built lazily, once per engine and method."""
 from __future__ import annotations
 
+import torch
+
 from specd.engine.errors import EngineError
 from specd.engine.speculation import Draft, Proposer
 
@@ -10,12 +12,47 @@ class NgramProposer:
     probabilities (one-hot), which keeps a [k, vocab] tensor per sequence off the hot path."""
 
     method = "ngram"
+    capture_layers: tuple[int, ...] = ()
 
     def __init__(self, drafter):
         self.drafter = drafter
 
-    def propose(self, histories, limits, params, generators) -> list[Draft]:
-        return [Draft(self.drafter.propose(h)[:k]) for h, k in zip(histories, limits)]
+    def propose(self, seqs, limits) -> list[Draft]:
+        return [Draft(self.drafter.propose(s.all_ids)[:k]) for s, k in zip(seqs, limits)]
+
+
+class FeatureProposer:
+    """A trained drafter (dspark, dflash, eagle3) reading the target's hidden states.
+
+    Each sequence keeps the fused features of its computed tokens (``Sequence.draft_feats``), appended
+    after every forward. After a prefix hit the features start at the first computed token; the
+    context is then shifted to start at position 0, which RoPE makes exact for every distance the
+    drafter attends over (only the cached context itself is missing to it)."""
+
+    def __init__(self, drafter, method: str):
+        self.drafter = drafter
+        self.method = method
+        self.capture_layers = tuple(drafter.config.target_layers)
+
+    @torch.inference_mode()
+    def fuse(self, captured):
+        return self.drafter.fuse(list(captured))
+
+    @torch.inference_mode()
+    def propose(self, seqs, limits) -> list[Draft]:
+        ready = [i for i, s in enumerate(seqs) if s.draft_feats is not None and len(s.draft_feats)]
+        drafts = [Draft([]) for _ in seqs]
+        if not ready:
+            return drafts
+        chosen = [seqs[i] for i in ready]
+        start = [s.num_computed_tokens - len(s.draft_feats) for s in chosen]
+        out = self.drafter.draft([s.draft_feats for s in chosen], [s.all_ids[-1] for s in chosen],
+                                 [s.request.params for s in chosen], [s.generator for s in chosen],
+                                 ctx_tokens=[torch.tensor(s.all_ids[b:-1]) for s, b in zip(chosen, start)])
+        for j, i in enumerate(ready):
+            k = max(0, min(limits[i], out.tokens.shape[1]))
+            drafts[i] = Draft(out.tokens[j, :k].tolist(), out.probs[j, :k].float())
+        return drafts
 
 
 def load_proposer(method: str, config, model) -> Proposer:
@@ -25,5 +62,14 @@ def load_proposer(method: str, config, model) -> Proposer:
 
         dc = DrafterConfig.for_target(model.config, "ngram", gamma=config.num_speculative_tokens)
         return NgramProposer(NgramDrafter(dc))
-    # dspark, dflash and eagle3 read the target's hidden states, which the engine does not capture yet
-    raise EngineError("bad_request", f"speculation method {method!r} is not served yet; use ngram or none")
+    if config.drafter is None:
+        raise EngineError("bad_request", f"speculation method {method!r} needs a trained drafter "
+                                         "(EngineConfig.drafter / --drafter DIR)")
+    from specd.drafter.base import load_drafter
+
+    path = config.drafter / "drafter.safetensors" if config.drafter.is_dir() else config.drafter
+    drafter = load_drafter(path, target=model, device=next(model.parameters()).device)
+    if drafter.config.method != method:
+        raise EngineError("bad_request", f"the configured drafter is {drafter.config.method!r}, not {method!r}")
+    drafter.to(next(model.parameters()).dtype).eval()
+    return FeatureProposer(drafter, method)

@@ -36,6 +36,7 @@ class Sequence:
     num_cached_tokens: int = 0                  # prompt tokens whose KV came from the cache
     num_computed_tokens: int = 0                # tokens whose KV is in the pool
     first_token_s: float | None = None
+    draft_feats: torch.Tensor | None = None     # [n, d] fused target features of computed tokens (feature drafters)
     spec_verifications: int = 0                 # verify passes that carried drafts for this sequence
     spec_drafted: int = 0
     spec_accepted: int = 0
@@ -56,6 +57,11 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.request.prompt_ids) + len(self.output_ids)
+
+    def reset_computed(self) -> None:
+        """Forget all computed KV (preemption, kvd re-attach): it will be recomputed, features too."""
+        self.num_computed_tokens = 0
+        self.draft_feats = None
 
     @property
     def num_pending(self) -> int:

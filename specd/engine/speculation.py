@@ -35,10 +35,14 @@ class Draft:
 
 class Proposer(Protocol):
     method: str
+    capture_layers: tuple[int, ...]     # target layers whose outputs the proposer reads (empty: none)
 
-    def propose(self, histories: Seq[list[int]], limits: Seq[int], params: Seq[SamplingParams],
-                generators: Seq[torch.Generator | None]) -> list[Draft]:
-        """One batched proposal for all sequences; sequence i gets at most ``limits[i]`` tokens."""
+    def propose(self, seqs: Seq, limits: Seq[int]) -> list[Draft]:
+        """One batched proposal for all sequences (``specd.engine.sequence.Sequence``: tokens,
+        sampling params, generator, draft features); sequence i gets at most ``limits[i]`` tokens."""
+
+    def fuse(self, captured: Seq[torch.Tensor]) -> torch.Tensor:
+        """Captured target layer outputs ([n, d] each) -> the features the proposer keeps per token."""
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -26,9 +26,10 @@ class RepeatProposer:
     """Proposes the last token k times: deterministic, so p_d is one-hot."""
 
     method = "stub"
+    capture_layers = ()
 
-    def propose(self, histories, limits, params, generators):
-        return [Draft([h[-1]] * k) for h, k in zip(histories, limits)]
+    def propose(self, seqs, limits):
+        return [Draft([s.all_ids[-1]] * k) for s, k in zip(seqs, limits)]
 
 
 class NoisyProposer:
@@ -36,15 +37,16 @@ class NoisyProposer:
     previous token, and reports q with it."""
 
     method = "stub"
+    capture_layers = ()
 
     def __init__(self, vocab: int):
         g = torch.Generator().manual_seed(0)
         self.table = torch.softmax(3 * torch.randn(vocab, vocab, generator=g), dim=1)
 
-    def propose(self, histories, limits, params, generators):
+    def propose(self, seqs, limits):
         out = []
-        for h, k, gen in zip(histories, limits, generators):
-            toks, rows, prev = [], [], h[-1]
+        for s, k in zip(seqs, limits):
+            toks, rows, prev, gen = [], [], s.all_ids[-1], s.generator
             for _ in range(k):
                 q = self.table[prev]
                 prev = int(torch.multinomial(q, 1, generator=gen))
