@@ -148,3 +148,53 @@ def test_resume_continues_from_checkpoint(stories, tmp_path):
     assert resumed.curves.total == pytest.approx(full.curves.total, rel=1e-5)
     for (k, a), b in zip(full.drafter.state_dict().items(), resumed.drafter.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6), k
+
+
+def _session(sid: str, split: str) -> str:
+    import json
+    turns = [{"messages": [{"role": "user", "content": "Tell me a story about a cat."}], "max_tokens": 6},
+             {"messages": [{"role": "user", "content": "Go on."}], "max_tokens": 5}]
+    return json.dumps({"format_version": 1, "id": sid, "workload": "creative", "split": split, "arrival_s": 0.0,
+                       "turns": turns, "sampling": {"temperature": 0.8, "top_p": 0.95, "top_k": 0}})
+
+
+def test_session_data_is_regenerated_turn_by_turn(stories, tmp_path):
+    from specd.drafter.data import session_sequences
+    from specd.loader import load_model
+
+    _, tok = load_model(STORIES, "float32", "cpu")
+    target = stories[0]
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join([_session("a", "train"), _session("b", "eval"), _session("c", "train")]) + "\n")
+    seqs = session_sequences(target, tok, path, "train", seed=0, max_len=256)
+    again = session_sequences(target, tok, path, "train", seed=0, max_len=256)
+    assert [s.tokens for s in seqs] == [s.tokens for s in again]            # seeded: reproducible
+    assert len(seqs) == 4                                                   # 2 train sessions x 2 turns
+    first, second = seqs[0], seqs[2]                                        # session a, turns 1 and 2
+    assert len(first.tokens) - first.prompt_len <= 6 and len(second.tokens) - second.prompt_len <= 5
+    # turn 2's prompt holds turn 1's prompt text and the target's answer to it
+    assert tok.decode(tok.encode(tok.decode(first.tokens[first.prompt_len:]))) in tok.decode(second.tokens[:second.prompt_len])
+
+
+def test_cli_writes_drafter_and_training_json_then_resumes(tmp_path):
+    import json
+
+    from specd.drafter.cli import main
+    from specd.drafter.data import file_sha256
+
+    out = tmp_path / "d"
+    argv = ["--target", str(STORIES), "--self-prompts", "6", "--method", "dspark", "--out", str(out), "--steps", "3",
+            "--layers", "1", "--markov-rank", "8", "--max-new-tokens", "20", "--batch-size", "2", "--anchors", "4",
+            "--log-every", "1", "--ckpt-every", "2", "--holdout", "0.34"]
+    assert main(argv) == 0
+    report = json.loads((out / "training.json").read_text())
+    assert report["steps_done"] == 3 and report["loss_curves"]["step"] == [1, 2, 3]
+    assert report["weights_sha256"] == file_sha256(out / "drafter.safetensors")
+    assert report["data"]["answers_sha256"] == file_sha256(out / "data.jsonl")
+    cal = json.loads((out / "calibration.json").read_text())
+    assert len(cal["temperatures"]) == 7 and report["sts"]["ece_after"] <= report["sts"]["ece_before"] + 1e-12
+    # --resume of a finished run reloads the checkpoint (step 3) and the saved answers: nothing retrains
+    assert main(argv + ["--resume"]) == 0
+    again = json.loads((out / "training.json").read_text())
+    assert again["loss_curves"] == report["loss_curves"]
+    assert again["data"]["answers_sha256"] == report["data"]["answers_sha256"]
