@@ -86,12 +86,18 @@ def default_address(run_dir: str | os.PathLike | None = None) -> str:
     return protocol.socket_address(run_dir or os.environ.get("SPECD_RUN_DIR") or DEFAULT_RUN_DIR)
 
 
+# keyword arguments of generate/stream that are request fields, not sampling parameters
+REQUEST_FIELDS = ("speculation", "expected_return_s", "tools")
+
+
 def _generate_message(msg_id: int, prompt: str | list[int] | None, messages: list[dict] | None,
                       session: str | None, params: dict[str, Any]) -> bytes:
     if (prompt is None) == (messages is None):
         raise SpecdRequestError("bad_request", "pass exactly one of prompt and messages")
+    params = dict(params)
+    fields = {name: params.pop(name) for name in REQUEST_FIELDS if name in params}
     return protocol.pack(protocol.generate_request(msg_id, prompt=prompt, messages=messages,
-                                                   params=params, session=session))
+                                                   params=params, session=session, **fields))
 
 
 def _delta(reply: protocol.Reply) -> Delta:

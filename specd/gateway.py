@@ -65,9 +65,15 @@ def _parse(model: type[BaseModel], body: Any) -> Any:
 
 
 def _usage(usage: Any) -> dict[str, Any]:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+    out = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+           "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+           "speculation": usage.speculation or {"verifications": 0, "drafted_tokens": 0, "accepted_tokens": 0}}
+    return out
+
+
+def _request_fields(req: Any) -> dict[str, Any]:
+    return {"speculation": req.speculation.method} if req.speculation is not None else {}
 
 
 def _finish(reason: str | None) -> str:
@@ -259,7 +265,7 @@ def create_app(address: str, *, request_timeout_s: float = 60.0) -> FastAPI:
         req: CompletionRequest = _parse(CompletionRequest, await _json_body(request))
         served = await gw.check_model(req.model)
         params = _check_supported(req).model_dump(exclude_unset=True)
-        deltas = gw.client.stream(req.single_prompt(), session=req.session, **params)
+        deltas = gw.client.stream(req.single_prompt(), session=req.session, **_request_fields(req), **params)
         return await gw.respond(req, Format(chat=False, model=served), deltas, t0)
 
     @app.post("/v1/chat/completions")
@@ -268,7 +274,7 @@ def create_app(address: str, *, request_timeout_s: float = 60.0) -> FastAPI:
         req: ChatCompletionRequest = _parse(ChatCompletionRequest, await _json_body(request))
         served = await gw.check_model(req.model)
         params = _check_supported(req).model_dump(exclude_unset=True)
-        deltas = gw.client.stream(messages=req.plain_messages(), session=req.session, **params)
+        deltas = gw.client.stream(messages=req.plain_messages(), session=req.session, **_request_fields(req), **params)
         return await gw.respond(req, Format(chat=True, model=served), deltas, t0)
 
     @app.get("/metrics")

@@ -34,6 +34,13 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class SpeculationOption(BaseModel):
+    """``"speculation": {"method": "none"}`` in the request body overrides the deployment's method."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: Literal["none", "ngram", "dspark", "dflash", "eagle3"]
+
+
 class _Common(BaseModel):
     """Fields both endpoints share."""
 
@@ -57,6 +64,7 @@ class _Common(BaseModel):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     session: str | None = None
+    speculation: SpeculationOption | None = None
 
     def unsupported(self) -> list[tuple[str, bool]]:
         """(field, is it at a value we cannot honour) for every accepted-only-at-neutral field."""

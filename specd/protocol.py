@@ -66,6 +66,8 @@ class Generate(_Message):
     expected_return_s: float | None = Field(None, ge=0.0, le=3600.0, allow_inf_nan=False)
     # OpenAI-style tool schemas, rendered by the chat template (only with ``messages``)
     tools: list[dict[str, Any]] | None = Field(None, max_length=1024)
+    # speculative decoding method for this request, overriding the deployment's ("none" turns it off)
+    speculation: Literal["none", "ngram", "dspark", "dflash", "eagle3"] | None = None
 
     @model_validator(mode="after")
     def _one_prompt_form(self) -> "Generate":
@@ -200,10 +202,11 @@ def decode_reply(frame: bytes) -> Reply:
 
 def generate_request(msg_id: int, *, prompt: str | list[int] | None = None, messages: list[dict] | None = None,
                      params: dict[str, Any] | None = None, session: str | None = None,
-                     expected_return_s: float | None = None, tools: list[dict] | None = None) -> dict[str, Any]:
+                     expected_return_s: float | None = None, tools: list[dict] | None = None,
+                     speculation: str | None = None) -> dict[str, Any]:
     msg: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": "generate", "id": msg_id, "params": params or {}}
     optional = {"prompt": prompt, "messages": messages, "session": session,
-                "expected_return_s": expected_return_s, "tools": tools}
+                "expected_return_s": expected_return_s, "tools": tools, "speculation": speculation}
     msg.update({k: v for k, v in optional.items() if v is not None})
     return msg
 

@@ -166,7 +166,8 @@ class SpecdServer:
             self.engine.add_request(Request(id=request_id, prompt_ids=prompt_ids, params=msg.params,
                                             session=msg.session, arrival_s=time.monotonic(),
                                             prefix_kinds=self._prefix_kinds(msg, prompt_ids),
-                                            expected_return_s=msg.expected_return_s))
+                                            expected_return_s=msg.expected_return_s,
+                                            speculation=msg.speculation))
         except EngineError as exc:
             self._counters["ipc_errors_total"] += 1
             self._send_quietly(sock, identity, protocol.error_reply(msg.id, exc.code, exc.message))
@@ -246,7 +247,8 @@ class SpecdServer:
             self._send(sock, route.identity, protocol.tokens_reply(route.msg_id, list(out.token_ids), out.text))
         if out.finished:
             usage = {"prompt_tokens": out.usage.prompt_tokens, "completion_tokens": out.usage.completion_tokens,
-                     "cached_tokens": out.usage.cached_tokens, "ttft_s": out.usage.ttft_s}
+                     "cached_tokens": out.usage.cached_tokens, "ttft_s": out.usage.ttft_s,
+                     "speculation": out.usage.speculation}
             self._send(sock, route.identity, protocol.done_reply(route.msg_id, out.finish_reason or "stop", usage))
 
     def _fail_all(self, sock: zmq.Socket, exc: Exception) -> None:

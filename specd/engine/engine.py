@@ -102,6 +102,9 @@ class SpecEngine:
         vocab = self.model.config.vocab_size
         if any(t < 0 or t >= vocab for t in request.prompt_ids):
             raise EngineError("bad_request", f"token ids must be in [0, {vocab})")
+        method = request.speculation or self.config.speculation
+        if method != "none":
+            self._proposer(method)            # unknown method or missing drafter: refused here, not mid-step
         if not request.arrival_s:
             request.arrival_s = time.monotonic()
         gen = None

@@ -102,3 +102,22 @@ def test_metrics_count_real_tokens(specd, oai):
     assert samples["specd_generation_tokens_total"] >= 5
     assert samples["specd_time_to_first_token_seconds_count"] >= 1
     assert samples['specd_engine_stat{name="tokens_generated_total"}'] >= 5
+
+
+def test_speculation_is_chosen_per_request_and_reported_in_usage(oai):
+    prompt = "Tom said: the cat sat on the mat. The cat sat on the mat. The cat sat on the"
+    plain = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0,
+                                   extra_body={"speculation": {"method": "none"}})
+    fast = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0,
+                                  extra_body={"speculation": {"method": "ngram"}})
+    assert fast.choices[0].text == plain.choices[0].text          # greedy: speculation changes nothing
+    assert plain.usage.speculation == {"verifications": 0, "drafted_tokens": 0, "accepted_tokens": 0}
+    spec = fast.usage.speculation
+    assert spec["verifications"] > 0 and 0 < spec["accepted_tokens"] <= spec["drafted_tokens"]
+
+
+def test_unknown_or_unavailable_speculation_is_a_400(oai):
+    with pytest.raises(openai.BadRequestError):
+        oai.completions.create(model=MODEL, prompt="Hi", max_tokens=4, extra_body={"speculation": {"method": "magic"}})
+    with pytest.raises(openai.BadRequestError):   # dspark needs a drafter this deployment does not have
+        oai.completions.create(model=MODEL, prompt="Hi", max_tokens=4, extra_body={"speculation": {"method": "dspark"}})
