@@ -7,6 +7,7 @@ the engine's verify path (ragged verify rows, rejection sampling, KV rollback, p
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 
 import pytest
 import torch
@@ -172,3 +173,52 @@ def test_unknown_method_is_a_typed_error(engine):
         while engine.has_work():
             engine.step()
     engine.abort("x")
+
+
+DRAFTER = Path(__file__).resolve().parents[2] / "models" / "drafters" / "stories260K-dspark"
+
+
+@pytest.fixture(scope="module")
+def dspark_engine():
+    return SpecEngine.from_config(EngineConfig(max_num_seqs=64, num_local_blocks=4096, drafter=DRAFTER,
+                                               speculation="dspark"))
+
+
+def test_dspark_greedy_is_exact_and_accepts(dspark_engine):
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    prompts = PROMPTS + ["The sun was hot and"]
+    want = generate(dspark_engine, prompts, params)                 # proposer None -> speculation "none"
+    dspark_engine._proposers.pop("stub", None)
+    for i, p in enumerate(prompts):
+        dspark_engine.add_request(Request(f"d{i}", dspark_engine.tokenizer.encode(p), params))
+    got, usage = collections.defaultdict(list), {}
+    while dspark_engine.has_work():
+        for out in dspark_engine.step():
+            got[out.id] += out.token_ids
+            if out.finished:
+                usage[out.id] = out.usage.speculation
+    assert [got[f"d{i}"] for i in range(len(prompts))] == want
+    verifications = sum(u["verifications"] for u in usage.values())
+    accepted = sum(u["accepted_tokens"] for u in usage.values())
+    assert (verifications + accepted) / verifications > 2.0       # tau: the trained drafter earns its keep
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True),
+                                    SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_tokens=3, ignore_eos=True)],
+                         ids=["T1", "T0.7-p0.9-k20"])
+def test_dspark_sampling_follows_the_target_distribution(dspark_engine, params):
+    n = 1200
+    runs = {}
+    for method in ("none", "dspark"):
+        for i in range(n):
+            dspark_engine.add_request(Request(f"{method}{i}", dspark_engine.tokenizer.encode(PROMPTS[0]),
+                                              params.model_copy(update={"seed": 5000 + i + (7919 if method != "none" else 0)}),
+                                              speculation=method))
+        got = collections.defaultdict(list)
+        while dspark_engine.has_work():
+            for out in dspark_engine.step():
+                got[out.id] += out.token_ids
+        runs[method] = [got[f"{method}{i}"] for i in range(n)]
+    for pos in (1, 2):
+        p = _p_value([r[pos] for r in runs["none"]], [r[pos] for r in runs["dspark"]])
+        assert p > ALPHA, f"position {pos}: distributions differ (p={p:.2e})"
