@@ -2,10 +2,11 @@
 
     python -m bench demo
 
-It starts kvd and specd on the bundled stories260K (CPU unless --device cuda), then talks to specd
-over its IPC socket with ``client.SpecdClient``. Each turn carries the whole conversation so far, so
-turns 2 and 3 find their prefix in kvd and prefill only the new tokens: the printed "from cache"
-counts are specd's own ``usage.cached_tokens``.
+It starts kvd and specd on the bundled stories260K (CPU unless --device cuda) with its committed DSpark
+drafter, then talks to specd over its IPC socket with ``client.SpecdClient``. Each turn carries the
+whole conversation so far, so turns 2 and 3 find their prefix in kvd and prefill only the new tokens:
+the printed "from cache" counts are specd's own ``usage.cached_tokens``, and τ (tokens per
+verification) comes from ``usage.speculation``.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 from bench.stack import Stack, StackOptions
 from client.specd_client import SpecdClient
 from specd.engine.config import DEFAULT_MODEL
+
+DEFAULT_DRAFTER = DEFAULT_MODEL.parent / "drafters" / "stories260K-dspark"
 
 TURNS = (
     "Tell me a story about a little girl named Lily and her red ball.",
@@ -29,11 +32,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--max-tokens", type=int, default=64, help="answer length per turn")
     p.add_argument("--seed", type=int, default=7, help="sampling seed, for a repeatable demo")
+    p.add_argument("--speculation", default="dspark", help="none, ngram or dspark (default: %(default)s)")
+    p.add_argument("--drafter", type=Path, default=DEFAULT_DRAFTER, help="trained drafter (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
     print(f"starting kvd and specd on {args.model.name} ...", flush=True)
-    with Stack("ours", StackOptions(model=args.model, device=args.device)) as stack:
+    extra = ("--speculation", args.speculation) + (("--drafter", str(args.drafter)) if args.speculation == "dspark" else ())
+    with Stack("ours", StackOptions(model=args.model, device=args.device, specd_args=extra)) as stack:
         print(f"specd at {stack.run_dir}/specd.sock, HTTP gateway at {stack.base_url}\n", flush=True)
         messages: list[dict] = []
         with SpecdClient(stack.run_dir, timeout_s=120) as client:
@@ -49,8 +55,11 @@ def run(args: argparse.Namespace) -> int:
                     usage = delta.usage or usage
                 messages.append({"role": "assistant", "content": text})
                 print(f"--- turn {turn} ---\nuser: {question}\nassistant: {text.strip()}")
+                spec = usage.speculation or {}
+                tau = (spec["verifications"] + spec["accepted_tokens"]) / spec["verifications"] if spec.get("verifications") else None
                 print(f"TTFT {1e3 * (ttft or 0):.1f} ms | prompt tokens {usage.prompt_tokens} | "
-                      f"from cache {usage.cached_tokens} | generated {usage.completion_tokens}\n", flush=True)
+                      f"from cache {usage.cached_tokens} | generated {usage.completion_tokens}"
+                      + (f" | {args.speculation} tau {tau:.2f}" if tau else "") + "\n", flush=True)
         stats = stack.stats()
     print(f"specd: {stats['prompt_tokens_total']} prompt tokens, {stats['cached_tokens_total']} served from kvd's cache")
     return 0
