@@ -165,14 +165,15 @@ def test_ngram_speculation_is_exact_and_accepts_on_repetitive_text(engine):
     assert spec["accepted_tokens"] > 0 and spec["verifications"] < 24
 
 
-def test_unknown_method_is_a_typed_error(engine):
+def test_unknown_method_or_missing_drafter_is_refused_at_admission(engine):
     from specd.engine.errors import EngineError
 
-    engine.add_request(Request("x", engine.tokenizer.encode("Hi"), SamplingParams(max_tokens=3), speculation="bogus"))
-    with pytest.raises(EngineError):
-        while engine.has_work():
-            engine.step()
-    engine.abort("x")
+    for method in ("bogus", "dspark"):      # dspark: this engine has no drafter configured
+        with pytest.raises(EngineError) as err:
+            engine.add_request(Request("x", engine.tokenizer.encode("Hi"), SamplingParams(max_tokens=3),
+                                       speculation=method))
+        assert err.value.code == "bad_request"
+    assert not engine.has_work()
 
 
 DRAFTER = Path(__file__).resolve().parents[2] / "models" / "drafters" / "stories260K-dspark"
