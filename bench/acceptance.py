@@ -32,9 +32,9 @@ import torch
 from torch import Tensor
 
 from kernels.rejection_sample import rejection_sample
-from specd.engine.sampler import sampling_probs
 from specd.models.contiguous import causal_attention
 from specd.sampling_params import SamplingParams
+from specd.engine.speculation import target_probs  # the one definition of "what the target samples from"
 
 DEFAULT_MAX_NEW_TOKENS = 128
 WEIGHTS_FILE = "drafter.safetensors"   # in a drafter directory, beside drafter.json and calibration.json
@@ -114,17 +114,6 @@ class ChainRecord:
     def extend(self, other: "ChainRecord") -> None:
         for name in self.__dataclass_fields__:
             getattr(self, name).extend(getattr(other, name))
-
-
-def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
-    """logits: [n, V] -> [n, V] fp32, the distribution the target samples from (one-hot when greedy)."""
-    if params.greedy:
-        return torch.zeros_like(logits, dtype=torch.float32).scatter_(1, logits.argmax(1, keepdim=True), 1.0)
-    n = logits.shape[0]
-    dev = logits.device
-    return sampling_probs(logits, torch.full((n,), params.temperature, device=dev),
-                          torch.full((n,), params.top_k, dtype=torch.int64, device=dev),
-                          torch.full((n,), params.top_p, device=dev))
 
 
 def _sync(device: torch.device) -> None:

@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 import torch
 from tqdm import tqdm
 
+from bench.workloads.split import file_sha256
 from specd.engine.sampler import sample
 from specd.models import ContiguousKV, DecoderModel
 from specd.sampling_params import SamplingParams
@@ -46,14 +47,6 @@ class TrainSequence:
     """One training sequence: prompt tokens then the target's answer; labels live at positions >= prompt_len."""
     tokens: list[int]
     prompt_len: int
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def text_prompts(path: str | Path, tokenizer: Tokenizer, temperature: float, max_new_tokens: int) -> list[Prompt]:
