@@ -294,7 +294,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--self-prompts", type=int, help="N openings sampled from the target (BOS + tokens at T=1)")
     parser.add_argument("--prompt-seed", type=int, default=1, help="seed of --self-prompts (training uses 0)")
     parser.add_argument("--opening-tokens", type=int, default=8, help="tokens per self-sampled opening")
-    parser.add_argument("--scale", default="tiny", help="workload scale when --workload is a name (tiny, full)")
+    parser.add_argument("--scale", default="full",
+                        help="workload scale when --workload is a name (see build-workloads; tiny fits stories260K)")
     parser.add_argument("--temperature", type=float, required=True, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -304,7 +305,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"answer length (default: the session turn's max_tokens, {DEFAULT_MAX_NEW_TOKENS} for prompts)")
     parser.add_argument("--seed", type=int, default=0, help="rejection-sampling / draft RNG seed")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--dtype", default="float32",
+                        help="target dtype; the drafters are fp32 and do not accept bf16 target features yet")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1: a tiny target is latency-bound; more threads only contend)")
     parser.add_argument("--out", type=Path, required=True, help="results JSON")
