@@ -34,3 +34,9 @@ class EngineConfig(BaseModel):
     )
     num_speculative_tokens: int = Field(7, ge=1, le=32, description="Draft tokens proposed per verification (gamma).")
     drafter: Path | None = Field(None, description="Trained drafter directory (dspark, dflash, eagle3).")
+    spec_schedule: str | None = Field(
+        None, pattern="^(confidence|fixed)$",
+        description="Drafts verified per request: confidence (the causal scheduler, needs a drafter with a "
+                    "confidence head) or fixed (all num_speculative_tokens). None: confidence when the drafts "
+                    "carry confidences, fixed otherwise.",
+    )

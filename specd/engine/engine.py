@@ -22,13 +22,16 @@ from specd.engine.request import Request, RequestOutput
 from specd.engine.block_source import OutOfBlocks
 from specd.engine.proposers import load_proposer
 from specd.engine.scheduler import ScheduledSeq, Scheduler
-from specd.engine.speculation import METHODS, verify
+from specd.engine.speculation import METHODS, Draft, verify
+from specd.engine.spec_scheduler import (SpsProfile, calibrate, dummy_verify_forward, profile_points,
+                                         schedule_verify)
 from specd.engine.sequence import Sequence, SeqStatus
 from specd.loader import load_model, resolve_device, resolve_dtype
 
 log = logging.getLogger("specd.engine")
 
 RECONNECT_EVERY_S = 2.0
+SPS_CONTEXT_TOKENS = 256     # cached tokens per row of the SPS profile's dummy verify batches
 
 
 class SpecEngine:
@@ -53,8 +56,10 @@ class SpecEngine:
                               cached_tokens_total=0, tokens_generated_total=0, steps_total=0,
                               schedule_seconds_total=0.0, forward_seconds_total=0.0, output_seconds_total=0.0,
                               commit_seconds_total=0.0, spec_verifications_total=0,
-                              spec_drafted_tokens_total=0, spec_accepted_tokens_total=0)
+                              spec_drafted_tokens_total=0, spec_accepted_tokens_total=0,
+                              spec_scheduled_requests_total=0, spec_scheduled_tokens_total=0)
         self._proposers: dict = {}
+        self.sps: SpsProfile | None = None      # SPS(B) of verify steps, measured on first scheduled draft
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)
@@ -182,9 +187,41 @@ class SpecEngine:
             proposer = self._proposer(method)
             limits = [self._draft_limit(s.seq) for s in group]
             drafts = proposer.propose([s.seq for s in group], limits)
+            if self._schedules(drafts):
+                drafts = self._schedule(batch, group, drafts, getattr(proposer, "temperatures", None))
             for sched, draft in zip(group, drafts):
                 if draft.tokens and self._room_for(sched.seq, 1 + len(draft.tokens)):
                     sched.draft = draft
+
+    def _schedules(self, drafts: list[Draft]) -> bool:
+        """Confidence scheduling is on by default when the drafts carry confidences."""
+        has_conf = any(d.confidence is not None for d in drafts)
+        return has_conf and self.config.spec_schedule in (None, "confidence")
+
+    def _schedule(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], drafts: list[Draft],
+                  temperatures: list[float] | None) -> list[Draft]:
+        """Truncate each draft to the length the causal scheduler gives it (specd/engine/spec_scheduler.py);
+        the rest of the step (prompt chunks, decoders of other methods) counts in B and τ as it is."""
+        mine = {id(s) for s in group}
+        others = [s for s in batch if id(s) not in mine]
+        conf = [calibrate(d.confidence or [], temperatures) for d in drafts]
+        lengths = schedule_verify(conf, self._sps(), other_tokens=sum(s.num_tokens for s in others),
+                                  other_emitted=sum(s.samples for s in others))
+        self._counters["spec_scheduled_requests_total"] += len(drafts)
+        self._counters["spec_scheduled_tokens_total"] += sum(lengths)
+        return [d.truncated(k) for d, k in zip(drafts, lengths)]
+
+    def _sps(self) -> SpsProfile:
+        """Measured once, on the first scheduled step, on dummy verify batches up to the largest step."""
+        if self.sps is None:
+            gamma = self.config.num_speculative_tokens
+            most = self.config.max_num_batched_tokens + self.config.max_num_seqs * gamma
+            forward = dummy_verify_forward(self.model, self.layout, self.device, gamma,
+                                           context=min(SPS_CONTEXT_TOKENS, self.max_model_len - gamma - 1))
+            sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+            self.sps = SpsProfile.measure(forward, profile_points(most), sync=sync)
+            log.info("verify steps/s by batch tokens: %s", {b: round(s, 1) for b, s in self.sps.to_table().items()})
+        return self.sps
 
     def _feature_proposers(self, batch: list[ScheduledSeq]) -> dict:
         """The proposers that read target features, for the methods of this batch's sequences."""
@@ -345,8 +382,12 @@ class SpecEngine:
                                      error="the KV pool is too small for this prompt"))
 
     def stats(self) -> dict[str, float | int]:
+        c = self._counters
+        sps = {f"spec_sps_b{b}": s for b, s in self.sps.to_table().items()} if self.sps else {}
         return {
-            **self._counters,
+            **c,
+            **sps,
+            "spec_scheduled_tokens_mean": c["spec_scheduled_tokens_total"] / max(1, c["spec_scheduled_requests_total"]),
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting),
             "preemptions_total": self.scheduler.num_preemptions,

@@ -1,6 +1,8 @@
 """Which proposer serves a speculation method. Built lazily, once per engine and method."""
 from __future__ import annotations
 
+import json
+
 import torch
 
 from specd.engine.errors import EngineError
@@ -29,9 +31,10 @@ class FeatureProposer:
     context is then shifted to start at position 0, which RoPE makes exact for every distance the
     drafter attends over (only the cached context itself is missing to it)."""
 
-    def __init__(self, drafter, method: str):
+    def __init__(self, drafter, method: str, temperatures: list[float] | None = None):
         self.drafter = drafter
         self.method = method
+        self.temperatures = temperatures    # STS per-position temperatures of the confidence head, if fitted
         self.capture_layers = tuple(drafter.config.target_layers)
 
     @torch.inference_mode()
@@ -51,7 +54,8 @@ class FeatureProposer:
                                  ctx_tokens=[torch.tensor(s.all_ids[b:-1]) for s, b in zip(chosen, start)])
         for j, i in enumerate(ready):
             k = max(0, min(limits[i], out.tokens.shape[1]))
-            drafts[i] = Draft(out.tokens[j, :k].tolist(), out.probs[j, :k].float())
+            conf = None if out.confidence is None else out.confidence[j, :k].float().tolist()
+            drafts[i] = Draft(out.tokens[j, :k].tolist(), out.probs[j, :k].float(), conf)
         return drafts
 
 
@@ -72,4 +76,6 @@ def load_proposer(method: str, config, model) -> Proposer:
     if drafter.config.method != method:
         raise EngineError("bad_request", f"the configured drafter is {drafter.config.method!r}, not {method!r}")
     drafter.to(next(model.parameters()).dtype).eval()
-    return FeatureProposer(drafter, method)
+    calibration = path.parent / "calibration.json"
+    temps = json.loads(calibration.read_text())["temperatures"] if calibration.is_file() else None
+    return FeatureProposer(drafter, method, temps)

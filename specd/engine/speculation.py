@@ -31,6 +31,12 @@ class Draft:
 
     tokens: list[int]                   # k draft tokens, k may be 0
     probs: torch.Tensor | None = None   # [k, V] fp32 the tokens were sampled from; None = one-hot (deterministic)
+    confidence: list[float] | None = None   # [k] raw conditional survival c_j (DSpark's head); None = no head
+
+    def truncated(self, k: int) -> "Draft":
+        """The first k drafts: still lossless, a prefix of the block is verified exactly like the block."""
+        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k],
+                     None if self.confidence is None else self.confidence[:k])
 
 
 class Proposer(Protocol):
