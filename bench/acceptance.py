@@ -168,7 +168,8 @@ def _forward(target, kv: ChainKV, ids: list[int], layers: tuple[int, ...], devic
     """Run the target over `ids` after the cached prefix: (logits [n, V] fp32, captured [n, d] per layer)."""
     if not ids:
         d = target.config.hidden_size
-        return torch.empty(0, target.config.vocab_size, device=device), [torch.empty(0, d, device=device) for _ in layers]
+        empty = [torch.empty(0, d, device=device) for _ in layers]
+        return torch.empty(0, target.config.vocab_size, device=device), empty
     positions = kv.begin(len(ids), device)
     out = target(torch.tensor(ids, dtype=torch.int64, device=device), positions, kv, capture_layers=list(layers))
     return target.logits(out.hidden), list(out.captured)
@@ -250,7 +251,8 @@ def eval_prompts(args: argparse.Namespace, target, tokenizer) -> list[EvalPrompt
 
     if args.prompts:
         lines = [ln.strip() for ln in Path(args.prompts).read_text(encoding="utf-8").splitlines() if ln.strip()]
-        return [EvalPrompt(ids=tokenizer.encode(ln), max_new_tokens=args.max_new_tokens) for ln in lines[:args.sessions]]
+        return [EvalPrompt(ids=tokenizer.encode(ln), max_new_tokens=args.max_new_tokens)
+                for ln in lines[:args.sessions]]
     if args.self_prompts:
         ids = self_openings(target, tokenizer, args.self_prompts, args.opening_tokens, seed=args.prompt_seed)
         return [EvalPrompt(ids=p, max_new_tokens=args.max_new_tokens) for p in ids]
@@ -268,7 +270,8 @@ def run_prompts(target, tokenizer, proposer: Proposer, prompts: Sequence[EvalPro
     for i, p in enumerate(tqdm(prompts, desc="acceptance", disable=not progress)):
         gen = torch.Generator().manual_seed(seed + i)
         if p.ids is not None:
-            total.extend(run_chain(target, proposer, p.ids, params, gamma, p.max_new_tokens, gen, tokenizer.stop_ids)[1])
+            rec = run_chain(target, proposer, p.ids, params, gamma, p.max_new_tokens, gen, tokenizer.stop_ids)[1]
+            total.extend(rec)
             continue
         answers: list[str] = []
         for turn in range(len(p.session.turns)):
@@ -289,7 +292,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, type=Path, help="GGUF file or HF directory")
     parser.add_argument("--drafter", required=True, help="a drafter directory (specd train-drafter --out), or 'ngram'")
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", help="a workload name (eval split built on the fly) or a SESSIONS.jsonl (eval split)")
+    src.add_argument("--workload",
+                     help="a workload name (eval split built on the fly) or a SESSIONS.jsonl (its eval split)")
     src.add_argument("--prompts", type=Path, help="plain prompts, one per line")
     src.add_argument("--self-prompts", type=int, help="N openings sampled from the target (BOS + tokens at T=1)")
     parser.add_argument("--prompt-seed", type=int, default=1, help="seed of --self-prompts (training uses 0)")
@@ -302,7 +306,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma", type=int, default=7)
     parser.add_argument("--sessions", type=int, default=16, help="prompts or sessions evaluated")
     parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help=f"answer length (default: the session turn's max_tokens, {DEFAULT_MAX_NEW_TOKENS} for prompts)")
+                        help="answer length (default: the session turn's max_tokens; "
+                             f"{DEFAULT_MAX_NEW_TOKENS} for prompts)")
     parser.add_argument("--seed", type=int, default=0, help="rejection-sampling / draft RNG seed")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--dtype", default="float32",

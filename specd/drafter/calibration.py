@@ -78,7 +78,8 @@ def fit_sts(conf_logits: Tensor, accepted: Tensor, grid: tuple[float, ...] = DEF
     Left to right, t_j = argmin over the grid of ECE(a_j, survived_j) with t_{<j} fixed (ties: the
     temperature closest to 1, so an already calibrated position is left alone)."""
     if conf_logits.dim() != 2 or accepted.shape != conf_logits.shape[:1]:
-        raise CalibrationError(f"need conf_logits [M, γ] and accepted [M], got {tuple(conf_logits.shape)}, {tuple(accepted.shape)}")
+        raise CalibrationError(f"need conf_logits [M, γ] and accepted [M], "
+                               f"got {tuple(conf_logits.shape)}, {tuple(accepted.shape)}")
     if conf_logits.shape[0] < 2:
         raise CalibrationError("STS needs at least 2 verified blocks")
     gamma = conf_logits.shape[1]
@@ -145,13 +146,9 @@ def heldout_survival(target, drafter, seqs, temperature: float, seed: int, max_b
 
 
 def _probs(logits: Tensor, temperature: float) -> Tensor:
-    """logits: [N, K, V] -> fp32 probs at `temperature` (one-hot argmax when 0), same transform as serving."""
-    from specd.engine.sampler import sampling_probs
+    """logits: [N, K, V] -> fp32 [N, K, V], what serving samples from at `temperature` (one-hot when 0)."""
+    from specd.engine.speculation import target_probs
+    from specd.sampling_params import SamplingParams
 
-    if temperature == 0:
-        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    flat = logits.flatten(0, 1).float()
-    m = flat.shape[0]
-    out = sampling_probs(flat, torch.full((m,), temperature, device=flat.device),
-                         torch.zeros(m, dtype=torch.int64, device=flat.device), torch.ones(m, device=flat.device))
-    return out.view(logits.shape)
+    flat = target_probs(logits.flatten(0, 1).float(), SamplingParams(temperature=temperature))
+    return flat.view(logits.shape)

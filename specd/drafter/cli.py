@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from bench.workloads.split import file_sha256
 from specd.drafter import calibration, data
 from specd.drafter.train import CHECKPOINT, TrainConfig, Trainer
 
@@ -80,7 +81,7 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     seqs, source_sha = training_data(args, target, tokenizer)
     data_s = time.perf_counter() - t0
-    answers_sha = data.file_sha256(args.out / "data.jsonl")
+    answers_sha = file_sha256(args.out / "data.jsonl")
     train_seqs, held = data.split_holdout(seqs, args.holdout, args.seed)
     drafter = make_drafter(args, target)
     cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, anchors=args.anchors,
@@ -106,7 +107,7 @@ def main(argv: list[str]) -> int:
                  "data_temperature": None if args.data else args.data_temperature},
         "train": asdict(cfg), "steps_done": trainer.step, "loss_curves": asdict(curves),
         "wall_s": {"data": data_s, "train": trainer.train_s},
-        "weights_sha256": data.file_sha256(args.out / WEIGHTS),
+        "weights_sha256": file_sha256(args.out / WEIGHTS),
         "sts": sts,
     }
     (args.out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -129,14 +130,14 @@ def training_data(args: argparse.Namespace, target, tokenizer) -> tuple[list[dat
         args.prompts = prompt_file
     source = args.data or args.prompts
     if args.resume and path.exists():
-        return data.load_sequences(path), data.file_sha256(source)
+        return data.load_sequences(path), file_sha256(source)
     if args.data:
         seqs = data.session_sequences(target, tokenizer, args.data, "train", args.seed, args.max_len, max_new)
     else:
         prompts = data.text_prompts(args.prompts, tokenizer, args.data_temperature, max_new)
         seqs = data.prompt_sequences(target, prompts, args.seed, tokenizer.stop_ids, args.max_len)
     data.save_sequences(path, seqs)
-    return seqs, data.file_sha256(source)
+    return seqs, file_sha256(source)
 
 
 def make_drafter(args: argparse.Namespace, target):

@@ -13,7 +13,6 @@ states are recomputed by the trainer in every step (no feature cache on disk).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -177,7 +176,8 @@ def load_sequences(path: str | Path) -> list[TrainSequence]:
     return [TrainSequence(**json.loads(ln)) for ln in Path(path).read_text().splitlines() if ln.strip()]
 
 
-def split_holdout(seqs: Sequence[TrainSequence], fraction: float, seed: int) -> tuple[list[TrainSequence], list[TrainSequence]]:
+def split_holdout(seqs: Sequence[TrainSequence], fraction: float, seed: int
+                  ) -> tuple[list[TrainSequence], list[TrainSequence]]:
     """(train, held-out) by a seeded shuffle of whole sequences; held-out feeds STS calibration."""
     order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(seed)).tolist()
     n_hold = max(1, int(round(len(seqs) * fraction))) if len(seqs) > 1 else 0

@@ -67,7 +67,8 @@ def lr_factor(step: int, total: int, warmup_frac: float) -> float:
 
 
 @torch.no_grad()
-def target_pass(target: DecoderModel, seqs: Sequence[list[int]], layers: Sequence[int]) -> tuple[list[Tensor], list[list[Tensor]]]:
+def target_pass(target: DecoderModel, seqs: Sequence[list[int]], layers: Sequence[int]
+                ) -> tuple[list[Tensor], list[list[Tensor]]]:
     """One ragged target forward over all sequences: per sequence its logits [T_i, V] fp32 and the
     captured outputs of `layers` ([T_i, d] each)."""
     device = next(target.parameters()).device

@@ -173,7 +173,8 @@ def test_session_data_is_regenerated_turn_by_turn(stories, tmp_path):
     first, second = seqs[0], seqs[2]                                        # session a, turns 1 and 2
     assert len(first.tokens) - first.prompt_len <= 6 and len(second.tokens) - second.prompt_len <= 5
     # turn 2's prompt holds turn 1's prompt text and the target's answer to it
-    assert tok.decode(tok.encode(tok.decode(first.tokens[first.prompt_len:]))) in tok.decode(second.tokens[:second.prompt_len])
+    answer = tok.decode(tok.encode(tok.decode(first.tokens[first.prompt_len:])))
+    assert answer in tok.decode(second.tokens[:second.prompt_len])
 
 
 def test_cli_writes_drafter_and_training_json_then_resumes(tmp_path):
