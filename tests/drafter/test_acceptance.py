@@ -162,3 +162,18 @@ def test_committed_stories_drafter_beats_untrained(stories_target):
     untrained = build_drafter(trained.config, target).eval()
     taus = [_stories_tau(d, target, tok) for d in (trained, untrained)]
     assert taus[0] > TAU_THRESHOLD > taus[1], taus
+
+
+def test_summarize_counts_positions_and_applies_sts_temperatures():
+    from bench.acceptance import ChainRecord
+
+    rec = ChainRecord(drafted=[3, 3, 3, 2], accepted=[0, 3, 1, 2],
+                      confidence=[[0.9, 0.9, 0.9]] * 3, conf_accepted=[0, 3, 1],
+                      draft_s=[1.0] * 4, verify_s=[4.0] * 4)
+    s = summarize(rec, 3, [3.0, 3.0, 3.0])
+    assert s["tau"] == pytest.approx((1 + 4 + 2 + 3) / 4)
+    # position 1: 4 rounds reach it, 3 accept; position 2: 3 reach it (accepted >= 1), 2 accept;
+    # position 3: only round 2 reaches it (round 4 accepted both of its 2 drafts but drafted no third)
+    assert s["acceptance_by_position"] == pytest.approx([0.75, 2 / 3, 1.0])
+    assert s["draft_cost_fraction"] == pytest.approx(0.25)
+    assert s["ece_raw"] is not None and s["ece_sts"] is not None and s["ece_sts"] != s["ece_raw"]
