@@ -53,7 +53,7 @@ def test_the_papers_appendix_a_profile_never_speculates():
     # SPS 1 / 0.5 / 0.45 for B = 1 / 2 / 3: one draft never pays, two would when a1 + a2 > 1.22; a search
     # that admits x1 only when c2 (computed from x1) is high is exactly the biased rule of Appendix A
     sps = SpsProfile.from_table({1: 1.0, 2: 0.5, 3: 0.45})
-    for conf in ([1.0, 1.0], [0.99, 0.99], [0.5, 0.9]):
+    for conf in ([1.0, 1.0], [0.99, 0.99], [0.9, 0.3], [0.5, 0.9]):
         assert schedule_verify([conf], sps) == [0]
 
 
@@ -87,13 +87,16 @@ def test_rest_of_the_batch_counts_in_the_cost():
     assert schedule_verify(conf, KNEE, other_tokens=100, other_emitted=0) == [7] * 4
 
 
-confidence_rows = st.lists(st.lists(st.floats(0.0, 1.0), min_size=0, max_size=7), min_size=1, max_size=12)
+confidence = st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.5, 0.9, 0.99, 1.0]))
+confidence_rows = st.lists(st.lists(confidence, min_size=0, max_size=7), min_size=1, max_size=8)
 
 
 @st.composite
 def decreasing_profiles(draw):
-    rates = sorted(draw(st.lists(st.floats(1.0, 1000.0), min_size=1, max_size=6, unique=True)), reverse=True)
-    points = sorted(draw(st.lists(st.integers(1, 128), min_size=len(rates), max_size=len(rates), unique=True)))
+    """Non-increasing, with plateaus and cliffs (where a search past the first refusal finds more)."""
+    rates = sorted(draw(st.lists(st.sampled_from([100.0, 90.0, 50.0, 45.0, 20.0, 10.0]), min_size=1, max_size=6)),
+                   reverse=True)
+    points = sorted(draw(st.lists(st.integers(1, 48), min_size=len(rates), max_size=len(rates), unique=True)))
     return SpsProfile(tuple(points), tuple(rates))
 
 
@@ -108,6 +111,8 @@ def test_decisions_never_read_later_confidences(conf, sps, data):
                                                  max_size=len(row[k + 1:])))
                for row, k in zip(conf, lengths)]
     assert schedule_verify(changed, sps) == lengths
+    hopeful = [row[: k + 1] + [1.0] * len(row[k + 1:]) for row, k in zip(conf, lengths)]   # later drafts sure to pass
+    assert schedule_verify(hopeful, sps) == lengths
 
 
 def test_profile_interpolates_and_extrapolates_as_one_over_b():
