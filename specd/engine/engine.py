@@ -32,6 +32,7 @@ log = logging.getLogger("specd.engine")
 
 RECONNECT_EVERY_S = 2.0
 SPS_CONTEXT_TOKENS = 256     # cached tokens per row of the SPS profile's dummy verify batches
+OVERHEAD_EMA = 0.2           # weight of the newest step in the step-overhead average (~5 steps of memory)
 
 
 class SpecEngine:
@@ -60,6 +61,8 @@ class SpecEngine:
                               spec_scheduled_requests_total=0, spec_scheduled_tokens_total=0)
         self._proposers: dict = {}
         self.sps: SpsProfile | None = None      # SPS(B) of verify steps, measured on first scheduled draft
+        self._track_overhead = False            # True once the engine measured self.sps (an injected one is kept as is)
+        self._scheduled_step = False            # this step's drafts went through the scheduler
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)
@@ -170,7 +173,20 @@ class SpecEngine:
         c["forward_seconds_total"] += t2 - t1           # model + sampling/verification, synchronised by .tolist()
         c["output_seconds_total"] += t3 - t2            # detokenize, stop checks, finishing
         c["commit_seconds_total"] += t4 - t3            # publishing full blocks to kvd
+        if self._scheduled_step:
+            self._update_overhead(batch, t4 - t0)
         return outputs
+
+    def _update_overhead(self, batch: list[ScheduledSeq], seconds: float) -> None:
+        """Fold this step's time outside the profiled target forward into the profile (moving average).
+
+        Lossless: it reads finished steps only, never this step's drafts."""
+        self._scheduled_step = False
+        if not self._track_overhead:
+            return
+        tokens = sum(s.num_tokens + s.num_draft for s in batch)
+        sample = seconds - 1.0 / self.sps.forward_sps(tokens)
+        self.sps = self.sps.with_overhead((1 - OVERHEAD_EMA) * self.sps.overhead_s + OVERHEAD_EMA * sample)
 
     # -- speculation -----------------------------------------------------------------------
     def _method(self, seq: Sequence) -> str:
@@ -207,6 +223,7 @@ class SpecEngine:
         conf = [calibrate(d.confidence or [], temperatures) for d in drafts]
         lengths = schedule_verify(conf, self._sps(), other_tokens=sum(s.num_tokens for s in others),
                                   other_emitted=sum(s.samples for s in others))
+        self._scheduled_step = True
         self._counters["spec_scheduled_requests_total"] += len(drafts)
         self._counters["spec_scheduled_tokens_total"] += sum(lengths)
         return [d.truncated(k) for d, k in zip(drafts, lengths)]
@@ -220,6 +237,7 @@ class SpecEngine:
                                            context=min(SPS_CONTEXT_TOKENS, self.max_model_len - gamma - 1))
             sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
             self.sps = SpsProfile.measure(forward, profile_points(most), sync=sync)
+            self._track_overhead = True
             log.info("verify steps/s by batch tokens: %s", {b: round(s, 1) for b, s in self.sps.to_table().items()})
         return self.sps
 
@@ -384,6 +402,8 @@ class SpecEngine:
     def stats(self) -> dict[str, float | int]:
         c = self._counters
         sps = {f"spec_sps_b{b}": s for b, s in self.sps.to_table().items()} if self.sps else {}
+        if self.sps:
+            sps["spec_step_overhead_seconds"] = self.sps.overhead_s
         return {
             **c,
             **sps,

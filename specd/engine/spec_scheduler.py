@@ -29,11 +29,15 @@ class SchedulerError(ValueError):
 class SpsProfile:
     """Verify steps per second against the number of batch tokens B, measured at a few points.
 
-    ``sps(B)`` interpolates linearly between points and holds the end values outside them (beyond the
-    largest point it scales as 1/B, the compute-bound limit, so a large batch never looks free)."""
+    ``forward_sps(B)`` is the target forward alone: linear between points, the first value below them,
+    ∝ 1/B past the largest (the compute-bound limit, so a large batch never looks free). ``sps(B)`` is
+    the whole step: it adds ``overhead_s``, the time a step spends outside the target forward (drafting,
+    which happens before the scheduler decides, verification, host work). Without it a small target looks
+    far more expensive per verified token than it is, and the scheduler under-speculates."""
 
     points: tuple[int, ...]        # batch tokens, strictly increasing, ≥ 1
-    steps_per_s: tuple[float, ...]  # measured steps/s at each point, > 0
+    steps_per_s: tuple[float, ...]  # measured forward steps/s at each point, > 0
+    overhead_s: float = 0.0         # seconds per step outside the target forward, ≥ 0
 
     def __post_init__(self) -> None:
         if not self.points or len(self.points) != len(self.steps_per_s):
@@ -42,6 +46,8 @@ class SpsProfile:
             raise SchedulerError(f"SPS points must be increasing and ≥ 1, got {self.points}")
         if any(not s > 0 for s in self.steps_per_s):
             raise SchedulerError(f"steps/s must be positive, got {self.steps_per_s}")
+        if not self.overhead_s >= 0:
+            raise SchedulerError(f"step overhead must be ≥ 0 s, got {self.overhead_s}")
 
     @classmethod
     def from_table(cls, table: dict[int, float]) -> "SpsProfile":
@@ -73,7 +79,13 @@ class SpsProfile:
             rates.append(1.0 / max(statistics.median(times), 1e-9))
         return cls(tuple(points), tuple(rates))
 
+    def with_overhead(self, seconds: float) -> "SpsProfile":
+        return SpsProfile(self.points, self.steps_per_s, max(0.0, seconds))
+
     def sps(self, b: int) -> float:
+        return 1.0 / (1.0 / self.forward_sps(b) + self.overhead_s)
+
+    def forward_sps(self, b: int) -> float:
         pts, rates = self.points, self.steps_per_s
         if b <= pts[0]:
             return rates[0]

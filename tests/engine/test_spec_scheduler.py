@@ -194,13 +194,29 @@ def test_fixed_schedule_verifies_every_draft(engine):
     assert (after[0] - before[0], after[1] - before[1]) == spec_counts(fixed)
 
 
-def test_engine_measures_its_profile_once_and_reports_it():
+def test_engine_measures_its_profile_once_and_tracks_the_step_overhead():
     e = SpecEngine.from_config(EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, num_local_blocks=256,
                                             drafter=DRAFTER, speculation="dspark"))
     run(e, PROMPTS[:2], "dspark")
-    profile = e.sps
-    assert profile is not None and profile.points == tuple(profile_points(32 + 4 * 7))
+    table = e.sps.to_table()
+    assert tuple(table) == tuple(profile_points(32 + 4 * 7)) and all(s > 0 for s in table.values())
+    assert e.sps.overhead_s > 0                      # drafting alone takes time outside the target forward
     run(e, PROMPTS[:1], "dspark")
-    assert e.sps is profile
+    assert e.sps.to_table() == table                 # measured once
     stats = e.stats()
-    assert stats["spec_sps_b1"] == profile.sps(1) > 0 and stats["spec_scheduled_requests_total"] > 0
+    assert stats["spec_sps_b1"] == table[1] and stats["spec_step_overhead_seconds"] == e.sps.overhead_s
+
+
+def test_an_injected_profile_is_kept_as_is(engine):
+    engine.sps = KNEE
+    run(engine, PROMPTS, "dspark")
+    assert engine.sps is KNEE
+
+
+def test_step_overhead_makes_verified_tokens_cheaper():
+    conf = [[0.9] * 7] * 16
+    assert sum(schedule_verify(conf, KNEE)) == 0
+    assert sum(schedule_verify(conf, KNEE.with_overhead(0.01))) > 16     # 10 ms per step besides 1/SPS(B)
+    assert KNEE.with_overhead(0.01).sps(1) == pytest.approx(1 / (0.01 + 0.01))
+    with pytest.raises(SchedulerError):
+        SpsProfile((1,), (1.0,), overhead_s=-1.0)
