@@ -221,9 +221,10 @@ class SpecEngine:
         mine = {id(s) for s in group}
         others = [s for s in batch if id(s) not in mine]
         conf = [calibrate(d.confidence or [], temperatures) for d in drafts]
+        fresh = self.sps is None                 # this step measures the profile: its time is no overhead sample
         lengths = schedule_verify(conf, self._sps(), other_tokens=sum(s.num_tokens for s in others),
                                   other_emitted=sum(s.samples for s in others))
-        self._scheduled_step = True
+        self._scheduled_step = not fresh
         self._counters["spec_scheduled_requests_total"] += len(drafts)
         self._counters["spec_scheduled_tokens_total"] += sum(lengths)
         return [d.truncated(k) for d, k in zip(drafts, lengths)]
