@@ -23,7 +23,7 @@ from specd.engine.block_source import OutOfBlocks
 from specd.engine.proposers import load_proposer
 from specd.engine.scheduler import ScheduledSeq, Scheduler
 from specd.engine.speculation import METHODS, Draft, verify
-from specd.engine.spec_scheduler import (SpsProfile, calibrate, dummy_verify_forward, profile_points,
+from specd.engine.spec_scheduler import (SpsProfile, calibrate, speculation_pays, dummy_verify_forward, profile_points,
                                          schedule_verify)
 from specd.engine.sequence import Sequence, SeqStatus
 from specd.loader import load_model, resolve_device, resolve_dtype
@@ -31,6 +31,8 @@ from specd.loader import load_model, resolve_device, resolve_dtype
 log = logging.getLogger("specd.engine")
 
 RECONNECT_EVERY_S = 2.0
+GATE_PAUSE_STEPS = 16        # plain steps after speculation was first predicted to lose, before drafting again
+GATE_PAUSE_MAX = 512         # the pause doubles while the re-checks keep losing, up to this many steps
 SPS_CONTEXT_TOKENS = 256     # cached tokens per row of the SPS profile's dummy verify batches
 OVERHEAD_EMA = 0.2           # weight of the newest step in the step-overhead average (~5 steps of memory)
 
@@ -57,12 +59,16 @@ class SpecEngine:
                               cached_tokens_total=0, tokens_generated_total=0, steps_total=0,
                               schedule_seconds_total=0.0, forward_seconds_total=0.0, output_seconds_total=0.0,
                               commit_seconds_total=0.0, spec_verifications_total=0,
-                              spec_drafted_tokens_total=0, spec_accepted_tokens_total=0,
+                              spec_drafted_tokens_total=0, spec_accepted_tokens_total=0, spec_paused_steps_total=0,
                               spec_scheduled_requests_total=0, spec_scheduled_tokens_total=0)
         self._proposers: dict = {}
         self.sps: SpsProfile | None = None      # SPS(B) of verify steps, measured on first scheduled draft
         self._track_overhead = False            # True once the engine measured self.sps (an injected one is kept as is)
         self._scheduled_step = False            # this step's drafts went through the scheduler
+        self._draft_s = 0.0                     # moving average of a proposer call's wall time (seconds)
+        self._pause_until = 0                   # no confidence drafting before this step (the pre-draft gate)
+        self._pause_steps = GATE_PAUSE_STEPS    # the next pause's length: doubles on each consecutive loss
+        self.gate: bool | None = None           # the pre-draft gate; None: on once the engine measured self.sps
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)
@@ -201,8 +207,13 @@ class SpecEngine:
                 by_method.setdefault(self._method(seq), []).append(sched)
         for method, group in by_method.items():
             proposer = self._proposer(method)
+            if self._paused(proposer):
+                self._counters["spec_paused_steps_total"] += 1
+                continue
             limits = [self._draft_limit(s.seq) for s in group]
+            t0 = time.perf_counter()
             drafts = proposer.propose([s.seq for s in group], limits)
+            self._draft_s = (1 - OVERHEAD_EMA) * self._draft_s + OVERHEAD_EMA * (time.perf_counter() - t0)
             if self._schedules(drafts):
                 drafts = self._schedule(batch, group, drafts, getattr(proposer, "temperatures", None))
             for sched, draft in zip(group, drafts):
@@ -227,7 +238,22 @@ class SpecEngine:
         self._scheduled_step = not fresh
         self._counters["spec_scheduled_requests_total"] += len(drafts)
         self._counters["spec_scheduled_tokens_total"] += sum(lengths)
+        gate = self._track_overhead if self.gate is None else self.gate
+        if gate and not speculation_pays(conf, lengths, self.sps, self._draft_s, sum(s.num_tokens for s in others),
+                                         sum(s.samples for s in others)):
+            self._pause_until = self._counters["steps_total"] + self._pause_steps
+            self._pause_steps = min(2 * self._pause_steps, GATE_PAUSE_MAX)
+        elif gate:
+            self._pause_steps = GATE_PAUSE_STEPS
         return [d.truncated(k) for d, k in zip(drafts, lengths)]
+
+    def _paused(self, proposer) -> bool:
+        """The pre-draft gate: after a step where even the best verify plan, with the drafting paid,
+        was predicted to emit fewer tokens per second than plain decoding, confidence drafters rest for
+        GATE_PAUSE_STEPS steps (doubling while re-checks keep losing), then draft again to re-check. Lossless: whether a step drafts depends
+        only on earlier steps, never on the drafts it would verify."""
+        uses_confidence = getattr(proposer, "capture_layers", ()) and self.config.spec_schedule in (None, "confidence")
+        return bool(uses_confidence) and self._counters["steps_total"] < self._pause_until
 
     def _sps(self) -> SpsProfile:
         """Measured once, on the first scheduled step, on dummy verify batches up to the largest step."""
