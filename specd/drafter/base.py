@@ -56,6 +56,25 @@ class Drafter(Protocol):
         ...
 
 
+class BorrowsTargetHeads:
+    """Mixin for drafters that share the target's embedding and LM head (set ``self._heads = None``)."""
+
+    _heads: "TargetHeads | None"
+
+    def attach_target(self, target: nn.Module):
+        """Borrow the target's (a DecoderModel's) embedding and LM head; nothing is copied."""
+        heads = TargetHeads(target.embed_tokens, target.lm_head)
+        heads.check(self.config)
+        self._heads = heads
+        return self
+
+    @property
+    def heads(self) -> "TargetHeads":
+        if self._heads is None:
+            raise DrafterError("no target attached: call drafter.attach_target(target) first")
+        return self._heads
+
+
 class TargetHeads:
     """The target's token embedding and LM head, borrowed by a drafter (DESIGN.md §5: frozen copies).
 

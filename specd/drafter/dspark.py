@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specd.drafter.base import BlockOut, DrafterError, DraftOutput, SlotSampler, TargetHeads, count_parameters
+from specd.drafter.base import (BlockOut, BorrowsTargetHeads, DrafterError, DraftOutput, SlotSampler, TargetHeads,
+                                count_parameters)
 from specd.drafter.confidence_head import ConfidenceHead
 from specd.drafter.config import DrafterConfig
 from specd.drafter.markov_head import MarkovHead, sample_block
@@ -80,7 +81,7 @@ class DraftLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class BlockDrafter(nn.Module):
+class BlockDrafter(BorrowsTargetHeads, nn.Module):
     """DSpark (Markov + confidence heads) or DFlash (`markov_rank=0, confidence=False`): one class, flags."""
 
     def __init__(self, config: DrafterConfig):
@@ -98,20 +99,6 @@ class BlockDrafter(nn.Module):
         self.markov_head = MarkovHead(config.vocab_size, config.markov_rank) if config.markov_rank else None
         self.confidence_head = ConfidenceHead(d, config.markov_rank) if config.confidence else None
         self._heads: TargetHeads | None = None
-
-    # --- wiring -------------------------------------------------------------------------------
-    def attach_target(self, target: nn.Module) -> "BlockDrafter":
-        """Borrow the target's (a DecoderModel's) embedding and LM head; nothing is copied."""
-        heads = TargetHeads(target.embed_tokens, target.lm_head)
-        heads.check(self.config)
-        self._heads = heads
-        return self
-
-    @property
-    def heads(self) -> TargetHeads:
-        if self._heads is None:
-            raise DrafterError("no target attached: call drafter.attach_target(target) first")
-        return self._heads
 
     # --- pieces shared by training and inference ----------------------------------------------
     def fuse(self, features: Sequence[Tensor]) -> Tensor:

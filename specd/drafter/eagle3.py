@@ -21,7 +21,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from specd.drafter.base import DrafterError, DraftOutput, SlotSampler, TargetHeads, count_parameters
+from specd.drafter.base import (BorrowsTargetHeads, DrafterError, DraftOutput, SlotSampler, TargetHeads,
+                                count_parameters)
 from specd.drafter.config import DrafterConfig
 from specd.models.config import ModelConfig
 from specd.models.layers import MLP, RMSNorm, Rotary, apply_rotary
@@ -92,7 +93,7 @@ class Eagle3Layer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class Eagle3Drafter(nn.Module):
+class Eagle3Drafter(BorrowsTargetHeads, nn.Module):
     def __init__(self, config: DrafterConfig):
         super().__init__()
         if config.method != "eagle3":
@@ -106,18 +107,6 @@ class Eagle3Drafter(nn.Module):
         self.rotary = Rotary(backbone)
         self._heads: TargetHeads | None = None
 
-    def attach_target(self, target: nn.Module) -> "Eagle3Drafter":
-        """Borrow the target's (a DecoderModel's) embedding and LM head; nothing is copied."""
-        heads = TargetHeads(target.embed_tokens, target.lm_head)
-        heads.check(self.config)
-        self._heads = heads
-        return self
-
-    @property
-    def heads(self) -> TargetHeads:
-        if self._heads is None:
-            raise DrafterError("no target attached: call drafter.attach_target(target) first")
-        return self._heads
 
     @property
     def layer(self) -> Eagle3Layer:
