@@ -8,14 +8,13 @@ files reach about 113k characters, roughly 30k tokens of code).
 """
 from __future__ import annotations
 
-import json
 import platform
 import random
 from pathlib import Path
 
 from bench.workloads.format import Message, Sampling, Session, Turn
-from bench.workloads.profile import (BuildOptions, Timing, pick, session_arrivals, stdlib_root, stdlib_sources,
-                                     think_times)
+from bench.workloads.profile import (BuildOptions, Timing, pick, read_keyed_jsonl, session_arrivals, stdlib_root,
+                                     stdlib_sources, think_times)
 
 WORKLOAD = "coding"
 TIMING = Timing(rate=1 / 20, think_median_s=2.0, think_sigma=0.5)  # tool execution, not a human
@@ -52,11 +51,7 @@ TOOLS = [
 
 def load_tasks(corpora_dir: Path) -> tuple[list[Path], dict[str, dict]]:
     path = corpora_dir / "code/mbpp.jsonl"
-    tasks = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        t = json.loads(line)
-        tasks[f"mbpp/{t['task_id']}"] = t
-    return [path], tasks
+    return [path], read_keyed_jsonl(path, "mbpp", "task_id")
 
 
 def context_files(file_chars: int) -> list[Path]:

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bench.workloads.format import Message, Sampling, Session, Turn
-from bench.workloads.profile import BuildOptions, Timing, pick, session_arrivals, think_times
+from bench.workloads.profile import BuildOptions, Timing, pick, read_keyed_jsonl, session_arrivals, think_times
 
 WORKLOAD = "extraction"
 FIELDS = ("company", "date", "address", "total")
@@ -29,11 +29,7 @@ _DATE_FORMATS = ("%d/%m/%y", "%d-%m-%y", "%d.%m.%y", "%d %b %y", "%d/%m/%Y", "%d
 
 def load_receipts(corpora_dir: Path) -> tuple[list[Path], dict[str, dict]]:
     path = corpora_dir / "extraction/sroie_receipts.jsonl"
-    receipts = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        r = json.loads(line)
-        receipts[f"sroie/{r['id']}"] = r
-    return [path], receipts
+    return [path], read_keyed_jsonl(path, "sroie", "id")
 
 
 def make_session(index: int, items: list[str], receipts: dict[str, dict], arrival_s: float,

@@ -7,6 +7,7 @@ so the same options give the same file bytes on every machine.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -46,6 +47,12 @@ def stdlib_sources() -> list[Path]:
         dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP and not d.startswith("config-"))
         found.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
     return found
+
+
+def read_keyed_jsonl(path: Path, prefix: str, key: str) -> dict[str, dict]:
+    """A corpus JSONL file as {"<prefix>/<record[key]>": record}: the stable item ids the split records."""
+    records = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines())
+    return {f"{prefix}/{r[key]}": r for r in records}
 
 
 def stdlib_root() -> Path:

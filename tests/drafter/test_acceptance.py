@@ -14,14 +14,7 @@ from specd.sampling_params import SamplingParams
 GREEDY = SamplingParams(temperature=0.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: extra threads only spin against each other on a shared 2-core machine
-    (measured: the lossless test takes 2.6 s with 1 thread, minutes with 2 under load)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_target(vocab: int = 32, seed: int = 0) -> DecoderModel:

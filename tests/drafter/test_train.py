@@ -16,14 +16,7 @@ from specd.drafter.train import TrainConfig, Trainer, lr_factor, make_blocks, me
 STORIES = Path(__file__).resolve().parents[2] / "models" / "stories260K.gguf"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: extra threads only spin against each other on a shared 2-core machine
-    (measured: the lossless test takes 2.6 s with 1 thread, minutes with 2 under load)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_position_and_step_weights():
