@@ -316,15 +316,13 @@ class SpecEngine:
 
     def _sample(self, batch: list[ScheduledSeq], logits) -> list[tuple[ScheduledSeq, list[int]]]:
         """Split the logits rows: plain sampling for most, chain verification for drafted sequences."""
-        plain, spec, rows, row = [], [], [], 0
+        plain, spec, starts, row = [], [], {}, 0      # starts: first logits row of each sampling sequence
         for sched in batch:
             if not sched.samples:
                 continue
-            n = sched.num_draft + 1
             (spec if sched.draft else plain).append(sched)
-            rows.append((row, n))
-            row += n
-        starts = {id(s): r for s, (r, _) in zip([s for s in batch if s.samples], rows)}
+            starts[id(sched)] = row
+            row += sched.num_draft + 1
         out: list[tuple[ScheduledSeq, list[int]]] = []
         if plain:
             idx = [starts[id(s)] for s in plain]
