@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.hf_reference import to_transformers
 from specd.loader import load_model
 from specd.models import ContiguousKV, DecoderModel
 
@@ -21,30 +22,12 @@ def stories():
 
 @pytest.fixture(scope="session")
 def stories_ref(stories):
-    return hf_reference(stories[0])
+    return to_transformers(stories[0])
 
 
 @pytest.fixture
 def greedy():
     return greedy_decode
-
-
-def hf_reference(model: DecoderModel):
-    """transformers' LlamaForCausalLM with our (already un-permuted) stories weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    c = model.config
-    cfg = LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
-        rope_theta=c.rope_theta, max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=2, pad_token_id=None,
-    )
-    ref = LlamaForCausalLM(cfg).eval()
-    state = {("lm_head.weight" if k == "lm_head.weight" else f"model.{k}"): v for k, v in model.state_dict().items()}
-    missing, unexpected = ref.load_state_dict(state, strict=False)
-    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
-    return ref
 
 
 @torch.no_grad()

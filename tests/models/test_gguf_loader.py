@@ -10,6 +10,7 @@ import gguf
 import pytest
 import torch
 
+from bench.hf_reference import to_transformers
 from specd.loader import load_model
 from specd.loader.gguf import dequantize, gguf_config, gguf_fingerprint, unpermute_qk
 from specd.loader.gguf_file import GGUFFile, GGUFFormatError
@@ -111,18 +112,9 @@ def test_qwen_gguf_chat_smoke(greedy):
 @torch.no_grad()
 def test_qwen_gguf_logits_match_transformers_on_same_weights():
     """Our Qwen2 code vs transformers' Qwen2ForCausalLM holding the same dequantized weights (fp32)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     model, tok = load_model(QWEN_GGUF, dtype="float32", device="cpu")
     c = model.config
-    ref = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-        rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta, max_position_embeddings=c.max_position_embeddings,
-        tie_word_embeddings=c.tie_word_embeddings)).eval()
-    state = {(k if k == "lm_head.weight" else f"model.{k}"): v for k, v in model.state_dict().items()}
-    missing, unexpected = ref.load_state_dict(state, strict=False)
-    assert not unexpected and all("rotary" in m for m in missing)
+    ref = to_transformers(model)
     ids = torch.tensor(tok.encode_chat([{"role": "user", "content": "Sort a list in Python."}]))
     kv = ContiguousKV(c.num_layers)
     ours = model.logits(model(ids, kv.begin([("s", len(ids))]), kv).hidden)
