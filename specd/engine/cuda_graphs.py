@@ -1,79 +1,177 @@
-"""CUDA graphs for decode steps, one per bucketed batch size.
+"""CUDA graphs for every step shape: decode, verify, drafting decode and prefill chunks.
 
-Why: a decode step of a small model is a few hundred tiny kernels; at batch 1 the launch overhead,
-not HBM bandwidth, sets the speed. A graph replays the whole step with one launch. Batches are
-padded up to the next bucket: padded rows write nowhere (slot -1) and attend to one stale slot, and
-their logits are dropped.
+Why: on the H200 an eager forward of Qwen2.5-0.5B costs ~20 ms whatever its token count, all of it
+host time (~950 kernel launches at ~7 us, Triton launches at 30-60 us; bench/gpu_profile.py), while
+the GPU work of a decode or verify step is well under a millisecond. A graph replays the whole step
+with one launch.
+
+A graph is captured per ``GraphKey``: a token bucket (rows padded up to it), a query bound (the
+longest per-sequence query block the attention kernel is compiled for: 1 for decode, a power of two
+up to 16 for verify, the whole bucket for prefill) and the captured layers (drafter features).
+Every graph has ``seqs = min(max_seqs, tokens)`` sequence slots. Padding is inert:
+- padded *sequences* have an empty query block (their ``cu_q_lens`` entries repeat the real total),
+  so the attention kernel returns before reading anything for them;
+- padded *tokens* write no KV (slot -1), get no attention output (their rows are left as they are)
+  and are never read back: every other layer is row-wise, and only real rows are sampled or kept.
+Graphs are captured on first use (the engine warms the common shapes) into one shared memory pool,
+largest first where known; their outputs are consumed before the next replay.
+
+All step metadata travels in two packed host buffers (int64: ids, positions, slots; int32: cu_q_lens,
+seq_lens, block tables), so one step costs two host-to-device copies and one graph launch.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from specd.engine.paged_backend import PagedAttentionBackend, StepMetadata
 
-BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+DECODE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+TOKEN_BUCKETS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+VERIFY_Q_BOUNDS = (2, 4, 8, 16)   # query bounds of verify-like steps; above 16 a step is a prefill
+MAX_GRAPHS = 96                   # beyond this, odd shapes run eagerly rather than pile up graph memory
 
 
-class DecodeGraphs:
-    def __init__(self, model, backend: PagedAttentionBackend, max_batch: int, max_blocks: int, device: torch.device):
+@dataclass(frozen=True)
+class GraphKey:
+    tokens: int                    # padded row count T
+    q_bound: int                   # longest query block of any sequence
+    capture: tuple[int, ...]       # target layers whose outputs the step returns
+
+
+@dataclass
+class HostStep:
+    """One step's inputs on the host, unpadded (built by ModelRunner.prepare)."""
+
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    cu_q_lens: list[int]           # [B+1]
+    seq_lens: list[int]            # [B]
+    tables: list[list[int]]        # [B][blocks]
+    max_q_len: int
+
+
+def graph_key(num_tokens: int, num_seqs: int, max_q_len: int, max_seqs: int, max_tokens: int,
+              capture: tuple[int, ...]) -> GraphKey | None:
+    """The smallest captured shape that holds this step, or None (run it eagerly)."""
+    if max_q_len == 1:
+        t = next((b for b in DECODE_BUCKETS if b >= num_tokens and b <= max_seqs), None)
+        return GraphKey(t, 1, capture) if t is not None else None
+    q = next((b for b in VERIFY_Q_BOUNDS if b >= max_q_len), None)
+    for t in TOKEN_BUCKETS:
+        if t > max_tokens:
+            return None
+        if t >= num_tokens and min(max_seqs, t) >= num_seqs:
+            return GraphKey(t, q if q is not None else t, capture)
+    return None
+
+
+class StepGraphs:
+    """Static input buffers, the captured graphs and their outputs; one instance per ModelRunner."""
+
+    def __init__(self, model, backend: PagedAttentionBackend, max_seqs: int, max_tokens: int, max_blocks: int,
+                 device: torch.device, replay_eagerly: bool = False):
         self.model = model
+        # replay_eagerly: run the padded step through the same static buffers without a CUDA graph, so
+        # the CPU tests can check the padding rules (CUDA graphs need a GPU).
+        self.replay_eagerly = replay_eagerly
         self.backend = backend
-        self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
-        n = self.buckets[-1]
+        self.max_seqs = max_seqs
+        self.max_tokens = max(max_tokens, max_seqs)
         self.max_blocks = max_blocks
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slots = torch.full((n,), -1, dtype=torch.int64, device=device)
-        self.block_tables = torch.zeros(n, max_blocks, dtype=torch.int32, device=device)
-        self.cu_q_lens = torch.arange(n + 1, dtype=torch.int32, device=device)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.pool = torch.cuda.graph_pool_handle()
+        self.device = device
+        t, s = self.max_tokens, max_seqs
+        self._i64 = torch.zeros(3 * t, dtype=torch.int64, device=device)
+        self._i32 = torch.zeros(2 * s + 1 + s * max_blocks, dtype=torch.int32, device=device)
+        pin = device.type == "cuda"
+        self._h64 = torch.zeros(3 * t, dtype=torch.int64, pin_memory=pin)
+        self._h32 = torch.zeros(2 * s + 1 + s * max_blocks, dtype=torch.int32, pin_memory=pin)
+        self.ids, self.positions, self.slots = self._i64[:t], self._i64[t:2 * t], self._i64[2 * t:]
+        self.cu_q_lens = self._i32[: s + 1]
+        self.seq_lens = self._i32[s + 1: 2 * s + 1]
+        self.block_tables = self._i32[2 * s + 1:].view(s, max_blocks)
+        self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph | None, torch.Tensor, list[torch.Tensor]]] = {}
+        self.pool = None if replay_eagerly else torch.cuda.graph_pool_handle()
+        self.replays = 0
 
-    def bucket(self, batch: int) -> int | None:
-        return next((b for b in self.buckets if b >= batch), None)
+    def key(self, step: HostStep, capture: tuple[int, ...]) -> GraphKey | None:
+        if max((len(t) for t in step.tables), default=0) > self.max_blocks:
+            return None
+        return graph_key(len(step.ids), len(step.seq_lens), step.max_q_len, self.max_seqs, self.max_tokens, capture)
 
-    def _meta(self, b: int) -> StepMetadata:
-        return StepMetadata(self.slots[:b], self.block_tables[:b], self.cu_q_lens[: b + 1], self.seq_lens[:b], 1)
+    # -- inputs ----------------------------------------------------------------------------------------
+    def _load(self, step: HostStep, key: GraphKey) -> None:
+        """Write the padded step into the host buffers, then copy both to the device (two copies)."""
+        t, n, s = self.max_tokens, len(step.ids), min(self.max_seqs, key.tokens)
+        h64, h32 = self._h64, self._h32
+        h64[:n] = torch.tensor(step.ids, dtype=torch.int64)
+        h64[t:t + n] = torch.tensor(step.positions, dtype=torch.int64)
+        h64[2 * t:2 * t + n] = torch.tensor(step.slots, dtype=torch.int64)
+        h64[2 * t + n:2 * t + key.tokens] = -1                     # padded tokens write no KV
+        b = len(step.seq_lens)
+        ms = self.max_seqs
+        h32[: b + 1] = torch.tensor(step.cu_q_lens, dtype=torch.int32)
+        h32[b + 1: s + 1] = step.cu_q_lens[-1]                      # padded sequences: empty query blocks
+        h32[ms + 1: ms + 1 + b] = torch.tensor(step.seq_lens, dtype=torch.int32)
+        tables = h32[2 * ms + 1:].view(ms, self.max_blocks)
+        for i, row in enumerate(step.tables):
+            tables[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        # ids/positions of padded rows keep whatever valid values they last held; slots are -1.
+        self._i64[:2 * t + key.tokens].copy_(h64[:2 * t + key.tokens], non_blocking=True)
+        self._i32[: 2 * ms + 1 + b * self.max_blocks].copy_(h32[: 2 * ms + 1 + b * self.max_blocks], non_blocking=True)
 
-    def _forward(self, b: int) -> torch.Tensor:
-        self.backend.set_step(self._meta(b))
-        out = self.model(self.input_ids[:b], self.positions[:b], self.backend)
-        return self.model.logits(out.hidden)
+    def _meta(self, key: GraphKey) -> StepMetadata:
+        s = min(self.max_seqs, key.tokens)
+        return StepMetadata(self.slots[: key.tokens], self.block_tables[:s], self.cu_q_lens[: s + 1],
+                            self.seq_lens[:s], key.q_bound)
+
+    # -- capture and replay ----------------------------------------------------------------------------
+    def _forward(self, key: GraphKey) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        self.backend.set_step(self._meta(key))
+        out = self.model(self.ids[: key.tokens], self.positions[: key.tokens], self.backend,
+                         capture_layers=list(key.capture))
+        return out.hidden, out.captured
 
     @torch.inference_mode()
-    def capture_all(self) -> None:
-        for b in reversed(self.buckets):          # largest first, so smaller graphs reuse its memory
-            self.capture(b)
-
-    @torch.inference_mode()
-    def capture(self, b: int) -> None:
+    def capture(self, key: GraphKey) -> None:
+        if self.replay_eagerly:
+            self.graphs[key] = (None, *self._forward(key))
+            return
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):                     # warm up: Triton compiles, allocator settles
-                self._forward(b)
+                self._forward(key)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self._forward(b)
-        self.graphs[b] = (graph, logits)
+            hidden, captured = self._forward(key)
+        self.graphs[key] = (graph, hidden, captured)
+
+    def warm(self, keys: list[GraphKey]) -> None:
+        """Capture these shapes now, largest first, so smaller graphs reuse the larger ones' memory."""
+        for key in sorted(keys, key=lambda k: (k.tokens, k.q_bound), reverse=True):
+            if key not in self.graphs:
+                self.capture(key)
+
+    def can_run(self, key: GraphKey | None) -> bool:
+        return key is not None and (key in self.graphs or len(self.graphs) < MAX_GRAPHS)
 
     @torch.inference_mode()
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
-        """One decode step (every row has one query token). Returns logits [B, vocab]."""
-        b = input_ids.shape[0]
-        nb = self.bucket(b)
-        if nb not in self.graphs:
-            self.capture(nb)
-        width = meta.block_tables.shape[1]
-        self.input_ids[:b].copy_(input_ids)
-        self.positions[:b].copy_(positions)
-        self.slots[:b].copy_(meta.slot_mapping)
-        self.slots[b:nb].fill_(-1)
-        self.block_tables[:b, :width].copy_(meta.block_tables)
-        self.seq_lens[:b].copy_(meta.seq_lens)
-        self.seq_lens[b:nb].fill_(1)
-        graph, logits = self.graphs[nb]
-        graph.replay()
-        return logits[:b]
+    def run(self, step: HostStep, key: GraphKey) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Replay (capturing first if new). Returns views of the graph's outputs for the real rows:
+        hidden [T, d] and one [T, d] per captured layer; valid until the next replay."""
+        if key not in self.graphs:
+            self._load(step, key)                  # warm-up passes read the real inputs (writes: real slots)
+            self.capture(key)
+        self._load(step, key)
+        graph, hidden, captured = self.graphs[key]
+        if graph is None:
+            hidden, captured = self._forward(key)
+        else:
+            graph.replay()
+        self.replays += 1
+        n = len(step.ids)
+        return hidden[:n], [c[:n] for c in captured]

@@ -1,7 +1,10 @@
 """Turns a scheduled step into one flat forward pass over the paged pool.
 
 All sequences' tokens are concatenated ([T]); ragged per-sequence lengths travel as ``cu_q_lens``,
-so there is no padding. Logits are computed only for the rows that sample.
+so the eager path has no padding. On CUDA every step shape that fits a bucket (decode, verify,
+feature-capturing decode, prefill chunks) replays a CUDA graph (specd/engine/cuda_graphs.py): eager
+forwards cost ~20 ms of host launch time on the H200 whatever their size. Logits are computed only for
+the rows that sample, outside the graph.
 """
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specd.engine.cuda_graphs import HostStep, StepGraphs, graph_key
 from specd.engine.kv_layout import KVLayout
 from specd.engine.paged_backend import PagedAttentionBackend, StepMetadata
 from specd.engine.scheduler import ScheduledSeq
@@ -22,9 +26,58 @@ class StepInputs:
     sample_rows: torch.Tensor    # [S] int64: index into T of each sampling sequence's last token
 
 
+def host_step(batch: list[ScheduledSeq], block_size: int) -> tuple[HostStep, list[int]]:
+    """(the step's unpadded inputs, the sampling rows): a sequence that samples contributes its last
+    row, plus its draft rows when it verifies."""
+    ids: list[int] = []
+    pos: list[int] = []
+    slots: list[int] = []
+    cu = [0]
+    seq_lens: list[int] = []
+    tables: list[list[int]] = []
+    sample_rows: list[int] = []
+    for sched in batch:
+        seq, start = sched.seq, sched.seq.num_computed_tokens
+        toks = seq.all_ids[start: start + sched.num_tokens] + (sched.draft.tokens if sched.draft else [])
+        n = len(toks)
+        ids.extend(toks)
+        pos.extend(range(start, start + n))
+        table = seq.block_table
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
+        cu.append(cu[-1] + n)
+        seq_lens.append(start + n)
+        tables.append(list(table))
+        if sched.samples:
+            sample_rows.extend(range(cu[-1] - 1 - sched.num_draft, cu[-1]))   # verify rows + the last
+    max_q = max(s.num_tokens + s.num_draft for s in batch)
+    return HostStep(ids, pos, slots, cu, seq_lens, tables, max_q), sample_rows
+
+
+def device_inputs(step: HostStep, sample_rows: list[int], device: torch.device) -> StepInputs:
+    """The eager path's tensors: exact sizes, no padding."""
+    width = max(len(t) for t in step.tables)
+    tables = torch.zeros(len(step.tables), width, dtype=torch.int32)
+    for i, row in enumerate(step.tables):
+        tables[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    meta = StepMetadata(
+        slot_mapping=torch.tensor(step.slots, dtype=torch.int64, device=device),
+        block_tables=tables.to(device),
+        cu_q_lens=torch.tensor(step.cu_q_lens, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(step.seq_lens, dtype=torch.int32, device=device),
+        max_q_len=step.max_q_len,
+    )
+    return StepInputs(
+        input_ids=torch.tensor(step.ids, dtype=torch.int64, device=device),
+        positions=torch.tensor(step.positions, dtype=torch.int64, device=device),
+        meta=meta,
+        sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=device),
+    )
+
+
 class ModelRunner:
     def __init__(self, model, layout: KVLayout, pool: torch.Tensor, device: torch.device,
-                 max_batch: int = 32, max_model_len: int = 2048, cuda_graphs: bool = True):
+                 max_batch: int = 32, max_model_len: int = 2048, cuda_graphs: bool = True,
+                 max_num_batched_tokens: int = 2048, num_speculative_tokens: int = 7):
         self.model = model
         self.layout = layout
         self.device = device
@@ -32,60 +85,58 @@ class ModelRunner:
         self.backend = PagedAttentionBackend(
             layout.view(pool), scale=cfg.attn_scale, windows=cfg.layer_windows
         )
-        self.graphs = None
+        self.graphs: StepGraphs | None = None
+        self.eager_steps = 0
         if cuda_graphs and device.type == "cuda":
-            from specd.engine.cuda_graphs import DecodeGraphs
-
             max_blocks = -(-max_model_len // layout.block_size)
-            self.graphs = DecodeGraphs(model, self.backend, max_batch, max_blocks, device)
-            self.graphs.capture_all()
+            max_tokens = max_num_batched_tokens + max_batch * num_speculative_tokens
+            self.graphs = StepGraphs(model, self.backend, max_batch, max_tokens, max_blocks, device)
+            self.graphs.warm([graph_key(b, b, 1, max_batch, max_tokens, ())
+                              for b in (1, 2, 4, 8, 16, 32, 64, 128, max_batch) if b <= max_batch])
 
     def prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
-        bs = self.layout.block_size
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        cu = [0]
-        seq_lens: list[int] = []
-        sample_rows: list[int] = []
-        max_blocks = max(len(s.seq.block_table) for s in batch)
-        tables = torch.zeros(len(batch), max_blocks, dtype=torch.int32)
-        for i, sched in enumerate(batch):
-            seq, start = sched.seq, sched.seq.num_computed_tokens
-            toks = seq.all_ids[start : start + sched.num_tokens] + (sched.draft.tokens if sched.draft else [])
-            n = len(toks)
-            ids.extend(toks)
-            pos.extend(range(start, start + n))
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-            cu.append(cu[-1] + n)
-            seq_lens.append(start + n)
-            tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
-            if sched.samples:
-                sample_rows.extend(range(cu[-1] - 1 - sched.num_draft, cu[-1]))   # verify rows + the last
-        dev = self.device
-        meta = StepMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=tables.to(dev),
-            cu_q_lens=torch.tensor(cu, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            max_q_len=max(s.num_tokens + s.num_draft for s in batch),
-        )
-        return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(pos, dtype=torch.int64, device=dev),
-            meta=meta,
-            sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=dev),
-        )
+        step, sample_rows = host_step(batch, self.layout.block_size)
+        return device_inputs(step, sample_rows, self.device)
 
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq], capture_layers: tuple[int, ...] = ()):
         """Returns (logits, captured). logits: fp32, for the sampling sequences in batch order: one
         row each, or ``num_draft + 1`` rows for a sequence that verifies drafts. captured: the outputs
         of ``capture_layers`` for every token of the step ([T, d] each), or None."""
-        inputs = self.prepare(batch)
-        if self.graphs is not None and inputs.meta.max_q_len == 1 and not capture_layers:
-            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta), None
+        step, sample_rows = host_step(batch, self.layout.block_size)
+        capture = tuple(capture_layers)
+        key = self.graphs.key(step, capture) if self.graphs is not None else None
+        if self.graphs is not None and self.graphs.can_run(key):
+            hidden, captured = self.graphs.run(step, key)
+            rows = torch.tensor(sample_rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            return self.model.logits(hidden[rows]), (captured if capture else None)
+        self.eager_steps += 1
+        inputs = device_inputs(step, sample_rows, self.device)
         self.backend.set_step(inputs.meta)
-        out = self.model(inputs.input_ids, inputs.positions, self.backend, capture_layers=list(capture_layers))
-        return self.model.logits(out.hidden[inputs.sample_rows]), (out.captured if capture_layers else None)
+        out = self.model(inputs.input_ids, inputs.positions, self.backend, capture_layers=list(capture))
+        return self.model.logits(out.hidden[inputs.sample_rows]), (out.captured if capture else None)
+
+    def dummy_verify_forward(self, gamma: int, context: int):
+        """A callable B -> one step shaped like a verify step of B tokens (rows of 1 + γ tokens after
+        ``context`` cached tokens), through the same path (graph or eager) real steps take, for
+        ``SpsProfile.measure``. It writes no KV (slots -1) and reads garbage from block 0 onwards."""
+        row = gamma + 1
+        n_blocks = -(-(context + row) // self.layout.block_size)
+
+        @torch.inference_mode()
+        def forward(b: int) -> object:
+            q_lens = [row] * (b // row) + ([b % row] if b % row else [])
+            pos = [p for q in q_lens for p in range(context, context + q)]
+            cu = [0]
+            for q in q_lens:
+                cu.append(cu[-1] + q)
+            step = HostStep([0] * b, pos, [-1] * b, cu, [context + q for q in q_lens],
+                            [list(range(n_blocks))] * len(q_lens), max(q_lens))
+            key = self.graphs.key(step, ()) if self.graphs is not None else None
+            if self.graphs is not None and self.graphs.can_run(key):
+                hidden, _ = self.graphs.run(step, key)
+                return self.model.logits(hidden)
+            inputs = device_inputs(step, list(range(b)), self.device)
+            self.backend.set_step(inputs.meta)
+            return self.model.logits(self.model(inputs.input_ids, inputs.positions, self.backend).hidden)
+        return forward

@@ -1,0 +1,213 @@
+"""Where the time of an eager (non-graph) forward goes, on a random-weight model of a real shape.
+
+    python -m bench.gpu_profile --shape qwen2.5-0.5b --out DIR
+
+Why: on the H200 an eager forward of Qwen2.5-0.5B cost ~30 ms whatever the token count (13 or 4,096),
+while a decode step replayed from a CUDA graph cost 2.8 ms. This separates host launch time from GPU
+time, counts launches, and times one Triton launch and one tiny aten op on the machine's CPU.
+Weights are random: timing does not depend on their values, so no upload is needed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from specd.engine.paged_backend import PagedAttentionBackend, StepMetadata
+from specd.models.config import ModelConfig
+from specd.models.decoder import DecoderModel
+
+SHAPES = {
+    "qwen2.5-0.5b": dict(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
+                          num_heads=14, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6, rope_theta=1e6,
+                          qkv_bias=True, max_position_embeddings=32768),
+    "qwen3-8b": dict(arch="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
+                      num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
+                      qk_norm=True, max_position_embeddings=40960),
+}
+BLOCK = 16
+
+
+def random_model(shape: str, device: str = "cuda", dtype=torch.bfloat16) -> DecoderModel:
+    cfg = ModelConfig(**SHAPES[shape])
+    with torch.device(device):
+        model = DecoderModel(cfg).to(dtype)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    return model.eval()
+
+
+def pool_for(cfg: ModelConfig, blocks: int, device: str, dtype=torch.bfloat16) -> torch.Tensor:
+    return torch.zeros(blocks, cfg.num_layers, 2, BLOCK, cfg.num_kv_heads, cfg.head_dim, device=device, dtype=dtype)
+
+
+def one_seq_meta(num_new: int, context: int, device: str) -> tuple[torch.Tensor, torch.Tensor, StepMetadata]:
+    total = context + num_new
+    nblocks = -(-total // BLOCK)
+    slots = torch.arange(context, total, device=device)
+    meta = StepMetadata(slot_mapping=slots, block_tables=torch.arange(nblocks, dtype=torch.int32, device=device)[None],
+                        cu_q_lens=torch.tensor([0, num_new], dtype=torch.int32, device=device),
+                        seq_lens=torch.tensor([total], dtype=torch.int32, device=device), max_q_len=num_new)
+    ids = torch.randint(0, 1000, (num_new,), device=device)
+    return ids, torch.arange(context, total, device=device), meta
+
+
+def time_forward(model, backend, ids, pos, meta, repeats: int = 10) -> dict:
+    backend.set_step(meta)
+    with torch.inference_mode():
+        for _ in range(2):
+            model.logits(model(ids, pos, backend).hidden[-1:])
+        torch.cuda.synchronize()
+        host, total = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model.logits(model(ids, pos, backend).hidden[-1:])
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            host.append((t1 - t0) * 1e3)
+            total.append((t2 - t0) * 1e3)
+    return {"host_launch_ms_p50": statistics.median(host), "total_ms_p50": statistics.median(total),
+            "total_ms": total}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--graphs-only", action="store_true", help="only check and time the CUDA-graph step path")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = "cuda"
+    model = random_model(args.shape, dev)
+    cfg = model.config
+    pool = pool_for(cfg, 600, dev)
+    backend = PagedAttentionBackend(pool, cfg.attn_scale)
+    res: dict = {"shape": args.shape, "device": torch.cuda.get_device_name()}
+    if args.graphs_only:
+        graph_check(model, pool_for(cfg, 1400, dev), args.out)
+        return 0
+    for n, ctx in ((1, 512), (8, 512), (13, 4096), (512, 0), (4096, 0)):
+        res[f"forward_T{n}_ctx{ctx}"] = time_forward(model, backend, *one_seq_meta(n, ctx, dev))
+        print(n, ctx, {k: v for k, v in res[f"forward_T{n}_ctx{ctx}"].items() if k != "total_ms"}, flush=True)
+
+    # per-op host costs on this CPU
+    x = torch.zeros(8, device=dev)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        x.add_(1)
+    res["aten_add_launch_us"] = (time.perf_counter() - t0) / 2000 * 1e6
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        x.view(2, 4)
+    res["aten_view_us"] = (time.perf_counter() - t0) / 2000 * 1e6
+    import kernels
+    k = torch.zeros(1, cfg.num_kv_heads, cfg.head_dim, device=dev, dtype=torch.bfloat16)
+    kp = pool[:, 0, 0]
+    vp = pool[:, 0, 1]
+    sl = torch.tensor([3], device=dev)
+    kernels.append_kv(k, k, kp, vp, sl)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(500):
+        kernels.append_kv(k, k, kp, vp, sl)
+    res["triton_append_kv_launch_us"] = (time.perf_counter() - t0) / 500 * 1e6
+    torch.cuda.synchronize()
+    ids, pos, meta = one_seq_meta(13, 4096, dev)
+    q = torch.zeros(13, cfg.num_heads, cfg.head_dim, device=dev, dtype=torch.bfloat16)
+    kernels.paged_attention(q, kp, vp, meta.block_tables, meta.cu_q_lens, meta.seq_lens, 0.1, max_q_len=13)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(500):
+        kernels.paged_attention(q, kp, vp, meta.block_tables, meta.cu_q_lens, meta.seq_lens, 0.1, max_q_len=13)
+    res["triton_paged_attention_launch_us"] = (time.perf_counter() - t0) / 500 * 1e6
+    print({k: v for k, v in res.items() if k.endswith("us")}, flush=True)
+
+    from torch.profiler import ProfilerActivity, profile
+    backend.set_step(meta)
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        model.logits(model(ids, pos, backend).hidden[-1:])
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=40)
+    (args.out / f"profile-{args.shape}.txt").write_text(table)
+    print(table[:6000])
+    res["profile_op_calls"] = sum(e.count for e in prof.key_averages())
+    (args.out / f"profile-{args.shape}.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+def graph_check(model, pool, out: Path) -> dict:
+    """StepGraphs against the eager path on the same random model: equal outputs, and the time of a
+    replayed step (decode B=1/32, verify 32×8, drafting decode with captured layers, a 13-token and a
+    2,048-token prefill)."""
+    from specd.engine.cuda_graphs import HostStep, StepGraphs, graph_key
+
+    cfg = model.config
+    backend = PagedAttentionBackend(pool, cfg.attn_scale)
+    max_blocks = pool.shape[0]
+    graphs = StepGraphs(model, backend, 32, 2048 + 32 * 7, max_blocks, torch.device("cuda"))
+    ctx = 512
+
+    def step(q_lens: list[int]) -> HostStep:
+        ids, pos, slots, cu, seq_lens, tables = [], [], [], [0], [], []
+        base = 0
+        for i, q in enumerate(q_lens):
+            n = -(-(ctx + q) // BLOCK)
+            table = list(range(base, base + n))
+            base += n
+            ids += [(7 * i + j) % 1000 for j in range(q)]
+            pos += list(range(ctx, ctx + q))
+            slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(ctx, ctx + q)]
+            cu.append(cu[-1] + q)
+            seq_lens.append(ctx + q)
+            tables.append(table)
+        return HostStep(ids, pos, slots, cu, seq_lens, tables, max(q_lens))
+
+    cases = {"decode_b1": [1], "decode_b32": [1] * 32, "verify_32x8": [8] * 32, "verify_ragged": [8, 3, 1, 6] * 4,
+             "prefill_13": [13], "prefill_2048": [2048]}
+    res: dict = {}
+    for name, q_lens in cases.items():
+        if sum(-(-(ctx + q) // BLOCK) for q in q_lens) > pool.shape[0]:
+            continue
+        capture = (1, 11, 22) if name == "verify_ragged" else ()
+        st = step(q_lens)
+        key = graph_key(len(st.ids), len(st.seq_lens), st.max_q_len, 32, graphs.max_tokens, capture)
+        from specd.engine.model_runner import device_inputs
+        inputs = device_inputs(st, [], torch.device("cuda"))
+        with torch.inference_mode():
+            backend.set_step(inputs.meta)
+            ref = model(inputs.input_ids, inputs.positions, backend, capture_layers=list(capture))
+            ref_h = ref.hidden.clone()
+            ref_c = [c.clone() for c in ref.captured]
+            h, c = graphs.run(st, key)
+            torch.cuda.synchronize()
+            diff = (h.float() - ref_h.float()).abs().max().item()
+            cdiff = max([(a.float() - b.float()).abs().max().item() for a, b in zip(c, ref_c)] or [0.0])
+            times = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                graphs.run(st, key)
+                torch.cuda.synchronize()
+                times.append((time.perf_counter() - t0) * 1e3)
+            eager = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                backend.set_step(device_inputs(st, [], torch.device("cuda")).meta)
+                model(inputs.input_ids, inputs.positions, backend, capture_layers=list(capture))
+                torch.cuda.synchronize()
+                eager.append((time.perf_counter() - t0) * 1e3)
+        res[name] = {"key": str(key), "max_abs_diff_hidden": diff, "max_abs_diff_captured": cdiff,
+                     "graph_ms_p50": statistics.median(times), "eager_ms_p50": statistics.median(eager)}
+        print(name, res[name], flush=True)
+    (out / "graphs.json").write_text(json.dumps(res, indent=1))
+    return res
