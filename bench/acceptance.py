@@ -8,7 +8,9 @@ For every prompt, repeatedly: the drafter proposes γ tokens from the current co
 read the target's captured layer outputs of the context, n-gram reads the tokens), the target runs once
 over ``[last token, drafts]`` (its KV kept across rounds and cropped to the accepted prefix), and
 ``kernels.rejection_sample`` accepts a prefix and emits one more token from the target (residual or bonus),
-so the output is distributed exactly as the target's. Reported:
+so the output is distributed exactly as the target's. Prompts run as a batch (`run_batch`): one draft
+call, one ragged verify forward and one rejection-sampling call per round for all live chains, because an
+eager forward of a 0.5B target costs ~20 ms of host time whatever its token count. Reported:
 
 - τ: mean tokens emitted per verification (accepted drafts + the bonus/replacement token);
 - conditional acceptance by position j: P(draft j accepted | drafts < j accepted);
@@ -26,13 +28,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Hashable, Protocol, Sequence
 
 import torch
 from torch import Tensor
 
+from bench.batch_kv import BatchKV
 from kernels.rejection_sample import rejection_sample
-from specd.models.contiguous import causal_attention
 from specd.sampling_params import SamplingParams
 from specd.engine.speculation import target_probs  # the one definition of "what the target samples from"
 
@@ -40,54 +42,53 @@ DEFAULT_MAX_NEW_TOKENS = 128
 WEIGHTS_FILE = "drafter.safetensors"   # in a drafter directory, beside drafter.json and calibration.json
 
 
-class ChainKV:
-    """The target's KV of one sequence, with `crop`: a verify step writes 1 + γ positions and rejection
-    keeps only the accepted prefix. Implements the AttentionBackend protocol (specd/models/layers.py)."""
-
-    def __init__(self, num_layers: int):
-        self.k: list[Tensor | None] = [None] * num_layers
-        self.v: list[Tensor | None] = [None] * num_layers
-        self.length = 0       # positions cached (as of the last completed forward)
-
-    def begin(self, n: int, device: torch.device) -> Tensor:
-        """Positions [n] of the next n tokens."""
-        return torch.arange(self.length, self.length + n, device=device)
-
-    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # q: [n, Hq, D]; k, v: [n, Hkv, D]
-        self.k[layer] = k if self.k[layer] is None else torch.cat([self.k[layer], k])
-        self.v[layer] = v if self.v[layer] is None else torch.cat([self.v[layer], v])
-        if layer == len(self.k) - 1:
-            self.length = self.k[layer].shape[0]
-        return causal_attention(q, self.k[layer], self.v[layer])
-
-    def crop(self, length: int) -> None:
-        self.k = [None if t is None else t[:length] for t in self.k]
-        self.v = [None if t is None else t[:length] for t in self.v]
-        self.length = min(self.length, length)
+PREFILL_TOKENS = 16384   # prompt tokens per prefill forward (bounds the activations of long prompts)
 
 
 class Proposer(Protocol):
-    """What the harness needs from a drafter. `captured` holds the target's outputs of `capture_layers`
-    for context positions 0..n−2 (every token but the last, which the target has not run yet)."""
+    """What the harness needs from a drafter, batched over rows. `features` turns the target's captured
+    layer outputs ([T, d] per layer, flat) into what the proposer keeps per position (fused features, or
+    nothing); `propose` drafts γ tokens for every row from its context."""
     capture_layers: tuple[int, ...]
 
-    def propose(self, tokens: list[int], captured: list[Tensor], params: SamplingParams,
-                generator: torch.Generator) -> "object":  # a DraftOutput with batch 1
+    def features(self, captured: list[Tensor]) -> Tensor:   # -> [T, f]
+        ...
+
+    def propose(self, rows: Sequence["Row"], params: Sequence[SamplingParams],
+                generators: Sequence[torch.Generator]) -> "object":  # a DraftOutput with batch len(rows)
         ...
 
 
+@dataclass
+class Row:
+    """One chain's context: `tokens` (prompt + emitted), `ids` the same as a CPU tensor (capacity-sized,
+    valid up to len(tokens)), `feats` [len(tokens) − 1, f] the kept features of every token but the last
+    (the target has not run on the last one yet)."""
+    tokens: list[int]
+    ids: Tensor
+    feats: Tensor
+
+    def context_ids(self) -> Tensor:
+        """[n − 1] the tokens whose features are in `feats`."""
+        return self.ids[:len(self.tokens) - 1]
+
+
 class DrafterProposer:
-    """A trained DSpark/DFlash/EAGLE-3 drafter: fuse the captured features, then one batched draft call."""
+    """A trained DSpark/DFlash/EAGLE-3 drafter: fused features kept per position, one batched draft call."""
 
     def __init__(self, drafter):
         self.drafter = drafter
         self.capture_layers = tuple(drafter.config.target_layers)
 
     @torch.no_grad()
-    def propose(self, tokens, captured, params, generator):
-        ctx_tokens = torch.tensor(tokens[:-1], dtype=torch.int64)      # EAGLE-3 pairs feature t with token t+1
-        return self.drafter.draft([self.drafter.fuse(captured)], [tokens[-1]], [params], [generator],
-                                  ctx_tokens=[ctx_tokens])
+    def features(self, captured):
+        return self.drafter.fuse(captured)
+
+    @torch.no_grad()
+    def propose(self, rows, params, generators):
+        # EAGLE-3 pairs feature t with token t+1; the block drafters ignore ctx_tokens
+        return self.drafter.draft([r.feats for r in rows], [r.tokens[-1] for r in rows], list(params),
+                                  list(generators), ctx_tokens=[r.context_ids() for r in rows])
 
 
 class NgramProposer:
@@ -97,8 +98,11 @@ class NgramProposer:
     def __init__(self, ngram):
         self.ngram = ngram
 
-    def propose(self, tokens, captured, params, generator):
-        return self.ngram.draft([tokens], [params], [generator])
+    def features(self, captured):
+        return torch.empty(0, 0)
+
+    def propose(self, rows, params, generators):
+        return self.ngram.draft([r.tokens for r in rows], params, generators)
 
 
 @dataclass
@@ -125,73 +129,162 @@ def _sync(device: torch.device) -> None:
 def run_chain(target, proposer: Proposer, prompt: Sequence[int], params: SamplingParams, gamma: int,
               max_new_tokens: int, generator: torch.Generator, stop_ids: frozenset[int] = frozenset(),
               max_len: int | None = None) -> tuple[list[int], ChainRecord]:
-    """Speculative generation of one prompt; returns (generated tokens, per-round record).
+    """Speculative generation of one prompt: `run_batch` with one row."""
+    outs, recs = run_batch(target, proposer, [list(prompt)], [params], gamma, [max_new_tokens], [generator],
+                           stop_ids, max_len=max_len)
+    return outs[0], recs.get(None, ChainRecord())
 
-    The prompt minus its last token is prefilled first; every round then verifies [last, drafts]."""
+
+@torch.no_grad()
+def run_batch(target, proposer: Proposer, prompts: Sequence[list[int]], params: Sequence[SamplingParams],
+              gamma: int, max_new_tokens: Sequence[int], generators: Sequence[torch.Generator],
+              stop_ids: frozenset[int] = frozenset(), keys: Sequence[Hashable] | None = None,
+              max_len: int | None = None) -> tuple[list[list[int]], dict[Hashable, ChainRecord]]:
+    """Speculative generation of many prompts at once; returns (generated tokens per prompt, one
+    ChainRecord per key, rounds of the rows with that key).
+
+    Every prompt minus its last token is prefilled; then each round drafts for all live rows in one
+    call, verifies ``[last, drafts]`` of all of them in one ragged target forward, and accepts with one
+    `rejection_sample` call whose row i uses row i's own distributions and generator (so a row's output
+    does not depend on the batch it ran in). Host reads: one per round for the draft lengths, one for the
+    accepted counts and emitted tokens."""
     device = next(target.parameters()).device
-    layers = proposer.capture_layers
+    keys = list(keys) if keys is not None else [None] * len(prompts)
     max_len = max_len or target.config.max_position_embeddings
-    kv = ChainKV(target.config.num_layers)
-    tokens = list(prompt)
-    captured = _forward(target, kv, tokens[:-1], layers, device)[1]
-    rec = ChainRecord()
-    generated: list[int] = []
-    while len(generated) < max_new_tokens and len(tokens) + gamma + 1 <= max_len:
+    capacity = min(max_len, max(len(p) + m + gamma + 1 for p, m in zip(prompts, max_new_tokens)))
+    dtype = next(target.parameters()).dtype
+    kv = BatchKV.for_model(target.config, len(prompts), capacity, dtype, device)
+    rows = _prefill(target, proposer, kv, prompts, capacity)
+    outs: list[list[int]] = [[] for _ in prompts]
+    recs: dict[Hashable, ChainRecord] = {k: ChainRecord() for k in keys}
+    live = [i for i, p in enumerate(prompts) if max_new_tokens[i] > 0 and len(p) + gamma + 1 <= max_len]
+    while live:
         _sync(device)
         t0 = time.perf_counter()
-        draft = proposer.propose(tokens, captured, params, generator)
+        draft = proposer.propose([rows[i] for i in live], [params[i] for i in live], [generators[i] for i in live])
+        n_draft = draft.lengths.tolist()
         _sync(device)
         t1 = time.perf_counter()
-        n_draft = int(draft.lengths[0]) if getattr(draft, "lengths", None) is not None else gamma
-        drafts = draft.tokens[0, :n_draft].tolist()
-        logits, new_feats = _forward(target, kv, [tokens[-1], *drafts], layers, device)
+        acc, emitted, feats = _verify(target, proposer, kv, rows, live, draft, n_draft,
+                                      [params[i] for i in live], [generators[i] for i in live], gamma)
         _sync(device)
-        rec.draft_s.append(t1 - t0)
-        rec.verify_s.append(time.perf_counter() - t1)
-        acc, emitted = _accept(logits, draft, n_draft, gamma, params, generator)
-        kv.crop(len(tokens) + acc)                     # the cache holds tokens[:-1], last, accepted drafts
-        captured = [torch.cat([c, f[:1 + acc]]) for c, f in zip(captured, new_feats)]
-        rec.drafted.append(n_draft)
-        rec.accepted.append(acc)
-        if draft.confidence is not None and n_draft == gamma:
-            rec.confidence.append(draft.confidence[0].float().tolist())
-            rec.conf_accepted.append(acc)
-        for tok in emitted:
-            tokens.append(tok)
-            generated.append(tok)
-            if tok in stop_ids or len(generated) >= max_new_tokens:
-                return generated, rec
-    return generated, rec
+        t2 = time.perf_counter()
+        conf = draft.confidence.float().cpu().tolist() if draft.confidence is not None else None
+        still = []
+        for j, i in enumerate(live):
+            a, row, rec = acc[j], rows[i], recs[keys[i]]
+            kv.crop(i, len(row.tokens) + a)            # the cache holds tokens[:-1], last, accepted drafts
+            row.feats = torch.cat([row.feats, feats[j, :1 + a]]) if feats is not None else row.feats
+            rec.drafted.append(n_draft[j])
+            rec.accepted.append(a)
+            rec.draft_s.append(t1 - t0)
+            rec.verify_s.append(t2 - t1)
+            if conf is not None and n_draft[j] == gamma:
+                rec.confidence.append(conf[j])
+                rec.conf_accepted.append(a)
+            if _emit(row, outs[i], emitted[j][:a + 1], stop_ids, max_new_tokens[i]) \
+                    and len(row.tokens) + gamma + 1 <= max_len:
+                still.append(i)
+            else:
+                kv.free(i)
+        live = still
+    return outs, recs
 
 
-def _forward(target, kv: ChainKV, ids: list[int], layers: tuple[int, ...], device) -> tuple[Tensor, list[Tensor]]:
-    """Run the target over `ids` after the cached prefix: (logits [n, V] fp32, captured [n, d] per layer)."""
-    if not ids:
-        d = target.config.hidden_size
-        empty = [torch.empty(0, d, device=device) for _ in layers]
-        return torch.empty(0, target.config.vocab_size, device=device), empty
-    positions = kv.begin(len(ids), device)
-    out = target(torch.tensor(ids, dtype=torch.int64, device=device), positions, kv, capture_layers=list(layers))
-    return target.logits(out.hidden), list(out.captured)
+def _prefill(target, proposer: Proposer, kv: BatchKV, prompts: Sequence[list[int]], capacity: int) -> list[Row]:
+    """Run every prompt minus its last token through the target (in chunks of PREFILL_TOKENS) and keep
+    the proposer's features of those positions."""
+    device = next(target.parameters()).device
+    layers = list(proposer.capture_layers)
+    rows = []
+    for p in prompts:
+        ids = torch.zeros(capacity, dtype=torch.int64)
+        ids[:len(p)] = torch.tensor(p, dtype=torch.int64)
+        rows.append(Row(list(p), ids, torch.empty(0, 0, device=device)))
+    sizes = [len(p) - 1 for p in prompts]
+    for chunk in token_chunks(sizes, PREFILL_TOKENS):
+        chunk = [i for i in chunk if sizes[i] > 0]
+        if not chunk:
+            continue
+        positions = kv.begin([(i, sizes[i]) for i in chunk])
+        flat = torch.tensor([t for i in chunk for t in prompts[i][:-1]], dtype=torch.int64, device=device)
+        out = target(flat, positions, kv, capture_layers=layers)
+        feats = proposer.features(list(out.captured)) if layers else None
+        if feats is not None:
+            for i, f in zip(chunk, feats.split([sizes[i] for i in chunk])):
+                rows[i].feats = f
+    if layers:
+        width = next((r.feats.shape[1] for r in rows if r.feats.shape[0]), None)
+        for r in rows:
+            if r.feats.shape[0] == 0 and width is not None:
+                r.feats = torch.empty(0, width, device=device)
+    return rows
 
 
-def _accept(logits: Tensor, draft, n_draft: int, gamma: int, params: SamplingParams,
-            generator: torch.Generator) -> tuple[int, list[int]]:
-    """Lossless rejection sampling of one round: (accepted drafts, emitted tokens incl. the last one)."""
-    device = logits.device
-    vocab = logits.shape[1]
-    t_probs = torch.zeros(1, gamma + 1, vocab, device=device)
-    t_probs[0, :n_draft + 1] = target_probs(logits, params)
-    d_probs = torch.zeros(1, gamma, vocab, device=device)
-    d_probs[0, :n_draft] = draft.probs[0, :n_draft].float().to(device)
-    d_tokens = torch.zeros(1, gamma, dtype=torch.int64, device=device)
-    d_tokens[0, :n_draft] = draft.tokens[0, :n_draft].to(device)
-    uniforms = torch.rand(1, gamma, generator=generator).to(device)
-    bonus = torch.rand(1, generator=generator).to(device)
-    acc, out = rejection_sample(t_probs, d_probs, d_tokens, torch.tensor([n_draft], dtype=torch.int32, device=device),
-                                uniforms, bonus)
-    a = int(acc[0])
-    return a, out[0, :a + 1].tolist()
+def token_chunks(sizes: Sequence[int], budget: int) -> list[list[int]]:
+    """Consecutive indices grouped so each group's sizes sum to at most `budget` (a larger item alone)."""
+    chunks: list[list[int]] = []
+    total = budget + 1
+    for i, n in enumerate(sizes):
+        if total + n > budget:
+            chunks.append([])
+            total = 0
+        chunks[-1].append(i)
+        total += n
+    return chunks
+
+
+def _verify(target, proposer: Proposer, kv: BatchKV, rows: list[Row], live: list[int], draft, n_draft: list[int],
+            params: list[SamplingParams], generators: list[torch.Generator], gamma: int
+            ) -> tuple[list[int], list[list[int]], Tensor | None]:
+    """One ragged target forward over [last, drafts] of every live row, then lossless rejection sampling.
+    Returns (accepted per row, emitted tokens per row [γ+1], kept features [b, γ+1, f] or None)."""
+    device = next(target.parameters()).device
+    b = len(live)
+    lengths = torch.tensor(n_draft, dtype=torch.int64, device=device)
+    last = torch.tensor([rows[i].tokens[-1] for i in live], dtype=torch.int64, device=device)
+    d_tokens = draft.tokens.to(device)
+    keep = torch.arange(gamma + 1, device=device)[None] <= lengths[:, None]            # [b, γ+1]
+    positions = kv.begin([(i, 1 + n) for i, n in zip(live, n_draft)])
+    layers = list(proposer.capture_layers)
+    out = target(torch.cat([last[:, None], d_tokens], 1)[keep], positions, kv, capture_layers=layers)
+    logits = target.logits(out.hidden)                                                # [T, V]
+    t_logits = logits.new_zeros(b, gamma + 1, logits.shape[1])
+    t_logits[keep] = logits
+    uniforms = torch.stack([torch.rand(gamma, generator=g) for g in generators]).to(device)
+    bonus = torch.cat([torch.rand(1, generator=g) for g in generators]).to(device)
+    acc, emitted = rejection_sample(batch_target_probs(t_logits, params), draft.probs.to(device).float(), d_tokens,
+                                    lengths.int(), uniforms, bonus)
+    feats = None
+    if layers:
+        f = proposer.features(list(out.captured))
+        feats = f.new_zeros(b, gamma + 1, f.shape[1])
+        feats[keep] = f
+    return acc.tolist(), emitted.tolist(), feats
+
+
+def batch_target_probs(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
+    """logits: [b, K, V] -> fp32 [b, K, V]: row i is what the target samples from under params[i]
+    (speculation.target_probs, applied once per group of rows with equal settings)."""
+    probs = torch.empty_like(logits, dtype=torch.float32)
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault((p.greedy, p.temperature, p.top_k, p.top_p), []).append(i)
+    for idx in groups.values():
+        sel = torch.tensor(idx, device=logits.device)
+        probs[sel] = target_probs(logits[sel].flatten(0, 1), params[idx[0]]).view(len(idx), *logits.shape[1:])
+    return probs
+
+
+def _emit(row: Row, out: list[int], tokens: list[int], stop_ids: frozenset[int], max_new: int) -> bool:
+    """Append a round's emitted tokens; False once the chain is done (stop token or max_new reached)."""
+    for tok in tokens:
+        row.ids[len(row.tokens)] = tok
+        row.tokens.append(tok)
+        out.append(tok)
+        if tok in stop_ids or len(out) >= max_new:
+            return False
+    return True
 
 
 def summarize(rec: ChainRecord, gamma: int, temperatures: Sequence[float] | None) -> dict:
@@ -227,10 +320,13 @@ def summarize(rec: ChainRecord, gamma: int, temperatures: Sequence[float] | None
 
 @dataclass(frozen=True)
 class EvalPrompt:
-    """A prompt to continue: token ids, or a session turn whose history is filled in as answers come."""
+    """A prompt to continue: token ids, or a session turn whose history is filled in as answers come.
+    `params` overrides the run's sampling; records are summed per `key` (e.g. (workload, temperature))."""
     ids: list[int] | None = None
     session: object | None = None
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS
+    params: SamplingParams | None = None
+    key: Hashable = None
 
 
 def _sessions(args: argparse.Namespace) -> list:
@@ -260,30 +356,45 @@ def eval_prompts(args: argparse.Namespace, target, tokenizer) -> list[EvalPrompt
 
 
 def run_prompts(target, tokenizer, proposer: Proposer, prompts: Sequence[EvalPrompt], params: SamplingParams,
-                gamma: int, seed: int, progress: bool = True) -> ChainRecord:
-    """Every prompt (and every turn of a session, with the chain's own answers as history)."""
-    from tqdm import tqdm
-
+                gamma: int, seed: int, batch_size: int = 256, progress: bool = True) -> dict[Hashable, ChainRecord]:
+    """Every prompt (and every turn of a session, with the chain's own answers as history), batched:
+    turn k of all sessions runs as batches of `batch_size` chains. Prompt i samples with its own
+    generator (seed + i), kept across its turns. Returns one ChainRecord per prompt key."""
     from bench.workloads.format import prompt_messages
 
-    total = ChainRecord()
-    for i, p in enumerate(tqdm(prompts, desc="acceptance", disable=not progress)):
-        gen = torch.Generator().manual_seed(seed + i)
-        if p.ids is not None:
-            rec = run_chain(target, proposer, p.ids, params, gamma, p.max_new_tokens, gen, tokenizer.stop_ids)[1]
-            total.extend(rec)
-            continue
-        answers: list[str] = []
-        for turn in range(len(p.session.turns)):
+    gens = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
+    answers: list[list[str]] = [[] for _ in prompts]
+    records: dict[Hashable, ChainRecord] = {}
+    max_pos = target.config.max_position_embeddings
+    for turn in range(max((len(p.session.turns) if p.session else 1) for p in prompts) if prompts else 0):
+        todo: list[tuple[int, list[int], int]] = []
+        for i, p in enumerate(prompts):
+            if p.ids is not None:
+                if turn == 0:
+                    todo.append((i, p.ids, p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS))
+                continue
+            if turn >= len(p.session.turns) or len(answers[i]) < turn:
+                continue
             extra = {"tools": p.session.tools} if p.session.tools else {}
-            ids = tokenizer.encode_chat(prompt_messages(p.session, turn, answers), **extra)
+            ids = tokenizer.encode_chat(prompt_messages(p.session, turn, answers[i]), **extra)
             budget = p.max_new_tokens or p.session.turns[turn].max_tokens
-            if len(ids) + budget + gamma + 1 > target.config.max_position_embeddings:
-                break
-            out, rec = run_chain(target, proposer, ids, params, gamma, budget, gen, tokenizer.stop_ids)
-            total.extend(rec)
-            answers.append(tokenizer.decode(out))
-    return total
+            if len(ids) + budget + gamma + 1 <= max_pos:      # a session stops at the turn that outgrows the context
+                todo.append((i, ids, budget))
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start:start + batch_size]
+            t0 = time.perf_counter()
+            outs, recs = run_batch(target, proposer, [ids for _, ids, _ in chunk],
+                                   [prompts[i].params or params for i, _, _ in chunk], gamma,
+                                   [n for _, _, n in chunk], [gens[i] for i, _, _ in chunk], tokenizer.stop_ids,
+                                   keys=[prompts[i].key for i, _, _ in chunk])
+            for (i, _, _), out in zip(chunk, outs):
+                answers[i].append(tokenizer.decode(out))
+            for k, rec in recs.items():
+                records.setdefault(k, ChainRecord()).extend(rec)
+            if progress:
+                print(f"acceptance: turn {turn}, {len(chunk)} chains, {sum(len(r.accepted) for r in recs.values())} "
+                      f"row-rounds, {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    return records
 
 
 # ---- command line -----------------------------------------------------------------------------------
@@ -309,6 +420,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="answer length (default: the session turn's max_tokens; "
                              f"{DEFAULT_MAX_NEW_TOKENS} for prompts)")
     parser.add_argument("--seed", type=int, default=0, help="rejection-sampling / draft RNG seed")
+    parser.add_argument("--batch-size", type=int, default=256, help="chains verified together per round")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--dtype", default="float32",
                         help="target dtype; the drafters are fp32 and do not accept bf16 target features yet")
@@ -346,7 +458,8 @@ def run(args: argparse.Namespace) -> int:
         args.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
     prompts = eval_prompts(args, target, tokenizer)
     t0 = time.perf_counter()
-    rec = run_prompts(target, tokenizer, proposer, prompts, params, args.gamma, args.seed)
+    rec = run_prompts(target, tokenizer, proposer, prompts, params, args.gamma, args.seed,
+                      args.batch_size).get(None, ChainRecord())
     result = {"command": " ".join(["python -m bench acceptance", *sys.argv[2:]]), "drafter": args.drafter,
               "target": str(args.target), "temperature": args.temperature, "gamma": args.gamma,
               "prompts": len(prompts), "wall_s": time.perf_counter() - t0, **summarize(rec, args.gamma, temps)}

@@ -1,12 +1,14 @@
-"""Acceptance harness: τ = γ+1 for a perfect drafter, ≈1 for a random one, lossless at T=1 (chi-square),
-and the committed stories260K drafter beats an untrained one."""
+"""Acceptance harness: τ = γ+1 for a perfect drafter, ≈1 for a random one, lossless at T=1 (chi-square,
+one chain at a time and many chains in one batch), batching does not change a chain, and the committed
+stories260K drafter beats an untrained one."""
 from pathlib import Path
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
-from bench.acceptance import ChainKV, run_chain, summarize
+from bench.acceptance import run_batch, run_chain, summarize
+from bench.batch_kv import BatchKV
 from specd.drafter.base import DraftOutput
 from specd.models import ContiguousKV, DecoderModel, ModelConfig
 from specd.sampling_params import SamplingParams
@@ -44,13 +46,16 @@ class PerfectDrafter:
     def __init__(self, model, gamma):
         self.model, self.gamma = model, gamma
 
-    def propose(self, tokens, captured, params, generator):
-        toks = list(tokens)
-        for _ in range(self.gamma):
-            toks.append(int(full_logits(self.model, toks).argmax()))
-        drafted = torch.tensor([toks[len(tokens):]])
+    def propose(self, rows, params, generators):
+        drafted = []
+        for row in rows:
+            toks = list(row.tokens)
+            for _ in range(self.gamma):
+                toks.append(int(full_logits(self.model, toks).argmax()))
+            drafted.append(toks[len(row.tokens):])
+        drafted = torch.tensor(drafted)
         probs = torch.nn.functional.one_hot(drafted, self.model.config.vocab_size).float()
-        return DraftOutput(drafted, probs, confidence=torch.full((1, self.gamma), 0.9))
+        return DraftOutput(drafted, probs, confidence=torch.full((len(rows), self.gamma), 0.9))
 
 
 class FixedDistDrafter:
@@ -60,22 +65,26 @@ class FixedDistDrafter:
     def __init__(self, q, gamma):
         self.q, self.gamma = q, gamma
 
-    def propose(self, tokens, captured, params, generator):
-        toks = torch.multinomial(self.q, self.gamma, replacement=True, generator=generator)[None]
-        if params.greedy:
-            return DraftOutput(toks, torch.nn.functional.one_hot(toks, self.q.numel()).float(), None)
-        return DraftOutput(toks, self.q.expand(1, self.gamma, -1).clone(), None)
+    def propose(self, rows, params, generators):
+        toks = torch.stack([torch.multinomial(self.q, self.gamma, replacement=True, generator=g) for g in generators])
+        one_hot = torch.nn.functional.one_hot(toks, self.q.numel()).float()
+        greedy = torch.tensor([p.greedy for p in params])[:, None, None]
+        return DraftOutput(toks, torch.where(greedy, one_hot, self.q.expand(len(rows), self.gamma, -1)), None)
 
 
-def test_chain_kv_crop_matches_fresh_forward():
+@torch.no_grad()
+def test_batch_kv_crop_matches_fresh_forward():
+    """Two rows in one step, one cropped, then a batched (short) step and a row-by-row (long) one."""
     model = tiny_target()
-    kv = ChainKV(model.config.num_layers)
-    ids = torch.tensor([1, 5, 7, 9, 11])
-    model(ids, kv.begin(5, torch.device("cpu")), kv)
-    kv.crop(3)
-    out = model(torch.tensor([4]), kv.begin(1, torch.device("cpu")), kv)
-    assert kv.length == 4
-    assert torch.allclose(model.logits(out.hidden)[0], full_logits(model, [1, 5, 7, 4]), atol=1e-5)
+    kv = BatchKV.for_model(model.config, rows=3, capacity=160)
+    long = [1, 5, 7, 9, 11, 3] * 12
+    model(torch.tensor(long + [2, 6]), kv.begin([(2, len(long)), (0, 2)]), kv)   # row-by-row prefill
+    kv.crop(2, 3)
+    out = model(torch.tensor([4, 8, 8, 1]), kv.begin([(2, 1), (0, 3)]), kv)        # batched step
+    assert kv.lengths == [5, 0, 4]
+    logits = model.logits(out.hidden)
+    assert torch.allclose(logits[0], full_logits(model, [1, 5, 7, 4]), atol=1e-5)
+    assert torch.allclose(logits[3], full_logits(model, [2, 6, 8, 8, 1]), atol=1e-5)
 
 
 def test_perfect_drafter_gives_gamma_plus_one():
@@ -170,3 +179,38 @@ def test_summarize_counts_positions_and_applies_sts_temperatures():
     assert s["acceptance_by_position"] == pytest.approx([0.75, 2 / 3, 1.0])
     assert s["draft_cost_fraction"] == pytest.approx(0.25)
     assert s["ece_raw"] is not None and s["ece_sts"] is not None and s["ece_sts"] != s["ece_raw"]
+
+
+def test_lossless_first_token_at_t1_batched():
+    """The same chi-square with all chains in one run_batch call: row i's rejection sampling uses row i's
+    own distributions and generator, so the batch is 1,500 independent draws from p_t."""
+    model, gamma, prompt = tiny_target(vocab=6, seed=3), 2, [1, 4, 2]
+    p_t = torch.softmax(full_logits(model, prompt), 0)
+    q = torch.tensor([0.5, 0.05, 0.05, 0.1, 0.1, 0.2])
+    n = 1500
+    outs, recs = run_batch(model, FixedDistDrafter(q, gamma), [prompt] * n, [SamplingParams(temperature=1.0)] * n,
+                           gamma, [1] * n, [torch.Generator().manual_seed(s) for s in range(n)])
+    counts = torch.bincount(torch.tensor([o[0] for o in outs]), minlength=6).float()
+    accepted_first = sum(a > 0 for a in recs[None].accepted)
+    assert len(recs[None].accepted) == n
+    assert 0.05 * n < accepted_first < 0.95 * n
+    assert chisquare(counts.numpy(), (p_t * n).numpy())[1] > 1e-3, (counts, p_t * n)
+    assert chisquare(counts.numpy(), (q * n).numpy())[1] < 1e-6
+
+
+def test_batch_equals_one_chain_at_a_time():
+    """Mixed prompts, lengths and temperatures in one batch give each chain exactly what it gives alone,
+    and the per-key records split the rounds by key."""
+    model, gamma = tiny_target(vocab=16, seed=1), 3
+    q = torch.full((16,), 1 / 16)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [2, 2]]
+    params = [GREEDY, SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9), GREEDY]
+    max_new = [12, 5, 9, 0]
+    alone = [run_chain(model, FixedDistDrafter(q, gamma), p, sp, gamma, m, torch.Generator().manual_seed(i))
+             for i, (p, sp, m) in enumerate(zip(prompts, params, max_new))]
+    outs, recs = run_batch(model, FixedDistDrafter(q, gamma), prompts, params, gamma, max_new,
+                           [torch.Generator().manual_seed(i) for i in range(4)], keys=["a", "b", "a", "b"])
+    assert outs == [o for o, _ in alone]
+    assert [len(o) for o in outs] == [12, 5, 9, 0]
+    assert sorted(recs["a"].accepted) == sorted(alone[0][1].accepted + alone[2][1].accepted)
+    assert recs["b"].accepted == alone[1][1].accepted
