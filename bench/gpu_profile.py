@@ -142,9 +142,6 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
 
 def graph_check(model, pool, out: Path) -> dict:
     """StepGraphs against the eager path on the same random model: equal outputs, and the time of a
@@ -211,3 +208,7 @@ def graph_check(model, pool, out: Path) -> dict:
         print(name, res[name], flush=True)
     (out / "graphs.json").write_text(json.dumps(res, indent=1))
     return res
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
