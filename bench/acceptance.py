@@ -33,7 +33,7 @@ from typing import Hashable, Protocol, Sequence
 import torch
 from torch import Tensor
 
-from bench.batch_kv import BatchKV
+from bench.batch_kv import BatchKV, token_chunks
 from kernels.rejection_sample import rejection_sample
 from specd.sampling_params import SamplingParams
 from specd.engine.speculation import target_probs  # the one definition of "what the target samples from"
@@ -42,7 +42,6 @@ DEFAULT_MAX_NEW_TOKENS = 128
 WEIGHTS_FILE = "drafter.safetensors"   # in a drafter directory, beside drafter.json and calibration.json
 
 
-PREFILL_TOKENS = 16384   # prompt tokens per prefill forward (bounds the activations of long prompts)
 
 
 class Proposer(Protocol):
@@ -192,7 +191,7 @@ def run_batch(target, proposer: Proposer, prompts: Sequence[list[int]], params: 
 
 
 def _prefill(target, proposer: Proposer, kv: BatchKV, prompts: Sequence[list[int]], capacity: int) -> list[Row]:
-    """Run every prompt minus its last token through the target (in chunks of PREFILL_TOKENS) and keep
+    """Run every prompt minus its last token through the target (in chunks of batch_kv.PREFILL_TOKENS) and keep
     the proposer's features of those positions."""
     device = next(target.parameters()).device
     layers = list(proposer.capture_layers)
@@ -202,7 +201,7 @@ def _prefill(target, proposer: Proposer, kv: BatchKV, prompts: Sequence[list[int
         ids[:len(p)] = torch.tensor(p, dtype=torch.int64)
         rows.append(Row(list(p), ids, torch.empty(0, 0, device=device)))
     sizes = [len(p) - 1 for p in prompts]
-    for chunk in token_chunks(sizes, PREFILL_TOKENS):
+    for chunk in token_chunks(sizes):
         chunk = [i for i in chunk if sizes[i] > 0]
         if not chunk:
             continue
@@ -219,19 +218,6 @@ def _prefill(target, proposer: Proposer, kv: BatchKV, prompts: Sequence[list[int
             if r.feats.shape[0] == 0 and width is not None:
                 r.feats = torch.empty(0, width, device=device)
     return rows
-
-
-def token_chunks(sizes: Sequence[int], budget: int) -> list[list[int]]:
-    """Consecutive indices grouped so each group's sizes sum to at most `budget` (a larger item alone)."""
-    chunks: list[list[int]] = []
-    total = budget + 1
-    for i, n in enumerate(sizes):
-        if total + n > budget:
-            chunks.append([])
-            total = 0
-        chunks[-1].append(i)
-        total += n
-    return chunks
 
 
 def _verify(target, proposer: Proposer, kv: BatchKV, rows: list[Row], live: list[int], draft, n_draft: list[int],

@@ -28,6 +28,8 @@ from specd.models.contiguous import causal_attention
 # Steps whose longest row adds more tokens than this run attention row by row (prefill): a padded
 # [B, n_max, L] score tensor of a long prefill would not fit; short steps are batched.
 BATCHED_QUERY_MAX = 64
+# Prompt tokens per prefill forward: bounds the activations (and captured features) of long prompts.
+PREFILL_TOKENS = 16384
 
 
 class BatchKVError(ValueError):
@@ -93,6 +95,19 @@ class BatchKV:
         out = F.scaled_dot_product_attention(qp.transpose(1, 2), keys.transpose(1, 2), vals.transpose(1, 2),
                                              attn_mask=st.mask[:, None], enable_gqa=True)   # [b, Hq, n_max, D]
         return out.transpose(1, 2)[st.slot, st.col]
+
+
+def token_chunks(sizes: Sequence[int], budget: int = PREFILL_TOKENS) -> list[list[int]]:
+    """Consecutive indices grouped so each group's sizes sum to at most `budget` (a larger item alone)."""
+    chunks: list[list[int]] = []
+    total = budget + 1
+    for i, n in enumerate(sizes):
+        if total + n > budget:
+            chunks.append([])
+            total = 0
+        chunks[-1].append(i)
+        total += n
+    return chunks
 
 
 class _Step:

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from bench.workloads.split import file_sha256
 from specd.engine.sampler import sample
-from specd.models import ContiguousKV, DecoderModel
+from specd.models import DecoderModel
 from specd.sampling_params import SamplingParams
 from specd.tokenizer import Tokenizer
 
@@ -82,8 +82,8 @@ def _params(p: Prompt, seed: int) -> SamplingParams:
 @torch.no_grad()
 def generate(model: DecoderModel, prompts: Sequence[Prompt], seed: int, stop_ids: frozenset[int],
              batch_size: int = 32, progress: bool = True) -> list[list[int]]:
-    """The target's answers (without the prompt), batched: one ragged prefill, then one token per live
-    sequence per step. An answer ends after a stop token (kept: the drafter must learn to predict it)
+    """The target's answers (without the prompt), batched: a ragged prefill (chunked by token count), then
+    one token per live sequence per step, over a padded K/V (bench.batch_kv: one attention call per layer). An answer ends after a stop token (kept: the drafter must learn to predict it)
     or at max_new_tokens. Sampling uses each prompt's own seeded generator, so the data is reproducible."""
     device = next(model.parameters()).device
     out: list[list[int]] = []
@@ -96,28 +96,37 @@ def generate(model: DecoderModel, prompts: Sequence[Prompt], seed: int, stop_ids
 
 def _generate_batch(model: DecoderModel, prompts: Sequence[Prompt], seeds: list[int], stop_ids: frozenset[int],
                     device: torch.device) -> list[list[int]]:
-    kv = ContiguousKV(model.config.num_layers)
+    from bench.batch_kv import BatchKV, token_chunks
+
+    capacity = max(len(p.ids) + p.max_new_tokens for p in prompts)
+    kv = BatchKV.for_model(model.config, len(prompts), capacity, next(model.parameters()).dtype, device)
     params = [_params(p, s) for p, s in zip(prompts, seeds)]
     gens = [torch.Generator().manual_seed(s) for s in seeds]
     answers: list[list[int]] = [[] for _ in prompts]
-    live = list(range(len(prompts)))
-    feed = {i: prompts[i].ids for i in live}
-    while live:
-        positions = kv.begin([(i, len(feed[i])) for i in live], device=device)
-        ids = torch.tensor([t for i in live for t in feed[i]], dtype=torch.int64, device=device)
-        hidden = model(ids, positions, kv).hidden
-        last = torch.tensor([len(feed[i]) for i in live], device=device).cumsum(0) - 1
-        tokens = sample(model.logits(hidden[last]), [params[i] for i in live], [gens[i] for i in live]).tolist()
-        still = []
-        for i, tok in zip(live, tokens):
+    feed = {i: p.ids for i, p in enumerate(prompts)}
+    chunks = token_chunks([len(p.ids) for p in prompts])      # prefill in bounded chunks, then one row each
+    while feed:
+        step = chunks.pop(0) if chunks else list(feed)
+        tokens = _step(model, kv, {i: feed[i] for i in step}, params, gens, device)
+        for i, tok in zip(step, tokens):
             answers[i].append(tok)
             if tok in stop_ids or len(answers[i]) >= prompts[i].max_new_tokens:
                 kv.free(i)
+                del feed[i]
             else:
-                still.append(i)
                 feed[i] = [tok]
-        live = still
     return answers
+
+
+def _step(model: DecoderModel, kv, feed: dict[int, list[int]], params: list[SamplingParams],
+          gens: list[torch.Generator], device: torch.device) -> list[int]:
+    """One ragged forward over each row's new tokens; one sampled token per row (its own generator)."""
+    rows = list(feed)
+    positions = kv.begin([(i, len(feed[i])) for i in rows])
+    ids = torch.tensor([t for i in rows for t in feed[i]], dtype=torch.int64, device=device)
+    hidden = model(ids, positions, kv).hidden
+    last = torch.tensor([len(feed[i]) for i in rows], device=device).cumsum(0) - 1
+    return sample(model.logits(hidden[last]), [params[i] for i in rows], [gens[i] for i in rows]).tolist()
 
 
 def session_sequences(model: DecoderModel, tokenizer: Tokenizer, sessions_path: str | Path, split: str, seed: int,

@@ -19,7 +19,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -67,19 +67,28 @@ def lr_factor(step: int, total: int, warmup_frac: float) -> float:
 
 
 @torch.no_grad()
-def target_pass(target: DecoderModel, seqs: Sequence[list[int]], layers: Sequence[int]
-                ) -> tuple[list[Tensor], list[list[Tensor]]]:
-    """One ragged target forward over all sequences: per sequence its logits [T_i, V] fp32 and the
-    captured outputs of `layers` ([T_i, d] each)."""
+def target_states(target: DecoderModel, seqs: Sequence[list[int]], layers: Sequence[int]
+                  ) -> tuple[list[Tensor], list[list[Tensor]]]:
+    """One ragged target forward over all sequences: per sequence its final-normed hidden states [T_i, d]
+    and the captured outputs of `layers` ([T_i, d] each). Logits are left to the caller: on Qwen
+    (V = 151,936) logits at every position of a batch would be gigabytes, and only dspark's L1 needs
+    them, at its block positions only."""
     device = next(target.parameters()).device
     kv = ContiguousKV(target.config.num_layers)
     positions = kv.begin([(i, len(s)) for i, s in enumerate(seqs)], device=device)
     ids = torch.tensor([t for s in seqs for t in s], dtype=torch.int64, device=device)
     out = target(ids, positions, kv, capture_layers=list(layers))
     sizes = [len(s) for s in seqs]
-    logits = target.logits(out.hidden).split(sizes)
     captured = [list(parts) for parts in zip(*(c.split(sizes) for c in out.captured))] if layers else [[] for _ in seqs]
-    return list(logits), captured
+    return list(out.hidden.split(sizes)), captured
+
+
+@torch.no_grad()
+def target_pass(target: DecoderModel, seqs: Sequence[list[int]], layers: Sequence[int]
+                ) -> tuple[list[Tensor], list[list[Tensor]]]:
+    """`target_states` with the logits [T_i, V] fp32 at every position (calibration's short held-out pass)."""
+    hidden, captured = target_states(target, seqs, layers)
+    return [target.logits(h) for h in hidden], captured
 
 
 def sample_anchors(prompt_len: int, length: int, n: int, gen: torch.Generator) -> Tensor:
@@ -105,28 +114,34 @@ class Blocks:
     labels: Tensor        # [N, γ] int64, tokens[a+1+k] (clamped where invalid)
     valid: Tensor         # [N, γ] bool, a+1+k < T
     prev: Tensor          # [N, γ] int64, tokens[a+k]: the anchor, then the teacher-forced previous token
-    target_logits: Tensor  # [N, γ, V] the target's logits at a+k (they predict tokens[a+1+k])
+    target_logits: Tensor | None  # [N, γ, V] the target's logits at a+k (they predict tokens[a+1+k])
 
 
-def make_blocks(tokens: Tensor, logits: Tensor, anchors: Tensor, gamma: int) -> Blocks:
-    """tokens: [T] int64; logits: [T, V] target logits; anchors: [N]."""
+def make_blocks(tokens: Tensor, states: Tensor | None, anchors: Tensor, gamma: int,
+                to_logits: Callable[[Tensor], Tensor] | None = None) -> Blocks:
+    """tokens: [T] int64; anchors: [N]; states: [T, V] target logits, or [T, d] hidden states turned into
+    logits by `to_logits` at the block positions only, or None (no target logits: CE-only methods)."""
     t = tokens.shape[0]
     pos = anchors[:, None] + torch.arange(gamma, device=tokens.device)[None]    # [N, γ] = a+k
     valid = pos + 1 < t
     safe = pos.clamp(max=t - 1)
-    return Blocks(labels=tokens[(pos + 1).clamp(max=t - 1)], valid=valid, prev=tokens[safe],
-                  target_logits=logits[safe])
+    picked = None if states is None else states[safe]
+    if picked is not None and to_logits is not None:
+        picked = to_logits(picked)
+    return Blocks(labels=tokens[(pos + 1).clamp(max=t - 1)], valid=valid, prev=tokens[safe], target_logits=picked)
 
 
-def block_loss(drafter, method: str, feats: list[list[Tensor]], seqs: list[Tensor], logits: list[Tensor],
-               anchors: list[Tensor]) -> LossParts:
-    """The method's loss over all anchors of the batch (blocks of every sequence concatenated)."""
+def block_loss(drafter, method: str, feats: list[list[Tensor]], seqs: list[Tensor], hidden: list[Tensor],
+               anchors: list[Tensor], to_logits: Callable[[Tensor], Tensor]) -> LossParts:
+    """The method's loss over all anchors of the batch (blocks of every sequence concatenated).
+    hidden: the target's final hidden states per sequence; `to_logits` (the target's LM head) runs on the
+    dspark block positions only."""
     gamma = drafter.config.gamma
     outs, confs, blocks = [], [], []
-    for f, tok, lg, an in zip(feats, seqs, logits, anchors):
+    for f, tok, h, an in zip(feats, seqs, hidden, anchors):
         if an.numel() == 0:
             continue
-        b = make_blocks(tok, lg, an, gamma)
+        b = make_blocks(tok, h if method == "dspark" else None, an, gamma, to_logits)
         ctx = drafter.fuse(f)
         if method == "eagle3":
             outs.append(drafter.ttt_logits(ctx, tok, an, gamma))
@@ -167,12 +182,12 @@ class Trainer:
     def train_step(self) -> LossParts:
         idx = torch.randint(len(self.seqs), (self.cfg.batch_size,), generator=self.gen).tolist()
         batch = [self.seqs[i] for i in idx]
-        logits, feats = target_pass(self.target, [s.tokens for s in batch], self.drafter.config.target_layers)
+        hidden, feats = target_states(self.target, [s.tokens for s in batch], self.drafter.config.target_layers)
         toks = [torch.tensor(s.tokens, dtype=torch.int64, device=self.device) for s in batch]
         anchors = [method_anchors(self.method, s, self.drafter.config.gamma, self.cfg.anchors, self.gen).to(self.device)
                    for s in batch]
         self.drafter.train()
-        loss = block_loss(self.drafter, self.method, feats, toks, logits, anchors)
+        loss = block_loss(self.drafter, self.method, feats, toks, hidden, anchors, self.target.logits)
         self.optim.zero_grad(set_to_none=True)
         loss.total.backward()
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.grad_clip)
