@@ -86,7 +86,8 @@ def default_address(run_dir: str | os.PathLike | None = None) -> str:
     return protocol.socket_address(run_dir or os.environ.get("SPECD_RUN_DIR") or DEFAULT_RUN_DIR)
 
 
-# keyword arguments of generate/stream that are request fields, not sampling parameters
+# keyword arguments of generate/stream that are request fields, not sampling parameters;
+# speculation= is a method name or {"method", "schedule", "num_speculative_tokens"} (specd.sampling_params)
 REQUEST_FIELDS = ("speculation", "expected_return_s", "tools")
 
 

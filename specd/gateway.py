@@ -73,7 +73,7 @@ def _usage(usage: Any) -> dict[str, Any]:
 
 
 def _request_fields(req: Any) -> dict[str, Any]:
-    return {"speculation": req.speculation.method} if req.speculation is not None else {}
+    return {"speculation": req.speculation.model_dump(exclude_none=True)} if req.speculation is not None else {}
 
 
 def _finish(reason: str | None) -> str:

@@ -9,7 +9,8 @@ not silently become a default. Standard OpenAI fields fall in three groups:
 - accepted only at their neutral value, else 400 "unsupported": n (1), best_of (1), echo (false),
   logprobs (null/false), top_logprobs (null), suffix (null), presence_penalty and frequency_penalty
   (0), logit_bias (empty), tools (empty), tool_choice ("none"), response_format ({"type": "text"}).
-Extensions (as vLLM spells them): top_k, ignore_eos, stop_token_ids, session (kvd session hint).
+Extensions (as vLLM spells them): top_k, ignore_eos, stop_token_ids, session (kvd session hint), and
+speculation ({"method", "schedule", "num_speculative_tokens"}, specd's own; see docs/design/speculation.md).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specd.sampling_params import SamplingParams
+from specd.sampling_params import SamplingParams, SpeculationParams
 
 
 class UnsupportedValue(ValueError):
@@ -32,13 +33,6 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     include_usage: bool = False
-
-
-class SpeculationOption(BaseModel):
-    """``"speculation": {"method": "none"}`` in the request body overrides the deployment's method."""
-
-    model_config = ConfigDict(extra="forbid")
-    method: Literal["none", "ngram", "dspark", "dflash", "eagle3"]
 
 
 class _Common(BaseModel):
@@ -64,7 +58,8 @@ class _Common(BaseModel):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     session: str | None = None
-    speculation: SpeculationOption | None = None
+    # {"method", "schedule", "num_speculative_tokens"}: overrides the deployment's speculation
+    speculation: SpeculationParams | None = None
 
     def unsupported(self) -> list[tuple[str, bool]]:
         """(field, is it at a value we cannot honour) for every accepted-only-at-neutral field."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, Union
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from specd.sampling_params import SamplingParams
+from specd.sampling_params import SamplingParams, SpeculationParams
 
 PROTOCOL_VERSION = 1
 SOCKET_NAME = "specd.sock"
@@ -66,8 +66,14 @@ class Generate(_Message):
     expected_return_s: float | None = Field(None, ge=0.0, le=3600.0, allow_inf_nan=False)
     # OpenAI-style tool schemas, rendered by the chat template (only with ``messages``)
     tools: list[dict[str, Any]] | None = Field(None, max_length=1024)
-    # speculative decoding method for this request, overriding the deployment's ("none" turns it off)
-    speculation: Literal["none", "ngram", "dspark", "dflash", "eagle3"] | None = None
+    # speculative decoding for this request, overriding the deployment's: a method name ("none" turns it
+    # off) or a map {method, schedule, num_speculative_tokens}
+    speculation: SpeculationParams | None = None
+
+    @field_validator("speculation", mode="before")
+    @classmethod
+    def _method_shorthand(cls, value: Any) -> Any:
+        return {"method": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _one_prompt_form(self) -> "Generate":
@@ -203,7 +209,7 @@ def decode_reply(frame: bytes) -> Reply:
 def generate_request(msg_id: int, *, prompt: str | list[int] | None = None, messages: list[dict] | None = None,
                      params: dict[str, Any] | None = None, session: str | None = None,
                      expected_return_s: float | None = None, tools: list[dict] | None = None,
-                     speculation: str | None = None) -> dict[str, Any]:
+                     speculation: str | dict[str, Any] | None = None) -> dict[str, Any]:
     msg: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": "generate", "id": msg_id, "params": params or {}}
     optional = {"prompt": prompt, "messages": messages, "session": session,
                 "expected_return_s": expected_return_s, "tools": tools, "speculation": speculation}

@@ -1,7 +1,9 @@
 """Per-request sampling settings, validated once at the edge (IPC or HTTP) so the engine can trust them."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class SamplingParams(BaseModel):
@@ -30,3 +32,30 @@ class SamplingParams(BaseModel):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+class SpeculationParams(BaseModel):
+    """A request's own speculative decoding settings; each unset field keeps the deployment's.
+
+    The HTTP body's ``"speculation": {...}`` and the IPC ``generate`` message carry it (IPC also takes the
+    plain method string). What depends on the loaded drafters (is the method served, is γ within its
+    block, does it have a confidence head) is checked by the engine at admission."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["none", "ngram", "dspark", "dflash", "eagle3"] | None = Field(
+        None, description="Speculation method; 'none' turns speculation off for this request.")
+    schedule: Literal["confidence", "fixed"] | None = Field(
+        None, description="confidence: the causal scheduler picks how many drafts to verify; fixed: all of them.")
+    num_speculative_tokens: int | None = Field(None, ge=1, le=32, description="γ: drafts proposed per step.")
+
+    @model_validator(mode="after")
+    def _knobs_need_speculation(self) -> "SpeculationParams":
+        if self.method == "none" and (self.schedule is not None or self.num_speculative_tokens is not None):
+            raise ValueError("'schedule' and 'num_speculative_tokens' need a speculation method other than 'none'")
+        return self
+
+    def request_fields(self) -> dict:
+        """The engine Request's keyword arguments for these settings."""
+        return {"speculation": self.method, "spec_schedule": self.schedule,
+                "num_speculative_tokens": self.num_speculative_tokens}

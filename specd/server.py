@@ -167,7 +167,7 @@ class SpecdServer:
                                             session=msg.session, arrival_s=time.monotonic(),
                                             prefix_kinds=self._prefix_kinds(msg, prompt_ids),
                                             expected_return_s=msg.expected_return_s,
-                                            speculation=msg.speculation))
+                                            **(msg.speculation.request_fields() if msg.speculation else {})))
         except EngineError as exc:
             self._counters["ipc_errors_total"] += 1
             self._send_quietly(sock, identity, protocol.error_reply(msg.id, exc.code, exc.message))

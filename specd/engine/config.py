@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "stories260K.gguf"
+TRAINED_METHODS = ("dspark", "dflash", "eagle3")    # the methods that need a drafter directory
+SCHEDULES = ("confidence", "fixed")
 
 
 class EngineConfig(BaseModel):
@@ -33,10 +35,40 @@ class EngineConfig(BaseModel):
         description="Speculative decoding method for requests that do not choose one.",
     )
     num_speculative_tokens: int = Field(7, ge=1, le=32, description="Draft tokens proposed per verification (gamma).")
-    drafter: Path | None = Field(None, description="Trained drafter directory (dspark, dflash, eagle3).")
+    drafter: Path | None = Field(None, description="Trained drafter directory (dspark, dflash, eagle3); its "
+                                                   "method is the one in its drafter.json.")
+    drafters: dict[str, Path] = Field(
+        default_factory=dict,
+        description="One trained drafter per method, so one engine serves every method and each request "
+                    "picks its own: {method: directory}, or the flag form dspark=DIR,dflash=DIR. A method "
+                    "listed here wins over `drafter`.",
+    )
     spec_schedule: str | None = Field(
         None, pattern="^(confidence|fixed)$",
         description="Drafts verified per request: confidence (the causal scheduler, needs a drafter with a "
                     "confidence head) or fixed (all num_speculative_tokens). None: confidence when the drafts "
                     "carry confidences, fixed otherwise.",
     )
+
+    @field_validator("drafters", mode="before")
+    @classmethod
+    def _parse_drafters(cls, value: object) -> object:
+        """Accept the flag / env form ``method=DIR,method=DIR`` besides a mapping."""
+        if isinstance(value, str):
+            pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
+            if any(len(pair) != 2 or not pair[0].strip() or not pair[1].strip() for pair in pairs):
+                raise ValueError(f"drafters must read method=DIR,method=DIR, got {value!r}")
+            value = {m.strip(): d.strip() for m, d in pairs}
+        return value
+
+    @field_validator("drafters")
+    @classmethod
+    def _known_methods(cls, value: dict[str, Path]) -> dict[str, Path]:
+        bad = sorted(set(value) - set(TRAINED_METHODS))
+        if bad:
+            raise ValueError(f"drafters: {bad} are not trained methods ({', '.join(TRAINED_METHODS)})")
+        return value
+
+    def drafter_for(self, method: str) -> Path | None:
+        """The drafter directory (or weights file) that serves ``method``, if configured."""
+        return self.drafters.get(method, self.drafter)

@@ -3,6 +3,7 @@ server (specd/server.py) owns sockets and threads and calls ``add_request`` / ``
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
 
@@ -12,7 +13,7 @@ from kvd.hashing import namespace_root
 from specd.engine import sampler
 from specd.engine.block_manager import BlockManager
 from specd.engine.block_source import BlockSource, LocalBlockSource
-from specd.engine.config import EngineConfig
+from specd.engine.config import SCHEDULES, EngineConfig
 from specd.engine.detokenizer import Detokenizer
 from specd.engine.errors import EngineError
 from specd.engine.hints import SessionHints
@@ -60,7 +61,9 @@ class SpecEngine:
                               schedule_seconds_total=0.0, forward_seconds_total=0.0, output_seconds_total=0.0,
                               commit_seconds_total=0.0, spec_verifications_total=0,
                               spec_drafted_tokens_total=0, spec_accepted_tokens_total=0, spec_paused_steps_total=0,
-                              spec_scheduled_requests_total=0, spec_scheduled_tokens_total=0)
+                              spec_scheduled_requests_total=0, spec_scheduled_tokens_total=0,
+                              admission_seconds_total=0.0, spec_scheduler_seconds_total=0.0)
+        self._scheduled_lengths: collections.Counter[int] = collections.Counter()   # ℓ chosen per scheduled draft
         self._proposers: dict = {}
         self.sps: SpsProfile | None = None      # SPS(B) of verify steps, measured on first scheduled draft
         self._track_overhead = False            # True once the engine measured self.sps (an injected one is kept as is)
@@ -116,9 +119,7 @@ class SpecEngine:
         vocab = self.model.config.vocab_size
         if any(t < 0 or t >= vocab for t in request.prompt_ids):
             raise EngineError("bad_request", f"token ids must be in [0, {vocab})")
-        method = request.speculation or self.config.speculation
-        if method != "none":
-            self._proposer(method)            # unknown method or missing drafter: refused here, not mid-step
+        self._check_speculation(request)
         if not request.arrival_s:
             request.arrival_s = time.monotonic()
         gen = None
@@ -129,6 +130,30 @@ class SpecEngine:
         self.scheduler.add(seq)
         self._counters["requests_total"] += 1
         self._counters["prompt_tokens_total"] += n
+
+    def _check_speculation(self, request: Request) -> None:
+        """Refuse a bad per-request speculation setting here, not mid-step: an unknown method, a missing
+        drafter, a schedule or γ without speculation, γ past the drafter's block, or the confidence
+        schedule on a drafter without a confidence head."""
+        method = request.speculation or self.config.speculation
+        schedule, gamma = request.spec_schedule, request.num_speculative_tokens
+        if schedule is not None and schedule not in SCHEDULES:
+            raise EngineError("bad_request", f"unknown speculation schedule {schedule!r} (have {', '.join(SCHEDULES)})")
+        if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1):
+            raise EngineError("bad_request", f"num_speculative_tokens must be a positive integer, got {gamma!r}")
+        if method == "none":
+            if schedule is not None or gamma is not None:
+                raise EngineError("bad_request", "a speculation schedule or num_speculative_tokens needs a "
+                                                 "speculation method other than 'none'")
+            return
+        proposer = self._proposer(method)
+        most = getattr(proposer, "max_tokens", None)
+        if gamma is not None and most is not None and gamma > most:
+            raise EngineError("bad_request", f"num_speculative_tokens={gamma} exceeds what the {method} "
+                                             f"drafter proposes per step ({most})")
+        if schedule == "confidence" and not getattr(proposer, "has_confidence", True):
+            raise EngineError("bad_request", f"the confidence schedule needs a drafter with a confidence head; "
+                                             f"{method} has none")
 
     def abort(self, request_id: str) -> None:
         seq = self._seqs.get(request_id)
@@ -145,6 +170,7 @@ class SpecEngine:
         self._maybe_reconnect()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
+        self._counters["admission_seconds_total"] += time.perf_counter() - t0
         outputs, self._pending_outputs = self._pending_outputs, []
         if not batch:
             self._fail_unschedulable(outputs)
@@ -199,7 +225,9 @@ class SpecEngine:
         return seq.request.speculation or self.config.speculation
 
     def _add_drafts(self, batch: list[ScheduledSeq]) -> None:
-        """Attach a draft to every decoding sequence that speculates: one batched proposal per method."""
+        """Attach a draft to every decoding sequence that speculates: one batched proposal per method.
+        Within a method, the requests on the confidence schedule go through the scheduler together;
+        the fixed ones keep their γ drafts."""
         by_method: dict[str, list[ScheduledSeq]] = {}
         for sched in batch:
             seq = sched.seq
@@ -209,21 +237,31 @@ class SpecEngine:
             proposer = self._proposer(method)
             if self._paused(proposer):
                 self._counters["spec_paused_steps_total"] += 1
-                continue
+                group = [s for s in group if not self._wants_confidence(s.seq)]
+                if not group:
+                    continue
             limits = [self._draft_limit(s.seq) for s in group]
             t0 = time.perf_counter()
             drafts = proposer.propose([s.seq for s in group], limits)
             self._draft_s = (1 - OVERHEAD_EMA) * self._draft_s + OVERHEAD_EMA * (time.perf_counter() - t0)
-            if self._schedules(drafts):
-                drafts = self._schedule(batch, group, drafts, getattr(proposer, "temperatures", None))
+            chosen = [i for i, (s, d) in enumerate(zip(group, drafts))
+                      if d.confidence is not None and self._wants_confidence(s.seq)]
+            if chosen:
+                t0 = time.perf_counter()
+                scheduled = self._schedule(batch, [group[i] for i in chosen], [drafts[i] for i in chosen],
+                                           getattr(proposer, "temperatures", None))
+                for i, draft in zip(chosen, scheduled):
+                    drafts[i] = draft
+                self._counters["spec_scheduler_seconds_total"] += time.perf_counter() - t0
             for sched, draft in zip(group, drafts):
                 if draft.tokens and self._room_for(sched.seq, 1 + len(draft.tokens)):
                     sched.draft = draft
 
-    def _schedules(self, drafts: list[Draft]) -> bool:
-        """Confidence scheduling is on by default when the drafts carry confidences."""
-        has_conf = any(d.confidence is not None for d in drafts)
-        return has_conf and self.config.spec_schedule in (None, "confidence")
+    def _wants_confidence(self, seq: Sequence) -> bool:
+        """The request's schedule, else the deployment's; unset means confidence wherever the drafts
+        carry confidences (the caller checks that)."""
+        schedule = seq.request.spec_schedule or self.config.spec_schedule
+        return schedule in (None, "confidence")
 
     def _schedule(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], drafts: list[Draft],
                   temperatures: list[float] | None) -> list[Draft]:
@@ -238,6 +276,7 @@ class SpecEngine:
         self._scheduled_step = not fresh
         self._counters["spec_scheduled_requests_total"] += len(drafts)
         self._counters["spec_scheduled_tokens_total"] += sum(lengths)
+        self._scheduled_lengths.update(lengths)
         gate = self._track_overhead if self.gate is None else self.gate
         if gate and not speculation_pays(conf, lengths, self.sps, self._draft_s, sum(s.num_tokens for s in others),
                                          sum(s.samples for s in others)):
@@ -249,11 +288,12 @@ class SpecEngine:
 
     def _paused(self, proposer) -> bool:
         """The pre-draft gate: after a step where even the best verify plan, with the drafting paid,
-        was predicted to emit fewer tokens per second than plain decoding, confidence drafters rest for
-        GATE_PAUSE_STEPS steps (doubling while re-checks keep losing), then draft again to re-check. Lossless: whether a step drafts depends
-        only on earlier steps, never on the drafts it would verify."""
-        uses_confidence = getattr(proposer, "capture_layers", ()) and self.config.spec_schedule in (None, "confidence")
-        return bool(uses_confidence) and self._counters["steps_total"] < self._pause_until
+        was predicted to emit fewer tokens per second than plain decoding, the confidence-scheduled
+        requests of feature drafters rest for GATE_PAUSE_STEPS steps (doubling while re-checks keep
+        losing), then draft again to re-check; fixed-γ requests keep drafting. Lossless: whether a step
+        drafts depends only on earlier steps, never on the drafts it would verify."""
+        confident = getattr(proposer, "capture_layers", ()) and getattr(proposer, "has_confidence", True)
+        return bool(confident) and self._counters["steps_total"] < self._pause_until
 
     def _sps(self) -> SpsProfile:
         """Measured once, on the first scheduled step, on dummy verify batches up to the largest step."""
@@ -298,7 +338,8 @@ class SpecEngine:
     def _draft_limit(self, seq: Sequence) -> int:
         """Never draft past max_tokens or the context: every draft token may be emitted."""
         left = min(seq.request.params.max_tokens - len(seq.output_ids), self.max_model_len - seq.num_tokens)
-        return max(0, min(self.config.num_speculative_tokens, left - 1))
+        gamma = seq.request.num_speculative_tokens or self.config.num_speculative_tokens
+        return max(0, min(gamma, left - 1))
 
     def _room_for(self, seq: Sequence, tokens: int) -> bool:
         try:
@@ -429,9 +470,11 @@ class SpecEngine:
         sps = {f"spec_sps_b{b}": s for b, s in self.sps.to_table().items()} if self.sps else {}
         if self.sps:
             sps["spec_step_overhead_seconds"] = self.sps.overhead_s
+        lengths = {f"spec_scheduled_len{k}_total": n for k, n in sorted(self._scheduled_lengths.items())}
         return {
             **c,
             **sps,
+            **lengths,
             "spec_scheduled_tokens_mean": c["spec_scheduled_tokens_total"] / max(1, c["spec_scheduled_requests_total"]),
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting),

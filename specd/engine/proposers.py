@@ -15,9 +15,11 @@ class NgramProposer:
 
     method = "ngram"
     capture_layers: tuple[int, ...] = ()
+    has_confidence = False
 
     def __init__(self, drafter):
         self.drafter = drafter
+        self.max_tokens = drafter.config.gamma    # the longest proposal it can make (requests may ask for fewer)
 
     def propose(self, seqs, limits) -> list[Draft]:
         return [Draft(self.drafter.propose(s.all_ids)[:k]) for s, k in zip(seqs, limits)]
@@ -36,6 +38,8 @@ class FeatureProposer:
         self.method = method
         self.temperatures = temperatures    # STS per-position temperatures of the confidence head, if fitted
         self.capture_layers = tuple(drafter.config.target_layers)
+        self.max_tokens = drafter.config.gamma                       # one block: a request may verify fewer
+        self.has_confidence = bool(getattr(drafter.config, "confidence", False))
 
     @torch.inference_mode()
     def fuse(self, captured):
@@ -59,22 +63,26 @@ class FeatureProposer:
         return drafts
 
 
+NGRAM_MAX_TOKENS = 32     # prompt lookup proposes up to this many; each request's γ truncates (EngineConfig's bound)
+
+
 def load_proposer(method: str, config, model) -> Proposer:
     if method == "ngram":
         from specd.drafter.config import DrafterConfig
         from specd.drafter.ngram import NgramDrafter
 
-        dc = DrafterConfig.for_target(model.config, "ngram", gamma=config.num_speculative_tokens)
+        dc = DrafterConfig.for_target(model.config, "ngram", gamma=NGRAM_MAX_TOKENS)
         return NgramProposer(NgramDrafter(dc))
-    if config.drafter is None:
+    where = config.drafter_for(method)
+    if where is None:
         raise EngineError("bad_request", f"speculation method {method!r} needs a trained drafter "
-                                         "(EngineConfig.drafter / --drafter DIR)")
+                                         "(EngineConfig.drafters / --drafters METHOD=DIR, or --drafter DIR)")
     from specd.drafter.base import load_drafter
 
-    path = config.drafter / "drafter.safetensors" if config.drafter.is_dir() else config.drafter
+    path = where / "drafter.safetensors" if where.is_dir() else where
     drafter = load_drafter(path, target=model, device=next(model.parameters()).device)
     if drafter.config.method != method:
-        raise EngineError("bad_request", f"the configured drafter is {drafter.config.method!r}, not {method!r}")
+        raise EngineError("bad_request", f"the drafter at {where} is {drafter.config.method!r}, not {method!r}")
     drafter.to(next(model.parameters()).dtype).eval()
     calibration = path.parent / "calibration.json"
     temps = json.loads(calibration.read_text())["temperatures"] if calibration.is_file() else None

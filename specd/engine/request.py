@@ -16,6 +16,10 @@ class Request:
     session: str | None = None
     arrival_s: float = 0.0
     speculation: str | None = None     # per-request method override ("none" turns it off)
+    # per-request overrides of EngineConfig.spec_schedule ("confidence" | "fixed") and of γ (drafts per
+    # verification, at most the drafter's block); None = the deployment's. Checked by engine.add_request.
+    spec_schedule: str | None = None
+    num_speculative_tokens: int | None = None
     # (token_count, BlockKind) spans from token 0: the system prompt, then the tool schemas
     # (specd/engine/hints.py turns them into per-block kinds for kvd); None = all conversation
     prefix_kinds: list[tuple[int, int]] | None = None
