@@ -81,7 +81,18 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     seqs, source_sha = training_data(args, target, tokenizer)
     data_s = time.perf_counter() - t0
-    answers_sha = file_sha256(args.out / "data.jsonl")
+    fit(args, target, seqs, {"source_sha256": source_sha, "answers_sha256": file_sha256(args.out / "data.jsonl"),
+                             "data_s": data_s}, "specd train-drafter " + shlex.join(argv))
+    return 0
+
+
+def fit(args: argparse.Namespace, target, seqs: list[data.TrainSequence], provenance: dict, command: str,
+        deadline: float | None = None) -> dict:
+    """Train (resuming from OUT/checkpoint.pt when --resume), calibrate, write the drafter and its
+    training.json; returns that report. `provenance`: source_sha256, answers_sha256, data_s.
+    `deadline` (time.perf_counter() value) stops training early; the report says at which step."""
+    torch.manual_seed(args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
     train_seqs, held = data.split_holdout(seqs, args.holdout, args.seed)
     drafter = make_drafter(args, target)
     cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, anchors=args.anchors,
@@ -90,23 +101,23 @@ def main(argv: list[str]) -> int:
     if args.resume and (args.out / CHECKPOINT).exists():
         print(f"resuming at step {trainer.load_checkpoint()}", file=sys.stderr)
     print(drafter.describe(), file=sys.stderr)
-    curves = trainer.train()
+    curves = trainer.train(deadline=deadline)
     sts = calibrate(args, target, drafter, held)
     from specd.drafter.base import save_drafter
 
     save_drafter(drafter, args.out / WEIGHTS, extra_meta={"target_fingerprint": target.config.fingerprint})
     report = {
-        "command": "specd train-drafter " + shlex.join(argv),
+        "command": command,
         "method": args.method, "target": str(args.target), "target_fingerprint": target.config.fingerprint,
         "init": str(args.init) if args.init else None,
         "drafter": drafter.describe(), "parameters": drafter.num_parameters(),
         "data": {"source": str(args.data or args.prompts or f"self-prompts:{args.self_prompts}"),
-                 "source_sha256": source_sha, "answers_sha256": answers_sha, "sequences": len(seqs),
-                 "train_sequences": len(train_seqs), "heldout_sequences": len(held),
+                 "source_sha256": provenance["source_sha256"], "answers_sha256": provenance["answers_sha256"],
+                 "sequences": len(seqs), "train_sequences": len(train_seqs), "heldout_sequences": len(held),
                  "answer_tokens": sum(len(s.tokens) - s.prompt_len for s in seqs),
                  "data_temperature": None if args.data else args.data_temperature},
         "train": asdict(cfg), "steps_done": trainer.step, "loss_curves": asdict(curves),
-        "wall_s": {"data": data_s, "train": trainer.train_s},
+        "wall_s": {"data": provenance["data_s"], "train": trainer.train_s},
         "weights_sha256": file_sha256(args.out / WEIGHTS),
         "sts": sts,
     }
@@ -114,7 +125,7 @@ def main(argv: list[str]) -> int:
     print(json.dumps({"steps": trainer.step, "final_loss": curves.total[-1] if curves.total else None,
                       "ece_before": sts and sts["ece_before"], "ece_after": sts and sts["ece_after"],
                       "train_s": round(trainer.train_s, 1)}))
-    return 0
+    return report
 
 
 def training_data(args: argparse.Namespace, target, tokenizer) -> tuple[list[data.TrainSequence], str]:

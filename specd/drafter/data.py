@@ -131,17 +131,28 @@ def _step(model: DecoderModel, kv, feed: dict[int, list[int]], params: list[Samp
 
 def session_sequences(model: DecoderModel, tokenizer: Tokenizer, sessions_path: str | Path, split: str, seed: int,
                       max_len: int, max_new_tokens: int | None = None, batch_size: int = 32) -> list[TrainSequence]:
-    """Every turn of every `split` session, answered by the target turn after turn (turn k's prompt holds
-    the target's answers to the earlier turns, as a replay would). Sessions whose prompt outgrows
-    max_len stop there."""
-    from bench.workloads.format import prompt_messages, read_sessions  # bench owns the session format
+    """Every turn of every `split` session of a file, answered by the target (see `answer_sessions`)."""
+    from bench.workloads.format import read_sessions  # bench owns the session format
 
     sessions = [s for s in read_sessions(sessions_path) if s.split == split]
     if not sessions:
         raise DataError(f"{sessions_path} has no {split!r} sessions")
+    pairs = answer_sessions(model, tokenizer, sessions, seed, max_len, max_new_tokens, batch_size)
+    return _nonempty([seq for _, seq in pairs])
+
+
+def answer_sessions(model: DecoderModel, tokenizer: Tokenizer, sessions: Sequence, seed: int, max_len: int,
+                    max_new_tokens: int | None = None, batch_size: int = 32,
+                    progress: bool = True) -> list[tuple[int, TrainSequence]]:
+    """(session index, sequence) for every turn of every session, answered by the target turn after
+    turn at the session's own sampling (turn k's prompt holds the target's answers to the earlier turns,
+    as a replay would). Sessions whose prompt outgrows max_len stop there. All sessions of a turn share
+    the batches, whatever workload they come from; sequences with under 2 answer tokens are dropped."""
+    from bench.workloads.format import prompt_messages
+
     answers: list[list[str]] = [[] for _ in sessions]
-    out: list[TrainSequence] = []
-    for turn in range(max(len(s.turns) for s in sessions)):
+    out: list[tuple[int, TrainSequence]] = []
+    for turn in range(max((len(s.turns) for s in sessions), default=0)):
         todo, prompts = [], []
         for i, s in enumerate(sessions):
             if turn >= len(s.turns) or len(answers[i]) < turn:
@@ -153,11 +164,12 @@ def session_sequences(model: DecoderModel, tokenizer: Tokenizer, sessions_path: 
                 continue
             todo.append(i)
             prompts.append(Prompt(ids, s.sampling.temperature, s.sampling.top_p, s.sampling.top_k, new))
-        gen = generate(model, prompts, seed + 100_000 * turn, tokenizer.stop_ids, batch_size)
+        gen = generate(model, prompts, seed + 100_000 * turn, tokenizer.stop_ids, batch_size, progress)
         for i, p, a in zip(todo, prompts, gen):
             answers[i].append(tokenizer.decode(a))
-            out.append(TrainSequence(p.ids + a, len(p.ids)))
-    return _nonempty(out)
+            if len(a) >= 2:
+                out.append((i, TrainSequence(p.ids + a, len(p.ids))))
+    return out
 
 
 def prompt_sequences(model: DecoderModel, prompts: Sequence[Prompt], seed: int, stop_ids: frozenset[int],

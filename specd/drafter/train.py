@@ -195,9 +195,14 @@ class Trainer:
         self.sched.step()
         return loss
 
-    def train(self, progress: bool = True) -> LossCurves:
+    def train(self, progress: bool = True, deadline: float | None = None) -> LossCurves:
+        """Run to cfg.steps, or stop (checkpointed) once time.perf_counter() passes `deadline`: a GPU
+        budget is enforced by cutting the run short, and `step` says where it stopped."""
         bar = tqdm(total=self.cfg.steps, initial=self.step, desc=f"train {self.method}", disable=not progress)
         while self.step < self.cfg.steps:
+            if deadline is not None and time.perf_counter() > deadline:
+                self.save_checkpoint()
+                break
             t0 = time.perf_counter()
             loss = self.train_step()
             self.train_s += time.perf_counter() - t0
