@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, str] = {
     "build-workloads": "bench.workloads.build",
     "eviction-ablation": "bench.eviction_ablation",
     "acceptance": "bench.acceptance",
+    "speedup": "bench.speedup",
+    "sps-projection": "bench.sps_projection",
 }
 
 

@@ -1,0 +1,387 @@
+"""``python -m bench speedup``: every speculation method against plain decoding, side by side in one engine.
+
+    python -m bench speedup --model models/stories260K.gguf \\
+        --drafters dspark=models/drafters/stories260K-dspark \\
+        --workloads runs/sessions/support.jsonl --concurrency 1,4 --requests 8 --max-tokens 32 \\
+        --repeats 3 --out runs/speedup-cpu
+
+One in-process engine holds every drafter (EngineConfig.drafters) and each request picks its row's method,
+schedule and γ (Request.speculation / spec_schedule / num_speculative_tokens), so the model loads once and
+every row runs on the same weights, pool and process. For each workload (a session JSONL file: its eval
+split) and each concurrency level, the same N requests (the FIRST TURN of the first N eval sessions, with the
+session's sampling; N = max(--requests, concurrency)) run under each row, closed loop: ``concurrency``
+requests are always in flight until the N are done. Within a (workload, concurrency) cell the rows alternate
+row by row inside each repeat, so they share the machine's noise, and ratios to ``none`` are taken per
+repeat. Before the first timed run of a (concurrency, row) pair, an untimed warm-up of ``concurrency``
+requests runs it, so CUDA-graph captures, Triton compiles and the SPS profile are never timed.
+
+Measured per run: output throughput (generated tokens of the batch / wall time), per-user tok/s (median
+over requests of tokens / (finish − first token)), τ (tokens per verification), mean verified drafts per
+verification, the scheduler's CPU time per engine step (batch admission, and the confidence scheduler),
+and the histogram of the verify lengths the scheduler chose. Writes speedup.json and speedup.md under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = the engine's (scheduled)
+    "none": {"method": "none", "schedule": None, "gamma": None},
+    "dspark": {"method": "dspark", "schedule": "confidence", "gamma": None},
+    "dspark-g7": {"method": "dspark", "schedule": "fixed", "gamma": 7},
+    "dflash-g7": {"method": "dflash", "schedule": "fixed", "gamma": 7},
+    "eagle3": {"method": "eagle3", "schedule": "fixed", "gamma": 7},
+    "ngram": {"method": "ngram", "schedule": "fixed", "gamma": 7},
+}
+BASELINE = "none"
+SCHEDULED = "dspark"          # the row that must never be slower than the baseline
+PROMPT_MODE = "first turn of each eval session (no history)"
+
+
+class SpeedupError(RuntimeError):
+    """The run cannot give an honest table (a request failed, no sessions, an unknown row)."""
+
+
+# ---- prompts -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    params: object            # specd.sampling_params.SamplingParams
+
+
+def workload_prompts(path: Path, tokenizer, n: int, max_tokens: int | None, ignore_eos: bool,
+                     context: int, gamma: int, seed: int) -> list[Prompt]:
+    """The first turns of the first ``n`` eval sessions, tokenized with the chat template; a prompt too
+    long for the context keeps its tail. Seeds are fixed per request, so every row samples alike."""
+    from bench.workloads.format import prompt_messages, read_sessions
+    from specd.sampling_params import SamplingParams
+
+    sessions = [s for s in read_sessions(path) if s.split == "eval"][:n]
+    if not sessions:
+        raise SpeedupError(f"{path}: no eval sessions")
+    out = []
+    for i in range(n):
+        s = sessions[i % len(sessions)]                # fewer sessions than requests: reuse them in order
+        budget = s.turns[0].max_tokens if max_tokens is None else max_tokens
+        extra = {"tools": s.tools} if s.tools else {}
+        ids = tokenizer.encode_chat(prompt_messages(s, 0, []), **extra)
+        room = context - budget - gamma - 2
+        if room < 1:
+            raise SpeedupError(f"context {context} has no room for a {budget}-token answer")
+        params = SamplingParams(max_tokens=budget, temperature=s.sampling.temperature, top_p=s.sampling.top_p,
+                                top_k=s.sampling.top_k, seed=seed + i, ignore_eos=ignore_eos)
+        out.append(Prompt(ids[-room:], params))
+    return out
+
+
+# ---- one closed-loop run -----------------------------------------------------------------------------
+
+@dataclass
+class RunResult:
+    wall_s: float
+    tokens: int
+    throughput_tok_s: float
+    per_user_tok_s: float | None
+    steps: int
+    verifications: int
+    drafted: int
+    accepted: int
+    tau: float | None
+    mean_verified: float | None
+    admission_ms_per_step: float
+    scheduler_ms_per_step: float
+    scheduled_lengths: dict[str, int] = field(default_factory=dict)
+
+
+STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_total", "spec_accepted_tokens_total",
+             "admission_seconds_total", "spec_scheduler_seconds_total")
+
+
+def _delta(before: dict, after: dict) -> dict:
+    keys = set(STAT_KEYS) | {k for k in after if k.startswith("spec_scheduled_len")}
+    return {k: after.get(k, 0) - before.get(k, 0) for k in keys}
+
+
+def row_fields(row: str, gamma_cap: dict[str, int]) -> dict:
+    spec = ROWS[row]
+    gamma = spec["gamma"] if spec["gamma"] is None else min(spec["gamma"], gamma_cap.get(spec["method"], spec["gamma"]))
+    return {"speculation": spec["method"], "spec_schedule": spec["schedule"], "num_speculative_tokens": gamma}
+
+
+def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: int, tag: str) -> RunResult:
+    """Keep ``concurrency`` requests in flight until every prompt is answered."""
+    from specd.engine.request import Request
+
+    queue = deque(enumerate(prompts))
+    first: dict[str, float] = {}
+    count: dict[str, int] = {}
+    spans: list[tuple[int, float]] = []
+    inflight = 0
+    before = dict(engine.stats())
+    t0 = time.perf_counter()
+    while queue or inflight:
+        while queue and inflight < concurrency:
+            i, p = queue.popleft()
+            engine.add_request(Request(f"{tag}-{i}", list(p.ids), p.params, **fields))
+            inflight += 1
+        outs = engine.step()
+        now = time.perf_counter()
+        for out in outs:
+            if out.error or out.finish_reason in ("error", "abort"):
+                raise SpeedupError(f"request {out.id} failed: {out.error or out.finish_reason}")
+            if out.token_ids:
+                first.setdefault(out.id, now)
+                count[out.id] = count.get(out.id, 0) + len(out.token_ids)
+            if out.finished:
+                inflight -= 1
+                spans.append((count.get(out.id, 0), now - first.get(out.id, now)))
+    wall = time.perf_counter() - t0
+    d = _delta(before, engine.stats())
+    tokens = sum(n for n, _ in spans)
+    rates = [n / s for n, s in spans if s > 0]
+    steps, verif = max(1, d["steps_total"]), d["spec_verifications_total"]
+    return RunResult(
+        wall_s=wall, tokens=tokens, throughput_tok_s=tokens / wall,
+        per_user_tok_s=statistics.median(rates) if rates else None, steps=d["steps_total"],
+        verifications=verif, drafted=d["spec_drafted_tokens_total"], accepted=d["spec_accepted_tokens_total"],
+        tau=(verif + d["spec_accepted_tokens_total"]) / verif if verif else None,
+        mean_verified=d["spec_drafted_tokens_total"] / verif if verif else None,
+        admission_ms_per_step=1e3 * d["admission_seconds_total"] / steps,
+        scheduler_ms_per_step=1e3 * d["spec_scheduler_seconds_total"] / steps,
+        scheduled_lengths={k.removeprefix("spec_scheduled_len").removesuffix("_total"): int(v)
+                           for k, v in sorted(d.items()) if k.startswith("spec_scheduled_len") and v})
+
+
+# ---- summaries (pure) --------------------------------------------------------------------------------
+
+def spread(values: list[float]) -> dict:
+    return {"per_repeat": values, "p50": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarize_cell(runs: dict[str, list[RunResult]], tolerance: float = 0.0) -> dict:
+    """runs[row][repeat] -> per row: the runs, the ratios to the baseline of the same repeat, and the
+    "never slower" verdict of the scheduled row (p50 ratios of both throughputs ≥ 1 − tolerance)."""
+    base = runs[BASELINE]
+    rows = {}
+    for row, rs in runs.items():
+        thr = [r.throughput_tok_s / b.throughput_tok_s for r, b in zip(rs, base)]
+        users = [r.per_user_tok_s / b.per_user_tok_s for r, b in zip(rs, base) if r.per_user_tok_s and b.per_user_tok_s]
+        per_user = [r.per_user_tok_s for r in rs if r.per_user_tok_s]
+        taus = [r.tau for r in rs if r.tau is not None]
+        verified = [r.mean_verified for r in rs if r.mean_verified is not None]
+        rows[row] = {"runs": [asdict(r) for r in rs],
+                     "throughput_tok_s_p50": statistics.median(r.throughput_tok_s for r in rs),
+                     "per_user_tok_s_p50": statistics.median(per_user) if per_user else None,
+                     "throughput_ratio": spread(thr), "per_user_ratio": spread(users) if users else None,
+                     "tau": statistics.mean(taus) if taus else None,
+                     "mean_verified": statistics.mean(verified) if verified else None,
+                     "scheduler_ms_per_step": statistics.median(r.scheduler_ms_per_step for r in rs),
+                     "admission_ms_per_step": statistics.median(r.admission_ms_per_step for r in rs)}
+    cell: dict = {"rows": rows}
+    if SCHEDULED in rows:
+        s = rows[SCHEDULED]
+        ok = s["throughput_ratio"]["p50"] >= 1 - tolerance
+        if s["per_user_ratio"] is not None:
+            ok = ok and s["per_user_ratio"]["p50"] >= 1 - tolerance
+        cell["never_slower"] = bool(ok)
+        hist: dict[str, int] = {}
+        for r in runs[SCHEDULED]:
+            for k, v in r.scheduled_lengths.items():
+                hist[k] = hist.get(k, 0) + v
+        cell["scheduled_length_histogram"] = dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
+    return cell
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def summary_across(workloads: dict) -> dict:
+    """row -> concurrency -> geometric mean over workloads of the p50 throughput (and per-user) ratio."""
+    out: dict = {}
+    for cells in workloads.values():
+        for level, cell in cells.items():
+            for row, r in cell["rows"].items():
+                slot = out.setdefault(row, {}).setdefault(level, {"throughput": [], "per_user": []})
+                slot["throughput"].append(r["throughput_ratio"]["p50"])
+                if r["per_user_ratio"] is not None:
+                    slot["per_user"].append(r["per_user_ratio"]["p50"])
+    return {row: {level: {k: geomean(v) if v else None for k, v in slot.items()} for level, slot in levels.items()}
+            for row, levels in out.items()}
+
+
+# ---- markdown ----------------------------------------------------------------------------------------
+
+def _ratio(r: dict | None) -> str:
+    return "–" if r is None else f"{r['p50']:.2f} [{r['min']:.2f}, {r['max']:.2f}]"
+
+
+def _num(x: float | None, fmt: str = ".2f") -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def render_markdown(result: dict) -> str:
+    lines = ["# Speculative decoding speed-up", "", f"Command: `{result['command']}`", "",
+             f"Model `{result['model']}`; prompts: {result['prompt_mode']}; {result['repeats']} repeat(s), rows "
+             "alternated inside each; ratios are to `none` in the same repeat: p50 [min, max]. "
+             "Per-user tok/s: median over requests of tokens / (finish − first token).", ""]
+    if result["skipped_rows"]:
+        lines += [f"Rows skipped (no drafter given): {', '.join(result['skipped_rows'])}.", ""]
+    for wl, cells in result["workloads"].items():
+        lines += [f"## {wl}", "", "| conc. | row | tok/s | ratio | per-user tok/s | ratio | τ | verified/step | "
+                  "sched. ms/step | admit ms/step |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for level, cell in cells.items():
+            for row, r in cell["rows"].items():
+                lines.append(f"| {level} | {row} | {r['throughput_tok_s_p50']:.1f} | {_ratio(r['throughput_ratio'])} | "
+                             f"{_num(r['per_user_tok_s_p50'], '.1f')} | {_ratio(r['per_user_ratio'])} | {_num(r['tau'])} | "
+                             f"{_num(r['mean_verified'])} | {r['scheduler_ms_per_step']:.3f} | {r['admission_ms_per_step']:.3f} |")
+        lines.append("")
+        for level, cell in cells.items():
+            if "never_slower" in cell:
+                lines.append(f"- never slower than none at concurrency {level}: "
+                             f"**{'yes' if cell['never_slower'] else 'NO'}**; scheduled verify lengths "
+                             f"{cell['scheduled_length_histogram']}")
+        lines.append("")
+    lines += ["## Summary across workloads (geometric mean of p50 throughput ratios; per-user in brackets)", "",
+              "| row | " + " | ".join(f"c={c}" for c in result["concurrency"]) + " |",
+              "|---|" + "---|" * len(result["concurrency"])]
+    for row, levels in result["summary"].items():
+        cells = [levels.get(str(c)) for c in result["concurrency"]]
+        lines.append(f"| {row} | " + " | ".join("–" if s is None else f"{_num(s['throughput'])} ({_num(s['per_user'])})"
+                                               for s in cells) + " |")
+    verdicts = [c.get("never_slower") for cells in result["workloads"].values() for c in cells.values()]
+    if any(v is not None for v in verdicts):
+        lines += ["", f"Scheduled dspark never slower than none in every cell: "
+                      f"**{'yes' if all(v for v in verdicts if v is not None) else 'NO'}**"]
+    return "\n".join(lines) + "\n"
+
+
+# ---- command line ------------------------------------------------------------------------------------
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad concurrency list {text!r}") from None
+    if not levels or levels[0] < 1:
+        raise argparse.ArgumentTypeError("concurrency levels must be positive integers")
+    return levels
+
+
+def _rows(text: str) -> list[str]:
+    rows = [r.strip() for r in text.split(",") if r.strip()]
+    bad = [r for r in rows if r not in ROWS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown rows {bad}; choose from {', '.join(ROWS)}")
+    return [BASELINE] + [r for r in dict.fromkeys(rows) if r != BASELINE]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, required=True, help="GGUF file or HF directory of the target")
+    p.add_argument("--drafters", default="", help="method=DIR,... (dspark, dflash, eagle3); rows whose "
+                                                  "drafter is missing are skipped and listed")
+    p.add_argument("--workloads", required=True, help="comma list of session JSONL files (their eval split)")
+    p.add_argument("--concurrency", type=_levels, default=[1, 4, 8, 16, 32])
+    p.add_argument("--rows", type=_rows, default=list(ROWS), help=f"comma list of {', '.join(ROWS)}")
+    p.add_argument("--requests", type=int, default=16, help="N requests per run (at least the concurrency)")
+    p.add_argument("--max-tokens", type=int, default=None, help="answer length (default: the turn's max_tokens)")
+    p.add_argument("--ignore-eos", action="store_true", help="every answer runs to its max tokens")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup-tokens", type=int, default=8, help="answer length of the untimed warm-up runs")
+    p.add_argument("--gamma", type=int, default=7, help="the engine's γ (the scheduled row's draft length)")
+    p.add_argument("--tolerance", type=float, default=0.0,
+                   help="'never slower' holds when the scheduled row's p50 ratios are ≥ 1 − tolerance")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True, help="directory for speedup.json and speedup.md")
+
+
+def _engine(args: argparse.Namespace):
+    from specd.engine.config import EngineConfig
+    from specd.engine.engine import SpecEngine
+
+    peak = max(args.concurrency)
+    return SpecEngine.from_config(EngineConfig(
+        model=args.model, drafters=args.drafters, speculation="none", device=args.device, dtype=args.dtype,
+        max_num_seqs=peak, num_speculative_tokens=args.gamma, num_local_blocks=4096 + 64 * peak))
+
+
+def _available_rows(engine, rows: list[str], gamma: int) -> tuple[list[str], list[str], dict[str, int]]:
+    """Rows whose method can be served, the skipped ones, and each method's largest γ (its drafter's block)."""
+    from specd.engine.errors import EngineError
+
+    keep, skipped, cap = [], [], {}
+    for row in rows:
+        method = ROWS[row]["method"]
+        if method == "none":
+            keep.append(row)
+            continue
+        try:
+            proposer = engine._proposer(method)
+        except EngineError:
+            skipped.append(row)
+            continue
+        cap[method] = getattr(proposer, "max_tokens", None) or gamma
+        keep.append(row)
+    return keep, skipped, cap
+
+
+def measure(engine, args: argparse.Namespace, progress=print) -> dict:
+    rows, skipped, cap = _available_rows(engine, args.rows, args.gamma)
+    workloads: dict = {}
+    warmed: set[tuple[int, str]] = set()
+    for wl_path in [Path(w.strip()) for w in args.workloads.split(",") if w.strip()]:
+        name = wl_path.stem
+        workloads[name] = {}
+        for level in args.concurrency:
+            n = max(args.requests, level)
+            prompts = workload_prompts(wl_path, engine.tokenizer, n, args.max_tokens, args.ignore_eos,
+                                       engine.max_model_len, args.gamma, args.seed)
+            runs: dict[str, list[RunResult]] = {row: [] for row in rows}
+            for row in rows:
+                if (level, row) not in warmed:
+                    short = [Prompt(p.ids, p.params.model_copy(update={"max_tokens": args.warmup_tokens}))
+                             for p in prompts[:level]]
+                    run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{row}-{level}")
+                    warmed.add((level, row))
+            for rep in range(args.repeats):
+                for row in rows:
+                    r = run_closed_loop(engine, prompts, row_fields(row, cap), level, f"{name}-{level}-{row}-{rep}")
+                    runs[row].append(r)
+                    progress(f"{name} c={level} {row} rep {rep}: {r.throughput_tok_s:.1f} tok/s, tau {_num(r.tau)}")
+            workloads[name][str(level)] = summarize_cell(runs, args.tolerance)
+    return {"rows": rows, "skipped_rows": skipped,
+            "row_settings": {row: row_fields(row, cap) for row in rows}, "workloads": workloads,
+            "summary": summary_across(workloads)}
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    engine = _engine(args)
+    t0 = time.perf_counter()
+    result = {"command": " ".join(["python -m bench speedup", *sys.argv[2:]]), "model": str(args.model),
+              "drafters": args.drafters, "concurrency": args.concurrency, "requests": args.requests,
+              "repeats": args.repeats, "max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos,
+              "prompt_mode": PROMPT_MODE, "tolerance": args.tolerance, **measure(engine, args)}
+    result["wall_s"] = time.perf_counter() - t0
+    if engine.sps is not None:
+        result["sps_profile"] = {str(b): s for b, s in engine.sps.to_table().items()}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "speedup.json").write_text(json.dumps(result, indent=2) + "\n")
+    md = render_markdown(result)
+    (args.out / "speedup.md").write_text(md)
+    print(md)
+    return 0

@@ -1,0 +1,269 @@
+"""``python -m bench sps-projection``: timing at real size (a Qwen3-8B-shaped model, random weights) and a
+PROJECTED speed-up from acceptance measured on the real small model.
+
+    python -m bench sps-projection --shape qwen3-8b --acceptance runs/acceptance/dspark-t0.json --out runs/sps-8b
+    python -m bench sps-projection --shape tiny --batches 1,2,4 --out /tmp/sps      # CPU (tests)
+
+Measured (timing does not depend on weight values, so random bf16 weights are honest here):
+- verify cost: one engine step (ModelRunner.run: the CUDA graph when one covers the shape, else eager) of
+  B requests × (k + 1) tokens after ``--context`` cached tokens each, k = 0..γ, every request on its own
+  blocks (shared blocks would make attention read one context from L2); k = 0 is a plain decode step,
+  so SPS(B) = B / t(B, 0) tokens/s;
+- the Markov loop (specd.drafter.markov_head.sample_block with a rank-256 head and the engine's slot
+  sampler over the full vocabulary) at the same B, and its share of a round = loop / (loop + verify at γ);
+  the drafter's block forward is not in that round, so the true share is smaller (the paper: ≤ 1.3 % at
+  B = 128).
+
+Projected (labelled so in both outputs): from ``bench acceptance`` JSON on the real model (conditional
+acceptance by position α_j, the draft cost as a fraction of a verify), the expected tokens per round with
+k drafts E(k) = 1 + Σ_{j≤k} Π_{i≤j} α_i, and speed-up(B, k) = E(k)·t(B, 0) / (t(B, k)·(1 + f) + loop(B)),
+where f is that draft cost fraction (assumed to carry over to the larger model). Shown for k = γ and for
+the best k per B (k = 0 gives 1.0: a uniform-length stand-in for the confidence scheduler).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench.gpu_profile import SHAPES
+
+TINY = dict(SHAPES["qwen3-8b"], vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+            num_kv_heads=2, head_dim=16, max_position_embeddings=4096)   # the same architecture, CPU-sized
+MARKOV_RANK = 256
+PROJECTION_LABEL = ("PROJECTION, not a measurement: speed-ups combine timings of a random-weight model with "
+                    "acceptance measured on another (smaller, real) model")
+
+
+def shape_config(shape: str) -> dict:
+    return TINY if shape == "tiny" else SHAPES[shape]
+
+
+def random_model(config: dict, device: torch.device, dtype: torch.dtype):
+    from specd.models.config import ModelConfig
+    from specd.models.decoder import DecoderModel
+
+    with torch.device(device):
+        model = DecoderModel(ModelConfig(**config)).to(dtype)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    return model.eval()
+
+
+# ---- timing ------------------------------------------------------------------------------------------
+
+class StepTimer:
+    """Builds verify-shaped engine batches on a private pool and times ModelRunner.run on them."""
+
+    def __init__(self, model, device: torch.device, dtype: torch.dtype, max_batch: int, context: int, gamma: int):
+        from specd.engine.kv_layout import KVLayout
+        from specd.engine.model_runner import ModelRunner
+
+        cfg = model.config
+        self.block_size = 16
+        self.context = context
+        self.blocks_per_seq = -(-(context + gamma + 1) // self.block_size)
+        layout = KVLayout(cfg.num_layers, self.block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
+        pool = torch.zeros(max_batch * self.blocks_per_seq, layout.block_bytes, dtype=torch.uint8, device=device)
+        self.device = device
+        self.runner = ModelRunner(model, layout, pool, device, max_batch=max_batch,
+                                  max_model_len=context + gamma + 1, cuda_graphs=device.type == "cuda",
+                                  max_num_batched_tokens=max_batch * (gamma + 1), num_speculative_tokens=gamma)
+
+    def batch(self, b: int, k: int) -> list:
+        """b decoding requests, each with ``context`` computed tokens and k drafts to verify."""
+        from specd.engine.request import Request
+        from specd.engine.scheduler import ScheduledSeq
+        from specd.engine.sequence import Sequence
+        from specd.engine.speculation import Draft
+        from specd.sampling_params import SamplingParams
+
+        out = []
+        for i in range(b):
+            seq = Sequence(Request(f"r{i}", [1] * (self.context + 1), SamplingParams()), None, None)
+            seq.num_computed_tokens = self.context
+            seq.block_table = list(range(i * self.blocks_per_seq, (i + 1) * self.blocks_per_seq))
+            out.append(ScheduledSeq(seq, 1, Draft([1] * k) if k else None))
+        return out
+
+    def time(self, b: int, k: int, repeats: int) -> float:
+        batch = self.batch(b, k)
+        return median_seconds(lambda: self.runner.run(batch), self.device, repeats)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_seconds(fn, device: torch.device, repeats: int, warmup: int = 2) -> float:
+    """Median wall time of ``fn`` after untimed warm-ups (graph capture, Triton compiles, allocator)."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_markov_loop(vocab: int, b: int, gamma: int, device: torch.device, dtype: torch.dtype, repeats: int) -> float:
+    """The DSpark Markov sampling loop alone, at T=1 (the sampling path, not the greedy shortcut)."""
+    from specd.drafter.base import SlotSampler
+    from specd.drafter.markov_head import MarkovHead, sample_block
+    from specd.sampling_params import SamplingParams
+
+    head = MarkovHead(vocab, MARKOV_RANK).to(device=device, dtype=dtype)
+    base = torch.randn(b, gamma, vocab, device=device)             # [B, γ, V] fp32 block logits
+    anchors = torch.zeros(b, dtype=torch.int64, device=device)
+    params = [SamplingParams(temperature=1.0)] * b
+    gens = [torch.Generator().manual_seed(i) for i in range(b)]
+
+    @torch.inference_mode()
+    def loop():
+        sample_block(base, anchors, head, SlotSampler(params, gens, gamma, device))
+    return median_seconds(loop, device, repeats)
+
+
+# ---- projection (pure) -------------------------------------------------------------------------------
+
+def expected_tokens(alpha: list[float | None], k: int) -> float:
+    """E(k) = 1 + Σ_{j≤k} Π_{i≤j} α_i; an unmeasured position (None) counts as never accepted."""
+    total, survive = 1.0, 1.0
+    for a in alpha[:k]:
+        survive *= a or 0.0
+        total += survive
+    return total
+
+
+def project(verify_s: dict[int, list[float]], markov_s: dict[int, float], alpha: list[float | None],
+            draft_fraction: float) -> dict:
+    """verify_s[B][k]: seconds of a step of B × (k + 1) tokens -> projected speed-up by B, at k = γ and at
+    the best k (k = 0 is plain decoding: 1.0)."""
+    gamma = len(alpha)
+    out = {}
+    for b, times in verify_s.items():
+        plain = times[0]
+        speed = [1.0] + [expected_tokens(alpha, k) * plain / (times[k] * (1 + draft_fraction) + markov_s[b])
+                         for k in range(1, min(gamma, len(times) - 1) + 1)]
+        best = max(range(len(speed)), key=speed.__getitem__)
+        out[str(b)] = {"fixed_gamma": {"k": len(speed) - 1, "expected_tokens": expected_tokens(alpha, len(speed) - 1),
+                                       "speedup": speed[-1]},
+                       "best": {"k": best, "expected_tokens": expected_tokens(alpha, best), "speedup": speed[best]}}
+    return out
+
+
+# ---- command line ------------------------------------------------------------------------------------
+
+def _ints(text: str) -> list[int]:
+    try:
+        vals = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad list {text!r}") from None
+    if not vals or vals[0] < 1:
+        raise argparse.ArgumentTypeError("values must be positive integers")
+    return vals
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES) + ["tiny"])
+    p.add_argument("--batches", type=_ints, default=[1, 2, 4, 8, 16, 32, 64, 128])
+    p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
+    p.add_argument("--gamma", type=int, default=7, help="largest k timed (drafts per request)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--acceptance", type=Path, default=None,
+                   help="bench acceptance JSON of the real model (acceptance_by_position, draft_cost_fraction)")
+    p.add_argument("--draft-fraction", type=float, default=None, help="override the JSON's draft_cost_fraction")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", help="auto: bfloat16 on CUDA, float32 on the CPU")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, required=True, help="directory for sps_projection.json and .md")
+
+
+def measure(args: argparse.Namespace, progress=print) -> dict:
+    from specd.loader import resolve_device, resolve_dtype
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    config = shape_config(args.shape)
+    model = random_model(config, device, dtype)
+    timer = StepTimer(model, device, dtype, max(args.batches), args.context, args.gamma)
+    verify_s: dict[int, list[float]] = {}
+    markov_s: dict[int, float] = {}
+    for b in args.batches:
+        verify_s[b] = [timer.time(b, k, args.repeats) for k in range(args.gamma + 1)]
+        markov_s[b] = time_markov_loop(config["vocab_size"], b, args.gamma, device, dtype, args.repeats)
+        progress(f"B={b}: decode {1e3 * verify_s[b][0]:.2f} ms, verify k={args.gamma} "
+                 f"{1e3 * verify_s[b][-1]:.2f} ms, Markov loop {1e3 * markov_s[b]:.3f} ms")
+    return {"shape": args.shape, "model_config": config, "device": str(device), "dtype": str(dtype),
+            "context": args.context, "gamma": args.gamma, "repeats": args.repeats,
+            "graphs": timer.runner.graphs is not None, "eager_steps": timer.runner.eager_steps,
+            "decode": {str(b): {"step_ms": 1e3 * t[0], "tokens_per_s": b / t[0], "steps_per_s": 1 / t[0]}
+                       for b, t in verify_s.items()},
+            "verify_ms": {str(b): [1e3 * x for x in t] for b, t in verify_s.items()},
+            "markov": {str(b): {"loop_ms": 1e3 * markov_s[b],
+                                "share_of_round": markov_s[b] / (markov_s[b] + verify_s[b][-1])}
+                       for b in verify_s},
+            "_seconds": (verify_s, markov_s)}
+
+
+def projection(result: dict, acceptance: Path | None, draft_fraction: float | None) -> dict | None:
+    if acceptance is None:
+        return None
+    acc = json.loads(acceptance.read_text())
+    alpha = acc["acceptance_by_position"]
+    fraction = acc.get("draft_cost_fraction", 0.0) if draft_fraction is None else draft_fraction
+    verify_s, markov_s = result["_seconds"]
+    return {"label": PROJECTION_LABEL, "source": str(acceptance), "acceptance_by_position": alpha,
+            "tau_measured": acc.get("tau"), "draft_cost_fraction": fraction,
+            "by_batch": project(verify_s, markov_s, alpha, fraction)}
+
+
+def render_markdown(result: dict) -> str:
+    g = result["gamma"]
+    lines = ["# Timing at real size", "", f"Command: `{result['command']}`", "",
+             f"Shape `{result['shape']}` with random {result['dtype']} weights on {result['device']}, "
+             f"{result['context']} cached tokens per request, CUDA graphs: {result['graphs']} "
+             f"(eager steps: {result['eager_steps']}). Median of {result['repeats']} runs.", "",
+             "| B | decode ms | SPS tok/s | " + " | ".join(f"verify k={k} ms" for k in range(1, g + 1)) +
+             " | Markov loop ms | loop share |", "|---|---|---|" + "---|" * g + "---|---|"]
+    for b, d in result["decode"].items():
+        v, m = result["verify_ms"][b], result["markov"][b]
+        lines.append(f"| {b} | {d['step_ms']:.2f} | {d['tokens_per_s']:.0f} | " +
+                     " | ".join(f"{x:.2f}" for x in v[1:]) + f" | {m['loop_ms']:.3f} | {100 * m['share_of_round']:.2f}% |")
+    lines += ["", "Loop share = Markov loop / (loop + verify at k = γ); the drafter's block forward is not counted, "
+                  "so the share of a full round is smaller."]
+    proj = result.get("projection")
+    if proj is None:
+        lines += ["", "No projection: pass --acceptance JSON from `python -m bench acceptance` on the real model."]
+    else:
+        lines += ["", f"## {proj['label']}", "",
+                  f"Acceptance by position from `{proj['source']}`: "
+                  f"{[None if a is None else round(a, 3) for a in proj['acceptance_by_position']]}, measured τ "
+                  f"{proj['tau_measured']}, draft cost fraction {proj['draft_cost_fraction']:.3f} (assumed to carry over).",
+                  "", "| B | projected speed-up at k=γ | best k | projected speed-up at best k |", "|---|---|---|---|"]
+        for b, p in proj["by_batch"].items():
+            lines.append(f"| {b} | {p['fixed_gamma']['speedup']:.2f} | {p['best']['k']} | {p['best']['speedup']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    result = {"command": " ".join(["python -m bench sps-projection", *sys.argv[2:]]), **measure(args)}
+    result["projection"] = projection(result, args.acceptance, args.draft_fraction)
+    del result["_seconds"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sps_projection.json").write_text(json.dumps(result, indent=2) + "\n")
+    md = render_markdown(result)
+    (args.out / "sps_projection.md").write_text(md)
+    print(md)
+    return 0
