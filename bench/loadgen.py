@@ -308,8 +308,11 @@ def arrival_times(scripts: Sequence[Script], arrivals: Arrivals, rate: float | N
 
 async def run_load(transport: Transport, scripts: Sequence[Script], concurrency: int, *,
                    arrivals: Arrivals = "closed", rate: float | None = None, time_scale: float = 1.0,
-                   seed: int = 0, on_request: Callable[[RequestRecord], None] | None = None) -> LoadResult:
-    """Replay ``scripts`` with at most ``concurrency`` conversations in flight; see the module docstring."""
+                   seed: int = 0, on_request: Callable[[RequestRecord], None] | None = None,
+                   session_tag: str = "") -> LoadResult:
+    """Replay ``scripts`` with at most ``concurrency`` conversations in flight; see the module docstring.
+    The server sees each conversation as session ``session_tag + script.id`` (records keep the script id),
+    so runs against one server can keep their sessions apart."""
     if not scripts or concurrency < 1:
         raise LoadError("need at least one script and a concurrency of at least 1")
     starts = arrival_times(scripts, arrivals, rate, time_scale, seed)
@@ -321,7 +324,7 @@ async def run_load(transport: Transport, scripts: Sequence[Script], concurrency:
     async def conversation(script: Script, start: float) -> None:
         await asyncio.sleep(max(0.0, start - clock()))
         async with slots:
-            await _play(transport, script, time_scale, clock, records, on_request)
+            await _play(transport, script, session_tag + script.id, time_scale, clock, records, on_request)
 
     await asyncio.gather(*(conversation(s, t) for s, t in zip(scripts, starts)))
     done = [r.done_s for r in records if r.ok]
@@ -329,7 +332,7 @@ async def run_load(transport: Transport, scripts: Sequence[Script], concurrency:
     return LoadResult(records, (max(done) - first) if done else 0.0)
 
 
-async def _play(transport: Transport, script: Script, time_scale: float, clock: Callable[[], float],
+async def _play(transport: Transport, script: Script, session: str, time_scale: float, clock: Callable[[], float],
                 records: list[RequestRecord], on_request: Callable[[RequestRecord], None] | None) -> None:
     """The turns of one conversation, in order; a failed turn ends it (later turns need its answer)."""
     answers: list[str] = []
@@ -339,7 +342,7 @@ async def _play(transport: Transport, script: Script, time_scale: float, clock: 
         request = script.request(turn, answers)
         record = RequestRecord(script.id, turn, sent_s=clock())
         records.append(record)
-        await measure(transport, request, script.id, record, clock)
+        await measure(transport, request, session, record, clock)
         if on_request is not None:
             on_request(record)
         if not record.ok:

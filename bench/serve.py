@@ -3,9 +3,12 @@
     python -m bench serve --model models/stories260K.gguf --workload support --scale tiny \\
         --configs standard,ours --concurrency 1,2 --sessions 3 --out runs/support-cpu
 
-For each repeat and each concurrency level it starts every configuration in turn (``standard``, ``ours``,
-``standard``, ``ours``, ...) as fresh processes (bench/stack.py), warms it with one short request, replays
-the eval sessions through bench/loadgen.py, and stops it. Alternating the configurations inside one
+For each repeat and each concurrency level it runs every configuration in turn (``standard``, ``ours``,
+``standard``, ``ours``, ...): by default as fresh processes (bench/stack.py), warmed with one short
+request, replaying the eval sessions through bench/loadgen.py, then stopped. ``--persistent`` starts
+each configuration once instead (all of them side by side) and resets its cache to a fresh process's
+state before each cell (``Stack.reset``): the same measurement without a model load per cell. Every
+cell gives its sessions their own ids, so no engine or kvd keeps per-session state from an earlier cell. Alternating the configurations inside one
 (repeat, level) exposes them to the same machine noise, and the per-repeat pairs give ratios with a spread.
 At the end it writes under ``--out``: results.json, report.md and the plots (bench/report.py), plus
 sessions.jsonl (what was replayed), requests.jsonl (every request as measured) and logs/ (daemon logs),
@@ -20,23 +23,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.loadgen import HttpTransport, IpcTransport, LoadResult, RequestRecord, Script, SessionScript, run_load
 from bench.report import baseline_name, write_report
-from bench.stack import CONFIGS, Stack, StackOptions
+from bench.stack import CONFIGS, Stack, StackOptions, StackPool
 from bench.stats import percentile
 from bench.workloads.format import Session, read_sessions, write_sessions
 
 REPO = Path(__file__).resolve().parents[1]
-WARMUP_PROMPT = "Once upon a time"  # shorter than one KV block: it warms the engine without seeding the cache
 
 
 class ServeError(RuntimeError):
@@ -63,6 +67,17 @@ def _levels(text: str) -> list[int]:
     return sorted(set(levels))
 
 
+def _level_sessions(text: str) -> dict[int, int]:
+    try:
+        pairs = [item.split(":") for item in text.split(",") if item.strip()]
+        out = {int(level): int(n) for level, n in pairs}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad --level-sessions {text!r}; expected LEVEL:N,LEVEL:N") from None
+    if not out or min(out.values()) < 1:
+        raise argparse.ArgumentTypeError("--level-sessions counts must be positive")
+    return out
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", help="profile (creative, support, knowledge, coding, extraction, all) "
@@ -73,7 +88,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma list of {', '.join(CONFIGS)}; the first is the baseline of the ratios")
     p.add_argument("--concurrency", type=_levels, default=[1], help="comma list of levels, e.g. 1,8,32")
     p.add_argument("--sessions", type=int, default=16, help="sessions per profile (or first N of a file)")
+    p.add_argument("--level-sessions", type=_level_sessions, default={}, metavar="LEVEL:N,...",
+                   help="replay only the first N sessions at LEVEL (e.g. 1:4,8:16): low levels need fewer "
+                        "sessions to be measured and would otherwise dominate the run time")
     p.add_argument("--repeats", type=int, default=1, help="runs of every (level, config) cell, alternated")
+    p.add_argument("--persistent", action="store_true",
+                   help="start each configuration once and reset its cache before every cell (bench/stack.py "
+                        "StackPool) instead of fresh processes per cell")
     p.add_argument("--out", type=Path, required=True, help="directory for results.json, report.md, plots, logs")
     p.add_argument("--http", action="store_true", help="drive the OpenAI HTTP gateway with openai.AsyncOpenAI "
                                                        "instead of the IPC client")
@@ -92,6 +113,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-blocks", type=int, default=256, help="GPU KV blocks, the same for every config")
     p.add_argument("--dram-blocks", type=int, default=1024, help="DRAM tier blocks (lru-offload, ours)")
     p.add_argument("--nvme-blocks", type=int, default=4096, help="NVMe tier blocks (ours)")
+    p.add_argument("--kvd-half-life-s", type=float, default=None,
+                   help="kvd's temperature half-life (default kvd's 300 s); scale it with --time-scale")
     p.add_argument("--max-model-len", type=int, default=None, help="specd --max-model-len")
     p.add_argument("--max-num-seqs", type=int, default=None, help="specd --max-num-seqs")
     p.add_argument("--specd-arg", action="append", default=[], metavar="ARG",
@@ -137,6 +160,11 @@ def script_factory(args: argparse.Namespace, sessions: list[Session]) -> Callabl
     return workload
 
 
+def scripts_at(scripts: list[Script], level: int, level_sessions: dict[int, int]) -> list[Script]:
+    """The scripts a cell at ``level`` replays: the first ``level_sessions[level]``, or all."""
+    return scripts[: level_sessions[level]] if level in level_sessions else scripts
+
+
 # ---- the plan ----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -151,34 +179,111 @@ def plan(configs: Sequence[str], levels: Sequence[int], repeats: int) -> list[Ce
     return [Cell(r, c, name) for r in range(repeats) for c in levels for name in configs]
 
 
-def stack_options(args: argparse.Namespace, cell: Cell) -> StackOptions:
+def stack_options(args: argparse.Namespace, log_dir: Path | None = None) -> StackOptions:
     return StackOptions(model=args.model, device=args.device, gpu_blocks=args.gpu_blocks,
                         dram_blocks=args.dram_blocks, nvme_blocks=args.nvme_blocks,
                         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                        specd_args=tuple(args.specd_arg),
-                        log_dir=args.out / "logs" / f"r{cell.repeat}-c{cell.concurrency}-{cell.config}")
+                        half_life_s=args.kvd_half_life_s, specd_args=tuple(args.specd_arg), log_dir=log_dir)
+
+
+class BudgetExceeded(RuntimeError):
+    """A cell did not finish before the run's deadline; its partial records are in ``result``."""
+
+    def __init__(self, cell: "Cell", result: LoadResult):
+        super().__init__(f"{cell} stopped at the time budget")
+        self.result = result
 
 
 async def _drive(stack: Stack, scripts: list[Script], cell: Cell, args: argparse.Namespace,
-                 on_request: Callable[[RequestRecord], None]) -> LoadResult:
+                 on_request: Callable[[RequestRecord], None], timeout_s: float | None) -> LoadResult:
     transport = (HttpTransport(stack.base_url, stack.info["model"], args.timeout_s) if args.http
                  else IpcTransport(str(stack.run_dir), args.timeout_s))
+    records: list[RequestRecord] = []
+
+    def seen(r: RequestRecord) -> None:
+        records.append(r)
+        on_request(r)
     try:
-        return await run_load(transport, scripts, cell.concurrency, arrivals=args.arrivals, rate=args.rate,
-                              time_scale=args.time_scale, seed=args.seed + cell.repeat, on_request=on_request)
+        load = run_load(transport, scripts_at(scripts, cell.concurrency, args.level_sessions), cell.concurrency,
+                        arrivals=args.arrivals, rate=args.rate, time_scale=args.time_scale,
+                        seed=args.seed + cell.repeat, on_request=seen, session_tag=cell_tag(cell))
+        return await asyncio.wait_for(load, timeout_s)
+    except asyncio.TimeoutError:
+        raise BudgetExceeded(cell, LoadResult(records, 0.0)) from None
     finally:
         await transport.close()
 
 
-def run_cell(cell: Cell, args: argparse.Namespace, scripts_for: Callable[[dict, int], list[Script]],
-             on_request: Callable[[RequestRecord], None]) -> LoadResult:
-    """One configuration at one level: fresh stack, one warm-up request, the replay, stop."""
-    from client.specd_client import SpecdClient
+def cell_tag(cell: Cell) -> str:
+    """Prefix of a cell's session ids: each cell's sessions are new to the engine and to kvd."""
+    return f"r{cell.repeat}c{cell.concurrency}{cell.config}/"
 
-    with Stack(cell.config, stack_options(args, cell)) as stack:
-        with SpecdClient(stack.run_dir, timeout_s=args.timeout_s) as warm:
-            warm.generate(WARMUP_PROMPT, max_tokens=2, temperature=0.0)
-        return asyncio.run(_drive(stack, scripts_for(stack.info, cell.repeat), cell, args, on_request))
+
+def measure_cell(cell: Cell, stack: Stack, args: argparse.Namespace,
+                 scripts_for: Callable[[dict, int], list[Script]], on_request: Callable[[RequestRecord], None],
+                 timeout_s: float | None = None) -> LoadResult:
+    """One configuration at one level on a ready stack (fresh or reset): the replay."""
+    return asyncio.run(_drive(stack, scripts_for(stack.info, cell.repeat), cell, args, on_request, timeout_s))
+
+
+class FreshStacks:
+    """Stacks for the default mode: a fresh, warmed stack per cell, stopped after it."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+
+    @contextlib.contextmanager
+    def ready(self, cell: Cell) -> Iterator[Stack]:
+        logs = self.args.out / "logs" / f"r{cell.repeat}-c{cell.concurrency}-{cell.config}"
+        with Stack(cell.config, stack_options(self.args, logs)) as stack:
+            stack.warm_up(self.args.timeout_s)
+            yield stack
+
+
+class PersistentStacks:
+    """Stacks for ``--persistent``: a running StackPool, each stack reset before its cell."""
+
+    def __init__(self, pool: StackPool):
+        self.pool = pool
+
+    @contextlib.contextmanager
+    def ready(self, cell: Cell) -> Iterator[Stack]:
+        yield self.pool.ready(cell.config)
+
+
+StackSource = FreshStacks | PersistentStacks
+
+
+def run_cells(cells: Sequence[Cell], args: argparse.Namespace, stacks: StackSource,
+              scripts_for: Callable[[dict, int], list[Script]], log: Any, bar: Any,
+              deadline: float | None = None) -> dict[tuple[str, int], list[LoadResult]]:
+    """Every cell in order; each request is written to ``log`` as a JSON line. With a ``deadline``
+    (time.monotonic), a cell still running then is cut off and raises BudgetExceeded after logging
+    what it finished."""
+    runs: dict[tuple[str, int], list[LoadResult]] = {}
+    for cell in cells:
+        bar.set_description(f"r{cell.repeat} c{cell.concurrency} {cell.config}")
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise BudgetExceeded(cell, LoadResult([], 0.0))
+        try:
+            with stacks.ready(cell) as stack:
+                result = measure_cell(cell, stack, args, scripts_for, lambda r: bar.update(1),
+                                      None if deadline is None else deadline - time.monotonic())
+        except BudgetExceeded as cut:
+            _log_records(log, cell, cut.result.records)
+            raise
+        _log_records(log, cell, result.records)
+        if result.failed:
+            raise ServeError(f"{cell}: {len(result.failed)} requests failed, first: {result.failed[0].error}")
+        runs.setdefault((cell.config, cell.concurrency), []).append(result)
+    return runs
+
+
+def _log_records(log: Any, cell: Cell, records: list[RequestRecord]) -> None:
+    for r in records:
+        log.write(json.dumps({**asdict(cell), **asdict(r)}) + "\n")
+    log.flush()
 
 
 # ---- results -----------------------------------------------------------------------------------------
@@ -281,13 +386,15 @@ def command_line(args: argparse.Namespace) -> str:
     """The run as one command, rebuilt from the parsed flags (so it is complete whoever called ``run``)."""
     parts = ["python", "-m", "bench", "serve"]
     for key, value in vars(args).items():
-        if key in ("run", "subcommand", "no_progress") or value is None or value is False or value == []:
+        if key in ("run", "subcommand", "no_progress") or value is None or value is False or value in ([], {}):
             continue
         flag = "--" + key.replace("_", "-")
         if value is True:
             parts.append(flag)
         elif key == "specd_arg":
             parts += [f"--specd-arg={v}" for v in value]
+        elif isinstance(value, dict):
+            parts += [flag, ",".join(f"{k}:{v}" for k, v in value.items())]
         else:
             parts += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
     return shlex.join(parts)
@@ -301,6 +408,8 @@ def run_meta(args: argparse.Namespace) -> dict[str, Any]:
             "device": device_label(args.device), "transport": "HTTP (openai.AsyncOpenAI)" if args.http else "IPC",
             "load": f"{loop}; time scale {args.time_scale}; concurrency caps conversations in flight",
             "max_tokens": args.max_tokens or "per turn", "repeats": args.repeats,
+            "sessions_per_level": {str(k): v for k, v in args.level_sessions.items()} or "all",
+            "stacks": "persistent, reset before each cell" if args.persistent else "fresh processes per cell",
             "order": "configs alternate inside each (repeat, concurrency): " + " ".join(args.configs),
             "tiers": f"GPU {args.gpu_blocks} blocks (all configs), DRAM {args.dram_blocks}, NVMe {args.nvme_blocks}",
             "git": git_commit(), "command": command_line(args)}
@@ -308,26 +417,30 @@ def run_meta(args: argparse.Namespace) -> dict[str, Any]:
 
 # ---- the command -------------------------------------------------------------------------------------
 
+def collect_results(args: argparse.Namespace, runs: dict[tuple[str, int], list[LoadResult]],
+                    quality: Callable[[list[RequestRecord]], dict[str, float]]) -> dict:
+    """The report's input from finished cells; levels not run by every configuration are left out
+    (a run cut by a time budget), so the report stays complete for the levels it has."""
+    levels = [c for c in args.concurrency if all((name, c) in runs for name in args.configs)]
+    configs = {name: {c: cell_metrics(runs[(name, c)], quality) for c in levels} for name in args.configs}
+    return {"meta": run_meta(args), "configs": configs}
+
+
 def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     sessions = [] if args.trace else load_sessions(args)
     if sessions:
         write_sessions(args.out / "sessions.jsonl", sessions)
     scripts_for = script_factory(args, sessions)
-    quality = extraction_quality(sessions)
     cells = plan(args.configs, args.concurrency, args.repeats)
-    runs: dict[tuple[str, int], list[LoadResult]] = {}
     with open(args.out / "requests.jsonl", "w", encoding="utf-8") as log, _progress(args, cells, sessions) as bar:
-        for cell in cells:
-            bar.set_description(f"r{cell.repeat} c{cell.concurrency} {cell.config}")
-            result = run_cell(cell, args, scripts_for, lambda r: bar.update(1))
-            for r in result.records:
-                log.write(json.dumps({**asdict(cell), **asdict(r)}) + "\n")
-            if result.failed:
-                raise ServeError(f"{cell}: {len(result.failed)} requests failed, first: {result.failed[0].error}")
-            runs.setdefault((cell.config, cell.concurrency), []).append(result)
-    configs = {name: {c: cell_metrics(runs[(name, c)], quality) for c in args.concurrency} for name in args.configs}
-    results = {"meta": run_meta(args), "configs": configs}
+        if args.persistent:
+            with StackPool(args.configs, stack_options(args), args.out / "logs") as pool:
+                runs = run_cells(cells, args, PersistentStacks(pool), scripts_for, log, bar)
+        else:
+            runs = run_cells(cells, args, FreshStacks(args), scripts_for, log, bar)
+    results = collect_results(args, runs, extraction_quality(sessions))
+    configs = results["configs"]
     paths = write_report(results, args.out, baseline=args.configs[0])
     base = baseline_name(configs, args.configs[0])
     if args.repeats > 1 and len(args.configs) > 1:
@@ -340,5 +453,9 @@ def run(args: argparse.Namespace) -> int:
 def _progress(args: argparse.Namespace, cells: list[Cell], sessions: list[Session]):
     from tqdm import tqdm
 
-    per_cell = sum(len(s.turns) for s in sessions) if sessions else args.trace_limit
-    return tqdm(total=per_cell * len(cells), unit="req", disable=args.no_progress, file=sys.stderr)
+    def turns(level: int) -> int:
+        if not sessions:
+            return args.trace_limit
+        return sum(len(s.turns) for s in sessions[: args.level_sessions.get(level, len(sessions))])
+    return tqdm(total=sum(turns(c.concurrency) for c in cells), unit="req", disable=args.no_progress,
+                file=sys.stderr)

@@ -8,13 +8,17 @@ The configurations compared by ``bench serve`` differ only in the KV cache behin
 | `prefix-lru`  | `lru`        | GPU                   | vLLM's prefix cache                        |
 | `lru-offload` | `lru-offload`| GPU + DRAM            | LMCache's default CPU offload              |
 | `ours`        | `reuse`      | GPU + DRAM + NVMe     | reuse-aware eviction over every tier       |
+| `ours-dram`   | `reuse`      | GPU + DRAM            | `ours` without NVMe: the NVMe tier's effect |
 
 Every configuration gets the same GPU capacity (``gpu_blocks``: kvd's per-group GPU pool, or specd's
 private pool for ``standard``), so a difference comes from what is kept, not from more room. The extra
 tiers are sized by ``dram_blocks`` and ``nvme_blocks``.
 
-Why fresh processes per measurement: a cache warmed by an earlier cell would serve the same sessions
-from memory and inflate the next cell's hit rate. Run directories are short temp paths (ipc:// socket
+Fresh processes per measurement are the simple way to keep a cache warmed by an earlier cell from
+serving the same sessions and inflating the next cell's hit rate. They cost a start per cell (on the
+GPU ~15-20 s: GGUF dequantization, CUDA-graph capture), so ``StackPool`` keeps one running stack per
+configuration instead and ``Stack.reset`` returns it to a fresh process's cache state before each cell
+(see there for what it resets and the one thing it cannot). Run directories are short temp paths (ipc:// socket
 paths are limited to ~107 bytes); the daemons' logs are copied to ``log_dir`` on stop so a GPU run
 brings them back with its results. A stack that uses kvd must show ``kvd_connected`` in specd's stats
 before it counts as ready: specd falls back to its private pool when kvd is unreachable, and a
@@ -23,6 +27,7 @@ comparison against that fallback would be a silent lie.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -30,14 +35,21 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from bench.kvd_process import KvdProcess, config_flags
+from client.kvd_client import KvdClient
 from client.specd_client import SpecdClient, SpecdError
 
 REPO = Path(__file__).resolve().parents[1]
+WARMUP_PROMPT = "Once upon a time"  # shorter than one KV block: it warms the engine without seeding the cache
+ENGINE_RESERVE_BLOCKS = 8            # specd's BlockManager keeps this many free blocks leased ahead of need
+SWEEP_TOKEN_IDS = range(3, 259)      # byte-level ids every vocabulary here has (stories260K: 512, Qwen: 151,936)
+MAX_SWEEPS = 4
 
 
 class StackError(RuntimeError):
@@ -58,6 +70,7 @@ CONFIGS: dict[str, Tiering] = {
     "prefix-lru": Tiering("lru"),
     "lru-offload": Tiering("lru-offload", dram=True),
     "ours": Tiering("reuse", dram=True, nvme=True),
+    "ours-dram": Tiering("reuse", dram=True),
 }
 
 
@@ -73,6 +86,7 @@ class StackOptions:
     max_model_len: int | None = None
     max_num_seqs: int | None = None
     block_size: int | None = None
+    half_life_s: float | None = None     # kvd's temperature half-life; None: kvd's default (scale it with time)
     specd_args: tuple[str, ...] = ()     # extra specd flags, passed through as given
     ready_timeout_s: float = 600.0       # a large GGUF dequantizes on the CPU before serving
     log_dir: Path | None = None          # where the daemons' logs are kept on stop (specd.log, kvd.log)
@@ -91,7 +105,7 @@ def kvd_fields(tiering: Tiering, opts: StackOptions, run_dir: Path) -> dict[str,
     return {"policy": tiering.policy, "device": device, "max_groups": 1, "gpu_blocks": opts.gpu_blocks,
             "dram_blocks": opts.dram_blocks if tiering.dram else 0,
             "nvme_dir": run_dir / "nvme" if tiering.nvme else None,
-            "nvme_blocks": opts.nvme_blocks if tiering.nvme else 0}
+            "nvme_blocks": opts.nvme_blocks if tiering.nvme else 0, "half_life_s": opts.half_life_s}
 
 
 def specd_argv(opts: StackOptions, run_dir: Path, port: int, kvd_run_dir: Path | None) -> list[str]:
@@ -183,6 +197,49 @@ class Stack:
         with SpecdClient(self.run_dir, timeout_s=10.0) as client:
             return client.stats()
 
+    def warm_up(self, timeout_s: float = 300.0) -> None:
+        """One short request, so the first measured request does not pay for lazy initialization."""
+        with SpecdClient(self.run_dir, timeout_s=timeout_s) as client:
+            client.generate(WARMUP_PROMPT, max_tokens=2, temperature=0.0)
+
+    def reset(self, timeout_s: float = 300.0) -> dict[str, int]:
+        """Put a running stack back in a fresh process's cache state: kvd holds no published block.
+
+        kvd's flush drops every *unleased* block. What can still hold published blocks is specd's
+        block reserve: free blocks leased ahead of need in one write lease, which stays open (with every
+        block committed through it) until all its blocks are used. So first two "sweep" requests, with
+        prompts no workload shares, use up the reserve: the last one leaves a new reserve lease whose
+        only used block is its own unfinished, unpublished one, as a fresh stack's warm-up does. Then
+        flush all tiers and check nothing published is left; sweep again if something is.
+
+        Not reset, because specd has no verb for it: the engine's learned think times per session class
+        (specd/engine/hints.py ``ReturnTimeModel``; the bench gives every cell its own session ids, so
+        the per-session part starts fresh). A cell thus starts with the class medians of the cells
+        before it instead of the 30 s default. It changes the ``reuse`` policy's protection time of a
+        class's first turns only, and no other configuration.
+        """
+        if self.kvd is None:
+            return {"sweeps": 0, "flushed": 0}
+        sweeps = flushed = 0
+        with SpecdClient(self.run_dir, timeout_s=timeout_s) as specd, \
+                KvdClient(self.kvd.run_dir, admin=True, timeout_s=30.0) as admin:
+            while True:
+                for _ in range(2 if sweeps == 0 else 1):
+                    specd.generate(self._sweep_prompt(sweeps), max_tokens=1, temperature=0.0)
+                    sweeps += 1
+                flushed += int(admin.flush(None))
+                left = published_blocks(admin.stats())
+                if left == 0:
+                    return {"sweeps": sweeps, "flushed": flushed}
+                if sweeps >= MAX_SWEEPS:
+                    raise StackError(f"{self.name}: {left} published blocks still leased after {sweeps} sweeps")
+
+    def _sweep_prompt(self, n: int) -> list[int]:
+        """Token ids filling the reserve exactly: ENGINE_RESERVE_BLOCKS full blocks plus one token."""
+        bs = self.opts.block_size or DEFAULT_BLOCK_SIZE
+        rng = random.Random(f"sweep:{self.root}:{time.monotonic_ns()}:{n}")
+        return [rng.choice(SWEEP_TOKEN_IDS) for _ in range(ENGINE_RESERVE_BLOCKS * bs + 1)]
+
     def log_tail(self, lines: int = 40) -> str:
         path = self.root / "specd.log"
         text = path.read_text(errors="replace") if path.exists() else "(no specd log)"
@@ -215,6 +272,59 @@ class Stack:
                 shutil.copyfile(src, self.opts.log_dir / src.name)
 
     def __enter__(self) -> "Stack":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+DEFAULT_BLOCK_SIZE = 16  # specd's EngineConfig.block_size default
+
+
+def published_blocks(kvd_stats: dict[str, Any]) -> int:
+    """Blocks kvd indexes (published, in any tier) over all cache groups."""
+    return sum(int(g["blocks"]) for g in kvd_stats.get("groups", {}).values())
+
+
+class StackPool:
+    """One running stack per configuration, for a persistent run: started together (each has its own
+    kvd and specd; they share the machine and the GPU, and only one is measured at a time), warmed once,
+    and ``reset`` before each cell. Use as a context manager; ``log_dir`` gets one folder per config."""
+
+    def __init__(self, names: Iterable[str], opts: StackOptions, log_dir: Path | None = None):
+        self.opts = opts
+        self.log_dir = log_dir
+        self.stacks: dict[str, Stack] = {}
+        self.names = list(dict.fromkeys(names))
+
+    def start(self) -> "StackPool":
+        def one(name: str) -> Stack:
+            logs = self.log_dir / name if self.log_dir is not None else None
+            stack = Stack(name, replace(self.opts, log_dir=logs))
+            self.stacks[name] = stack
+            stack.start()
+            stack.warm_up()
+            return stack
+
+        try:
+            with ThreadPoolExecutor(len(self.names)) as pool:
+                list(pool.map(one, self.names))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def ready(self, name: str) -> Stack:
+        """The stack of ``name``, reset to a cold cache for the next cell."""
+        stack = self.stacks[name]
+        stack.reset()
+        return stack
+
+    def stop(self) -> None:
+        for stack in self.stacks.values():
+            stack.stop()
+
+    def __enter__(self) -> "StackPool":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -4,6 +4,7 @@
     python -m bench build-workloads ...   (the same flags, through `add_arguments` and `run`)
 
 `--workload all` writes the sessions of all five profiles into one file, ordered by arrival: mixed traffic.
+`--workload unique` (not part of `all`) writes one-turn prompts that share no block: the 0%-hit overhead.
 """
 from __future__ import annotations
 
@@ -12,26 +13,27 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.workloads import coding, creative, extraction, knowledge, support
+from bench.workloads import coding, creative, extraction, knowledge, support, unique
 from bench.workloads.format import Session, write_sessions
 from bench.workloads.profile import DEFAULT_CACHE_DIR, DEFAULT_MANIFEST_DIR, SCALES, BuildOptions, default_corpora_dir
 
-BUILDERS: dict[str, Callable[[BuildOptions], list[Session]]] = {
+PROFILES: dict[str, Callable[[BuildOptions], list[Session]]] = {
     "creative": creative.build,
     "support": support.build,
     "knowledge": knowledge.build,
     "coding": coding.build,
     "extraction": extraction.build,
 }
+BUILDERS = {**PROFILES, "unique": unique.build}
 
 
 def build_sessions(workload: str, opts: BuildOptions) -> list[Session]:
-    """Sessions of one profile, or of all of them merged by arrival time (ties keep profile order)."""
+    """Sessions of one builder, or of the five profiles merged by arrival time (ties keep profile order)."""
     if workload != "all":
         if workload not in BUILDERS:
             raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(BUILDERS)} or all")
         return BUILDERS[workload](opts)
-    merged = [s for build in BUILDERS.values() for s in build(opts)]
+    merged = [s for build in PROFILES.values() for s in build(opts)]
     return sorted(merged, key=lambda s: s.arrival_s)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from bench.workloads import build as build_cli
 from bench.workloads.bm25 import BM25
-from bench.workloads.build import BUILDERS, build_sessions
+from bench.workloads.build import BUILDERS, PROFILES, build_sessions
 from bench.workloads.extraction import score_extraction
 from bench.workloads.format import FormatError, Session, prompt_messages, read_sessions, write_sessions
 from bench.workloads.profile import SCALES, BuildOptions, default_corpora_dir
@@ -46,7 +46,7 @@ def test_same_seed_gives_identical_bytes(workload, base_opts, tmp_path):
     assert c.read_bytes() != a.read_bytes()
 
 
-@pytest.mark.parametrize("workload", sorted(BUILDERS))
+@pytest.mark.parametrize("workload", sorted(PROFILES))
 def test_train_and_eval_share_no_source_item(workload, base_opts):
     """Drafter training must never see an eval item: whole splits are disjoint, and so are built sessions."""
     items = {}
@@ -76,7 +76,7 @@ def test_split_manifest_is_reused_and_guards_the_source(tmp_path):
 
 def test_format_round_trip(base_opts, tmp_path):
     sessions = build_sessions("all", base_opts)
-    assert {s.workload for s in sessions} == set(BUILDERS)
+    assert {s.workload for s in sessions} == set(PROFILES)
     assert [s.arrival_s for s in sessions] == sorted(s.arrival_s for s in sessions)
     path = tmp_path / "all.jsonl"
     write_sessions(path, sessions)
@@ -190,7 +190,7 @@ def test_cli_writes_the_file(base_opts, tmp_path, capsys):
 
 def test_default_split_manifests_are_recorded():
     """The committed manifests are the split of record; a corpus change would show up here first."""
-    for workload in BUILDERS:
+    for workload in PROFILES:
         path = Path(build_cli.DEFAULT_MANIFEST_DIR) / f"{workload}.json"
         assert path.exists(), f"{path} not committed"
         manifest = json.loads(path.read_text())
@@ -217,3 +217,13 @@ def test_bytes_do_not_depend_on_the_hash_seed(base_opts, tmp_path):
                        env={**os.environ, "PYTHONHASHSEED": hash_seed}, cwd=Path(__file__).resolve().parents[2])
         outs.append(out.read_bytes())
     assert outs[0] == outs[1] and outs[0]
+
+
+def test_unique_prompts_differ_from_their_first_characters(base_opts):
+    """The 0%-hit workload: one turn each, greedy, and no two prompts share even a 12-character opening,
+    so no KV block (block 0 holds the template header and the tag) can be shared."""
+    sessions = build_sessions("unique", replace(base_opts, sessions=20))
+    assert len(sessions) == 20 and all(len(s.turns) == 1 and s.sampling.temperature == 0.0 for s in sessions)
+    openings = {s.system[:12] for s in sessions}
+    assert len(openings) == 20
+    assert "unique" not in {s.workload for s in build_sessions("all", base_opts)}
