@@ -21,7 +21,7 @@ import zmq
 
 from kvd import protocol as P
 from kvd.config import KvdConfig
-from kvd.core_types import KvdError, LookupResult, PoolInfo
+from kvd.core_types import JointLookup, KvdError, LookupResult, PoolInfo
 from kvd.types import BlockHash, BlockId, LeaseId, Tier
 
 
@@ -71,7 +71,7 @@ def _pool_info(d: dict[str, Any]) -> PoolInfo:
 
 def _lookup_result(d: dict[str, Any]) -> LookupResult:
     return LookupResult(LeaseId(d["lease"]), [BlockId(b) for b in d["hits"]],
-                        [Tier(t) for t in d["tiers"]], bool(d["ready"]))
+                        [Tier(t) for t in d["tiers"]], bool(d["ready"]), int(d["first"]))
 
 
 def decode_result(op_type: str, reply: dict[str, Any]) -> Any:
@@ -80,6 +80,8 @@ def decode_result(op_type: str, reply: dict[str, Any]) -> Any:
         return _pool_info({k: v for k, v in reply.items() if k not in ("v", "id", "ok")})
     if op_type == "lookup":
         return _lookup_result(reply)
+    if op_type == "lookup_groups":
+        return JointLookup(int(reply["hit"]), {g: _lookup_result(r) for g, r in reply["results"].items()})
     if op_type == "allocate":
         return LeaseId(reply["lease"]), [BlockId(b) for b in reply["blocks"]]
     if op_type == "commit":
@@ -142,14 +144,23 @@ class KvdClient:
         return decode_result(op.type, self.request(op, timeout_s))
 
     # ---- the KvdCore API, remotely ----
-    def attach(self, group: str, block_bytes: int) -> PoolInfo:
-        return self.call(P.Attach(group=group, block_bytes=block_bytes))
+    def attach(self, group: str, block_bytes: int, tail_blocks: Optional[int] = None) -> PoolInfo:
+        return self.call(P.Attach(group=group, block_bytes=block_bytes, tail_blocks=tail_blocks))
 
     def lookup(self, group: str, hashes: Sequence[bytes], session: Optional[str] = None,
-               tokens: Optional[int] = None, block_tokens: Optional[int] = None) -> LookupResult:
-        """``tokens``/``block_tokens`` (optional) let kvd count token hit rates in its stats."""
+               tokens: Optional[int] = None, block_tokens: Optional[int] = None,
+               recompute_s: Optional[float] = None) -> LookupResult:
+        """``tokens``/``block_tokens`` (optional) let kvd count token hit rates in its stats;
+        ``recompute_s`` (seconds to recompute one block) turns the prefetch budget on."""
         return self.call(P.Lookup(group=group, hashes=list(hashes), session=session, tokens=tokens,
-                                  block_tokens=block_tokens))
+                                  block_tokens=block_tokens, recompute_s=recompute_s))
+
+    def lookup_groups(self, groups: Sequence[str], hashes: Sequence[bytes], session: Optional[str] = None,
+                      tokens: Optional[int] = None, block_tokens: Optional[int] = None,
+                      recompute_s: Optional[float] = None) -> JointLookup:
+        """One prefix hit across cache groups (a hybrid model's full + sliding-window groups)."""
+        return self.call(P.LookupGroups(groups=list(groups), hashes=list(hashes), session=session, tokens=tokens,
+                                        block_tokens=block_tokens, recompute_s=recompute_s))
 
     def allocate(self, group: str, n: int) -> tuple[LeaseId, list[BlockId]]:
         return self.call(P.Allocate(group=group, n=n))

@@ -34,6 +34,7 @@ class BlockRecord:
     tail: bool = False  # last block of a released lease, no children yet
     superseded: bool = False  # a sibling branch was committed after it, it was never reused
     last_child: BlockHash | None = None  # the most recently committed child
+    passed: bool = False  # tail group: out of the window of every end that needs it; dropped when unleased
     policy_state: Any = field(default=None)
 
     @property

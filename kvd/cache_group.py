@@ -1,5 +1,6 @@
-"""One cache group ("full", "draft", ...): its pools, block index and policy, and the mechanics of
-moving blocks between its tiers. The core (kvd/core.py) owns leases and the API; this class owns
+"""One cache group ("full", "swa", "draft", ...): its pools, block index and policy, and the mechanics
+of moving blocks between its tiers. ``tail_blocks`` None: a hit needs every block of the prefix (full
+attention); an int k: only its last k blocks (sliding window, state snapshot; kvd/hybrid_hits.py). The core (kvd/core.py) owns leases and the API; this class owns
 where bytes live.
 
 Invariants: a GPU slot is free, holds a published block (``rec.tier == GPU``), is the target of a
@@ -28,9 +29,11 @@ log = logging.getLogger(__name__)
 
 
 class CacheGroup:
-    def __init__(self, name: str, block_bytes: int, cfg: KvdConfig, tag: str, now: float) -> None:
+    def __init__(self, name: str, block_bytes: int, cfg: KvdConfig, tag: str, now: float,
+                 tail_blocks: int | None = None) -> None:
         self.name = name
         self.block_bytes = block_bytes
+        self.tail_blocks = tail_blocks
         self.index = BlockIndex()
         self.counters: Counter[str] = Counter()
         self.nvme_degraded = False

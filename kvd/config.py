@@ -73,6 +73,13 @@ class KvdConfig(BaseModel):
     )
     dram_blocks: int | None = Field(default=None, ge=0, description="Override: DRAM blocks per group.")
     nvme_blocks: int | None = Field(default=None, ge=0, description="Override: NVMe blocks per group.")
+    promote_dram_gbps: float = Field(
+        default=10.0, gt=0, description="Starting estimate of the DRAM->GPU promotion rate (GB/s); measured copies "
+        "replace it (EWMA). The prefetch budget compares it with the client's prefill rate.",
+    )
+    promote_nvme_gbps: float = Field(
+        default=1.5, gt=0, description="Starting estimate of the NVMe->GPU promotion rate (GB/s), as above.",
+    )
     move_workers: int = Field(
         default=1,
         ge=0,

@@ -17,10 +17,13 @@ from typing import Any, Callable, Sequence
 from kvd.block_index import BlockRecord
 from kvd.cache_group import CacheGroup
 from kvd.config import KvdConfig
-from kvd.core_types import KvdError, LookupResult, PoolInfo, ReleaseHints, SessionHint
+from kvd.core_types import JointLookup, KvdError, LookupResult, PoolInfo, ReleaseHints, SessionHint
+from kvd.hybrid_hits import needed_from, valid_ends
 from kvd.leases import Lease, LeaseTable
 from kvd.mover import Mover, MoveJob
+from kvd.prefetch_budget import best_cut
 from kvd.temperature import bump, decayed
+from kvd.tier_rates import TierRates
 from kvd.types import HASH_BYTES, BlockHash, BlockId, BlockKind, LeaseId, Tier
 
 log = logging.getLogger(__name__)
@@ -38,27 +41,33 @@ class KvdCore:
         self._tag = f"kvd-{os.getpid()}-{id(self):x}"
         self._lock = threading.RLock()
         self._moved = threading.Condition(self._lock)
+        self.rates = TierRates(config.promote_dram_gbps * 1e9, config.promote_nvme_gbps * 1e9)
         self.mover = Mover(config.move_workers, self._on_moved)
 
     # --- data plane setup -----------------------------------------------------------------------
-    def attach(self, client: str, group: str, block_bytes: int) -> PoolInfo:
-        """Create (first call) or describe the pool of ``group``; its capacity is fixed at creation."""
+    def attach(self, client: str, group: str, block_bytes: int, tail_blocks: int | None = None) -> PoolInfo:
+        """Create (first call) or describe the pool of ``group``; its capacity is fixed at creation.
+        ``tail_blocks``: None for a full-attention group, k for a group whose hits need only their last
+        k blocks (sliding window, state snapshot); part of the group's identity like ``block_bytes``."""
         if not isinstance(group, str) or not group or not group.isidentifier():
             raise KvdError("bad_request", f"bad group name {group!r}")
         if not isinstance(block_bytes, int) or block_bytes <= 0:
             raise KvdError("bad_request", f"block_bytes must be a positive int, got {block_bytes!r}")
+        if tail_blocks is not None and (not isinstance(tail_blocks, int) or tail_blocks < 1):
+            raise KvdError("bad_request", f"tail_blocks must be None or a positive int, got {tail_blocks!r}")
         with self._lock:
             g = self.groups.get(group)
             if g is None:
                 if len(self.groups) >= self.config.max_groups:
                     raise KvdError("no_capacity", f"already {len(self.groups)} groups (max_groups)")
                 try:
-                    g = CacheGroup(group, block_bytes, self.config, self._tag, self.clock())
+                    g = CacheGroup(group, block_bytes, self.config, self._tag, self.clock(), tail_blocks)
                 except ValueError as e:
                     raise KvdError("no_capacity", str(e)) from e
                 self.groups[group] = g
-            elif g.block_bytes != block_bytes:
-                raise KvdError("group_mismatch", f"group {group} has block_bytes {g.block_bytes}")
+            elif g.block_bytes != block_bytes or g.tail_blocks != tail_blocks:
+                raise KvdError("group_mismatch",
+                               f"group {group} has block_bytes {g.block_bytes}, tail_blocks {g.tail_blocks}")
             gpu = g.gpu
             dram = g.pools.get(Tier.DRAM)
             return PoolInfo(
@@ -81,41 +90,142 @@ class KvdCore:
         session: str | None = None,
         tokens: int | None = None,
         block_tokens: int | None = None,
+        recompute_s: float | None = None,
     ) -> LookupResult:
-        """Lease the longest contiguous present prefix; queue promotions of lower-tier hits.
+        """Lease the longest servable prefix of one group; queue promotions of lower-tier hits.
 
         ``tokens``/``block_tokens`` (optional) feed the token hit-rate stats:
-        hit tokens = min(hits * block_tokens, tokens)."""
+        hit tokens = min(hits * block_tokens, tokens). ``recompute_s`` (optional): the client's
+        seconds to recompute one block; the hit is cut where promoting costs more (prefetch budget)."""
+        return self.lookup_groups(client, [group], hashes, session, tokens, block_tokens, recompute_s).results[group]
+
+    def lookup_groups(
+        self,
+        client: str,
+        groups: Sequence[str],
+        hashes: Sequence[BlockHash],
+        session: str | None = None,
+        tokens: int | None = None,
+        block_tokens: int | None = None,
+        recompute_s: float | None = None,
+    ) -> JointLookup:
+        """One prefix hit across cache groups: the longest end every group can serve (kvd/hybrid_hits.py),
+        cut by the prefetch budget (kvd/prefetch_budget.py); each group leases what it needs for it."""
         _check_hashes(hashes)
+        if not isinstance(groups, (list, tuple)) or not groups or len(set(groups)) != len(groups):
+            raise KvdError("bad_request", "groups must be a non-empty list of distinct names")
+        if recompute_s is not None and not (isinstance(recompute_s, (int, float)) and recompute_s >= 0):
+            raise KvdError("bad_request", f"recompute_s must be a non-negative number, got {recompute_s!r}")
         with self._lock:
-            g = self._group(group)
+            gs = [self._group(name) for name in groups]
             now = self.clock()
-            recs = g.index.prefix(hashes)
-            tiers = [r.tier for r in recs]
-            jobs: list[MoveJob] = []
-            held: list[BlockRecord] = []
-            lease_id = LeaseId(0)
-            if recs:
-                lease = self._leases.open(client, group, now)
-                for rec in recs:
-                    self._hold(g, lease, rec, now)
-                jobs = self._promote(g, lease, now)
-                held, lease_id = lease.held, lease.id
-                if not held:
-                    self._leases.close(lease)
-                    lease_id = LeaseId(0)
-            self._count_lookup(len(hashes), len(held), tokens, block_tokens)
-            if session is not None and held:
-                self._see_session(session, client, held[-1].hash, len(held), now)
-            result = LookupResult(
-                lease_id,
-                [BlockId(r.dest if r.moving else r.slot) for r in held],
-                tiers[: len(held)],
-                not any(r.moving for r in held),
-            )
+            recs, candidates = self._servable(gs, hashes)
+            hit = self._budget(gs, recs, candidates, recompute_s)
+            hit, held, jobs = self._hold_hit(client, gs, recs, hit, now)
+            self._count_lookup(len(hashes), hit, tokens, block_tokens)
+            if session is not None and hit:
+                self._see_session(session, client, BlockHash(bytes(hashes[hit - 1])), hit, now)
+            results = {
+                g.name: LookupResult(
+                    held[g.name][1],
+                    [BlockId(r.dest if r.moving else r.slot) for r in held[g.name][0]],
+                    [r.tier for r in held[g.name][0]],
+                    not any(r.moving for r in held[g.name][0]),
+                    hit - len(held[g.name][0]),
+                )
+                for g in gs
+            }
         for job in jobs:
             self.mover.submit(job)
-        return result
+        return JointLookup(hit, results)
+
+    def _servable(self, gs: list[CacheGroup], hashes: Sequence[BlockHash]
+                  ) -> tuple[dict[str, list[BlockRecord | None]], list[int]]:
+        """Each group's records for the prefix, and the hit lengths every group can serve (ascending).
+
+        Full groups are read up to their first gap (the old fast path); tail groups only that far."""
+        recs: dict[str, list[BlockRecord | None]] = {}
+        limit = len(hashes)
+        for g in gs:
+            if g.tail_blocks is None:
+                recs[g.name] = list(g.index.prefix(hashes[:limit]))
+                limit = len(recs[g.name])
+        ok = [True] * (limit + 1)
+        for g in gs:
+            if g.tail_blocks is None:
+                recs[g.name] = recs[g.name][:limit]
+                continue
+            recs[g.name] = [g.index.get(BlockHash(bytes(h))) for h in hashes[:limit]]
+            valid = valid_ends([r is not None for r in recs[g.name]], g.tail_blocks)
+            ok = [a and b for a, b in zip(ok, valid)]
+        return recs, [h for h, v in enumerate(ok) if v]
+
+    def _budget(self, gs: list[CacheGroup], recs: dict[str, list[BlockRecord | None]], candidates: list[int],
+                recompute_s: float | None) -> int:
+        """The hit length after the prefetch budget; counts the decisions."""
+        longest = candidates[-1]
+        if recompute_s is None or longest == 0:
+            return longest
+        cost = []
+        for c in candidates:
+            s = 0.0
+            for g in gs:
+                for r in recs[g.name][needed_from(c, g.tail_blocks):c]:
+                    if r is not None and not r.moving:
+                        s += self.rates.seconds(r.tier, g.block_bytes)
+            cost.append(s)
+        hit = best_cut(candidates, cost, recompute_s)
+        if hit < longest:
+            self.counters["prefetch_recompute_lookups"] += 1
+            self.counters["prefetch_recompute_blocks"] += longest - hit
+        return hit
+
+    def _hold_hit(self, client: str, gs: list[CacheGroup], recs: dict[str, list[BlockRecord | None]], hit: int,
+                  now: float) -> tuple[int, dict[str, tuple[list[BlockRecord], LeaseId]], list[MoveJob]]:
+        """Lease, per group, the blocks a hit of ``hit`` blocks needs, and start their promotions;
+        returns the hit actually leased.
+
+        Where no GPU slot can be had (every GPU block leased) a lone full group keeps the prefix before
+        it (a shorter hit is correct); with several groups or a tail group the whole hit is given up
+        (a miss), since a cut there would leave some group without the blocks its end needs."""
+        out: dict[str, tuple[list[BlockRecord], LeaseId]] = {}
+        jobs: list[MoveJob] = []
+        leases: list[tuple[CacheGroup, Lease]] = []
+        short = False
+        for g in gs:
+            need = [r for r in recs[g.name][needed_from(hit, g.tail_blocks):hit] if r is not None]
+            if not need:
+                out[g.name] = ([], LeaseId(0))
+                continue
+            lease = self._leases.open(client, g.name, now)
+            leases.append((g, lease))
+            for rec in need:
+                self._hold(g, lease, rec, now)
+            jobs += self._promote(g, lease, now)
+            short = short or len(lease.held) < len(need)
+            out[g.name] = (lease.held, lease.id)
+        if short and (len(gs) > 1 or gs[0].tail_blocks is not None):
+            self.counters["promotion_no_slot"] += 1
+            for g, lease in leases:   # queued jobs still land; their blocks stay published, unleased
+                for rec in reversed(lease.held):
+                    self._unhold(g, rec, now)
+                self._leases.close(lease)
+            self._submit_orphaned(jobs)
+            return 0, {g.name: ([], LeaseId(0)) for g in gs}, []
+        if short:
+            hit = len(leases[0][1].held)
+        for g, lease in leases:
+            if not lease.held:
+                self._leases.close(lease)
+                out[g.name] = ([], LeaseId(0))
+        self.counters["prefetch_promoted_blocks"] += len(jobs)
+        return hit, out, jobs
+
+    def _submit_orphaned(self, jobs: list[MoveJob]) -> None:
+        """Promotions started for a hit that was then given up: they still run (their GPU slots are
+        reserved and the records marked moving), so they land as unleased published blocks."""
+        for job in jobs:
+            self.mover.submit(job)
 
     def _promote(self, g: CacheGroup, lease: Lease, now: float) -> list[MoveJob]:
         """Start promotions of the lease's lower-tier hits; cut the prefix where no GPU slot can be
@@ -199,7 +309,27 @@ class KvdCore:
         if p is not None:
             self._link_child(g, p, rec, now)
         lease.held.append(rec)
+        if g.tail_blocks is not None:
+            self._pass_ancestor(g, rec)
         return BlockId(bid)
+
+    def _pass_ancestor(self, g: CacheGroup, rec: BlockRecord) -> None:
+        """A tail group's new block ends a servable prefix that needs only its last ``tail_blocks``
+        blocks: the ancestor that many generations up has fallen behind this chain's window. It is
+        dropped as soon as no lease holds it (never demoted): out-of-window blocks are not stored."""
+        a: BlockRecord | None = rec
+        for _ in range(g.tail_blocks or 0):
+            a = g.index.get(a.parent) if a is not None and a.parent is not None else None
+        if a is not None:
+            a.passed = True
+            self._drop_if_passed(g, a)
+
+    def _drop_if_passed(self, g: CacheGroup, rec: BlockRecord) -> None:
+        if rec.passed and rec.evictable and rec.hash in g.index:
+            g.policy.on_removed(rec)
+            g.drop(rec)
+            g.counters["evictions"] -= 1
+            g.counters["window_drops"] += 1
 
     def _link_child(self, g: CacheGroup, p: BlockRecord, rec: BlockRecord, now: float) -> None:
         """A new child: the parent is no longer a tail; an older unreused leaf sibling is superseded."""
@@ -338,14 +468,20 @@ class KvdCore:
 
     def _unhold(self, g: CacheGroup, rec: BlockRecord, now: float) -> None:
         rec.refs -= 1
-        if rec.evictable and rec.hash in g.index:
+        if rec.passed:
+            self._drop_if_passed(g, rec)
+        elif rec.evictable and rec.hash in g.index:
             g.policy.on_created(rec, now)
 
     def _on_moved(self, job: MoveJob, error: BaseException | None) -> None:
         with self._moved:
             g = self.groups[job.group]
             g.finish_promotion(job, error)
-            if job.rec.evictable and job.rec.hash in g.index:
+            if error is None:
+                self.rates.observe(job.src.tier, g.block_bytes, job.seconds)
+            if job.rec.passed:
+                self._drop_if_passed(g, job.rec)
+            elif job.rec.evictable and job.rec.hash in g.index:
                 g.policy.on_created(job.rec, self.clock())
             self._moved.notify_all()
 
@@ -441,7 +577,7 @@ class KvdCore:
             agg: Counter[str] = Counter()
             for name, g in self.groups.items():
                 occ = g.occupancy()
-                groups[name] = {"block_bytes": g.block_bytes, "blocks": len(g.index), "tiers": occ,
+                groups[name] = {"block_bytes": g.block_bytes, "tail_blocks": g.tail_blocks, "blocks": len(g.index), "tiers": occ,
                                 "nvme_degraded": g.nvme_degraded, **dict(g.counters)}
                 agg.update(g.counters)
                 for t, o in occ.items():
@@ -467,6 +603,12 @@ class KvdCore:
                 "admission_rejects": agg["admission_rejects"],
                 "nvme_enospc": agg["nvme_enospc"],
                 "nvme_degraded": any(g.nvme_degraded for g in self.groups.values()),
+                "window_drops": agg["window_drops"],
+                "prefetch_promoted_blocks": c["prefetch_promoted_blocks"],
+                "prefetch_recompute_lookups": c["prefetch_recompute_lookups"],
+                "prefetch_recompute_blocks": c["prefetch_recompute_blocks"],
+                "promotion_no_slot": c["promotion_no_slot"],
+                **self.rates.to_dict(),
             }
 
     def top(self, client: str = "", n: int = 10) -> list[dict[str, Any]]:

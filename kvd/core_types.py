@@ -80,6 +80,7 @@ class LookupResult:
     hits: list[BlockId]
     tiers: list[Tier]
     ready: bool
+    first: int = 0  # index in the prefix of hits[0]: > 0 for a tail group, whose older blocks are not needed
 
     @property
     def num_hits(self) -> int:
@@ -91,7 +92,20 @@ class LookupResult:
             "hits": [int(b) for b in self.hits],
             "tiers": [int(t) for t in self.tiers],
             "ready": self.ready,
+            "first": self.first,
         }
+
+
+@dataclass(frozen=True)
+class JointLookup:
+    """A prefix hit across cache groups (``KvdCore.lookup_groups``): ``hit`` blocks, the same end in
+    every group; ``results[group]`` leases what that group needs for it (kvd/hybrid_hits.py)."""
+
+    hit: int
+    results: dict[str, LookupResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hit": self.hit, "results": {g: r.to_dict() for g, r in self.results.items()}}
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,10 +26,13 @@ class MoveJob:
     src_slot: int
     dst: BlockPool
     dst_slot: int
+    seconds: float = 0.0  # wall time of the copy (the tier rate estimate reads it)
 
     def run(self) -> None:
         meta = BlockMeta(self.rec.hash, self.rec.parent, self.rec.depth)
+        t0 = time.perf_counter()
         move(self.src, self.src_slot, self.dst, self.dst_slot, meta)
+        self.seconds = time.perf_counter() - t0
 
 
 class Mover:

@@ -22,7 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from kvd.types import HASH_BYTES
 
-PROTOCOL_VERSION = 1
+# 2: attach carries tail_blocks, lookup carries recompute_s, lookup_groups (hybrid cache groups and the
+# prefetch budget; docs/design/kvd.md). A v1 frame is refused with the typed error ``bad_version``.
+PROTOCOL_VERSION = 2
 
 # Bounds on untrusted input. A 128k-token prompt at block size 16 is 8192 hashes; 65536 leaves room
 # for 1M-token contexts while capping one frame's decode work.
@@ -36,7 +38,7 @@ MAX_TOP = 10_000
 MAX_WAIT_S = 3600.0
 
 ADMIN_TYPES = frozenset({"pin", "unpin", "evict", "flush"})
-BATCHABLE_TYPES = frozenset({"lookup", "allocate", "commit", "release", "heartbeat"})
+BATCHABLE_TYPES = frozenset({"lookup", "lookup_groups", "allocate", "commit", "release", "heartbeat"})
 
 
 class ErrorCode:
@@ -86,19 +88,41 @@ class Op(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+TailBlocks = Annotated[int, Strict(), Field(ge=1, le=MAX_HASHES)]
+RecomputeS = Annotated[float, Strict(), Field(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)]
+
+
 class Attach(Op):
+    """``tail_blocks``: None for a full-attention group; k when a hit needs only its last k blocks."""
+
     type: Literal["attach"] = "attach"
     group: Name
     block_bytes: Annotated[int, Strict(), Field(ge=1, le=MAX_BLOCK_BYTES)]
+    tail_blocks: Optional[TailBlocks] = None
 
 
 class Lookup(Op):
+    """``recompute_s``: the client's seconds to recompute one block (prefetch budget); None: no budget."""
+
     type: Literal["lookup"] = "lookup"
     group: Name
     hashes: Hashes
     session: Optional[OptName] = None
     tokens: Optional[Annotated[int, Strict(), Field(ge=0, le=2**40)]] = None  # prompt length, for token stats
     block_tokens: Optional[Annotated[int, Strict(), Field(ge=1, le=1 << 16)]] = None
+    recompute_s: Optional[RecomputeS] = None
+
+
+class LookupGroups(Op):
+    """One prefix hit across cache groups (KvdCore.lookup_groups); the reply is ``{hit, results}``."""
+
+    type: Literal["lookup_groups"] = "lookup_groups"
+    groups: Annotated[list[Name], Field(min_length=1, max_length=8)]
+    hashes: Hashes
+    session: Optional[OptName] = None
+    tokens: Optional[Annotated[int, Strict(), Field(ge=0, le=2**40)]] = None
+    block_tokens: Optional[Annotated[int, Strict(), Field(ge=1, le=1 << 16)]] = None
+    recompute_s: Optional[RecomputeS] = None
 
 
 class Allocate(Op):
@@ -204,7 +228,7 @@ class Flush(Op):
 
 
 OP_MODELS: dict[str, type[Op]] = {
-    "attach": Attach, "lookup": Lookup, "allocate": Allocate, "commit": Commit, "release": Release,
+    "attach": Attach, "lookup": Lookup, "lookup_groups": LookupGroups, "allocate": Allocate, "commit": Commit, "release": Release,
     "heartbeat": Heartbeat, "wait_ready": WaitReady, "batch": Batch, "stats": Stats, "top": Top,
     "leases": Leases, "sessions": Sessions, "hash": HashTokens, "pin": Pin, "unpin": Unpin,
     "evict": Evict, "flush": Flush,
@@ -289,7 +313,8 @@ def decode_request(frame: bytes) -> Request:
     if req_id is None:
         raise ProtocolError(ErrorCode.BAD_REQUEST, "id must be an integer in [0, 2**64)")
     if type(msg.get("v")) is not int or msg["v"] != PROTOCOL_VERSION:
-        raise ProtocolError(ErrorCode.BAD_VERSION, f"protocol version {msg.get('v')!r:.32} != {PROTOCOL_VERSION}", req_id)
+        raise ProtocolError(ErrorCode.BAD_VERSION, f"client speaks protocol version {msg.get('v')!r:.32}, this kvd "
+                            f"speaks {PROTOCOL_VERSION}: upgrade the client", req_id)
     fields = {k: v for k, v in msg.items() if k not in ("v", "id")}
     op = validate_op(fields, req_id)
     sub_ops: tuple[Op, ...] = ()

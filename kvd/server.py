@@ -87,9 +87,12 @@ def _heartbeat(core: Any, client: str, op: P.Heartbeat) -> dict[str, Any]:
 
 
 HANDLERS: dict[str, Callable[[Any, str, Any], dict[str, Any]]] = {
-    "attach": lambda core, c, op: core.attach(c, op.group, op.block_bytes).to_dict(),
+    "attach": lambda core, c, op: core.attach(c, op.group, op.block_bytes, op.tail_blocks).to_dict(),
     "lookup": lambda core, c, op: core.lookup(c, op.group, op.hashes, session=op.session, tokens=op.tokens,
-                                              block_tokens=op.block_tokens).to_dict(),
+                                              block_tokens=op.block_tokens, recompute_s=op.recompute_s).to_dict(),
+    "lookup_groups": lambda core, c, op: core.lookup_groups(
+        c, op.groups, op.hashes, session=op.session, tokens=op.tokens, block_tokens=op.block_tokens,
+        recompute_s=op.recompute_s).to_dict(),
     "allocate": _allocate,
     "commit": _commit,
     "release": _release,

@@ -62,7 +62,7 @@ malformed = st.one_of(
     junk.filter(lambda j: not isinstance(j, dict)).map(lambda j: [msgpack.packb(j)]),  # not a map
     st.dictionaries(st.text(max_size=6), junk, max_size=5).map(lambda d: [msgpack.packb(d)]),
     st.text(max_size=20).filter(lambda t: t not in P.OP_MODELS).map(                 # unknown types
-        lambda t: [msgpack.packb({"v": 1, "id": 7, "type": t})]),
+        lambda t: [msgpack.packb({"v": P.PROTOCOL_VERSION, "id": 7, "type": t})]),
     st.integers(-5, 1000).filter(lambda v: v != P.PROTOCOL_VERSION).map(            # wrong versions
         lambda v: [msgpack.packb({"v": v, "id": 7, "type": "stats"})]),
     st.integers(-2**63, 2**63).filter(lambda n: not 1 <= n <= P.MAX_HASHES).map(    # huge/negative counts

@@ -40,13 +40,13 @@ def test_batch_items_are_validated_and_restricted():
     (b"", "bad_frame"),
     (b"\xc1", "bad_frame"),                                        # reserved msgpack byte
     (msgpack.packb([1, 2]), "bad_frame"),                           # not a map
-    (msgpack.packb({"v": 1, "type": "stats"}), "bad_request"),      # no id
-    (msgpack.packb({"v": 1, "id": -1, "type": "stats"}), "bad_request"),
-    (msgpack.packb({"v": 2, "id": 1, "type": "stats"}), "bad_version"),
+    (msgpack.packb({"v": P.PROTOCOL_VERSION, "type": "stats"}), "bad_request"),      # no id
+    (msgpack.packb({"v": P.PROTOCOL_VERSION, "id": -1, "type": "stats"}), "bad_request"),
+    (msgpack.packb({"v": 1, "id": 1, "type": "stats"}), "bad_version"),      # a v1 (old) client
     (msgpack.packb({"v": "1", "id": 1, "type": "stats"}), "bad_version"),
     (msgpack.packb({"v": True, "id": 1, "type": "stats"}), "bad_version"),
-    (msgpack.packb({"v": 1, "id": 1, "type": "drop_tables"}), "unknown_type"),
-    (msgpack.packb({"v": 1, "id": 1}), "unknown_type"),
+    (msgpack.packb({"v": P.PROTOCOL_VERSION, "id": 1, "type": "drop_tables"}), "unknown_type"),
+    (msgpack.packb({"v": P.PROTOCOL_VERSION, "id": 1}), "unknown_type"),
     (P.encode_request(1, "stats", extra_field=1), "bad_request"),
     (P.encode_request(1, "lookup", group="g", hashes=[b"\x01" * 15]), "bad_request"),
     (P.encode_request(1, "lookup", group="g", hashes=["0" * 16]), "bad_request"),   # str is not bytes
@@ -57,8 +57,8 @@ def test_batch_items_are_validated_and_restricted():
     (P.encode_request(1, "attach", group="", block_bytes=64), "bad_request"),
     (P.encode_request(1, "wait_ready", lease=1, timeout_s=float("nan")), "bad_request"),
     (P.encode_request(1, "commit", lease=1, blocks=[[0, H]]), "bad_request"),
-    (msgpack.packb({"v": 1, "id": 1, "type": "stats"}) + b"\x00", "bad_frame"),  # trailing bytes
-    (msgpack.packb({"v": 1, "id": 1, "type": "stats", "x": msgpack.ExtType(1, b"pickle")}), "bad_frame"),
+    (msgpack.packb({"v": P.PROTOCOL_VERSION, "id": 1, "type": "stats"}) + b"\x00", "bad_frame"),  # trailing bytes
+    (msgpack.packb({"v": P.PROTOCOL_VERSION, "id": 1, "type": "stats", "x": msgpack.ExtType(1, b"pickle")}), "bad_frame"),
     (b"\x00" * (P.MAX_FRAME_BYTES + 1), "too_large"),
 ])
 def test_garbage_gets_the_right_code(frame, code):

@@ -23,10 +23,10 @@ class FakeCore:
         self.ready_after = 0  # wait_ready polls before the lease is ready
         self.ticks = 0
 
-    def attach(self, client, group, block_bytes):
+    def attach(self, client, group, block_bytes, tail_blocks=None):
         return PoolInfo(group, block_bytes, 4, "shm", path="/dev/null")
 
-    def lookup(self, client, group, hashes, session=None, tokens=None, block_tokens=None):
+    def lookup(self, client, group, hashes, session=None, tokens=None, block_tokens=None, recompute_s=None):
         return LookupResult(1, [0] * len(hashes), [0] * len(hashes), True)
 
     def allocate(self, client, group, n):
