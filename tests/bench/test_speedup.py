@@ -1,0 +1,95 @@
+"""`python -m bench speedup` end to end on stories260K with the committed DSpark drafter (CPU, tiny sizes):
+every (workload, concurrency, row) cell is present, ratios are row / none of the same repeat, and the
+never-slower verdict follows the scheduled row's ratios. Plus the pure summaries on hand-made runs."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import main as bench_main
+from bench.speedup import BASELINE, SCHEDULED, RunResult, geomean, summarize_cell
+from bench.workloads.format import Message, Sampling, Session, Turn, write_sessions
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = REPO / "models" / "stories260K.gguf"
+DRAFTER = REPO / "models" / "drafters" / "stories260K-dspark"
+OPENINGS = ["Once upon a time, there was a", "Tom had a big dog. The dog", "One day, Lily went to the",
+            "The sun was hot and"]
+
+
+def _sessions(path: Path, workload: str, temperature: float) -> Path:
+    write_sessions(path, [Session(id=f"{workload}{i}", workload=workload, split="eval", arrival_s=0.0,
+                                  turns=[Turn(messages=[Message(role="user", content=t)], max_tokens=64)],
+                                  sampling=Sampling(temperature=temperature))
+                          for i, t in enumerate(OPENINGS)]
+                   + [Session(id=f"{workload}-train", workload=workload, split="train", arrival_s=0.0,
+                              turns=[Turn(messages=[Message(role="user", content="x")], max_tokens=4)],
+                              sampling=Sampling(temperature=0.0))])
+    return path
+
+
+def _run(rate: float, per_user: float | None = None, tau: float | None = None, lengths=None) -> RunResult:
+    return RunResult(wall_s=1.0, tokens=int(rate), throughput_tok_s=rate, per_user_tok_s=per_user or rate, steps=10,
+                     verifications=0, drafted=0, accepted=0, tau=tau, mean_verified=None, admission_ms_per_step=0.1,
+                     scheduler_ms_per_step=0.0, scheduled_lengths=lengths or {})
+
+
+def test_summaries_ratio_per_repeat_and_verdict():
+    runs = {BASELINE: [_run(100), _run(50)], SCHEDULED: [_run(120, lengths={"0": 2, "3": 1}), _run(45, lengths={"3": 4})],
+            "ngram": [_run(200), _run(100)]}
+    cell = summarize_cell(runs)
+    assert cell["rows"][SCHEDULED]["throughput_ratio"]["per_repeat"] == pytest.approx([1.2, 0.9])
+    assert cell["rows"][SCHEDULED]["throughput_ratio"]["p50"] == pytest.approx(1.05)
+    assert cell["rows"]["ngram"]["throughput_ratio"]["min"] == pytest.approx(2.0)
+    assert cell["never_slower"] is True
+    assert cell["scheduled_length_histogram"] == {"0": 2, "3": 5}
+    runs[SCHEDULED][0] = _run(80)
+    assert summarize_cell(runs)["never_slower"] is False
+    assert summarize_cell(runs, tolerance=0.2)["never_slower"] is True
+    assert geomean([2.0, 0.5]) == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_speedup_end_to_end_on_stories(tmp_path):
+    greedy = _sessions(tmp_path / "stories-greedy.jsonl", "greedy", 0.0)
+    sampled = _sessions(tmp_path / "stories-t1.jsonl", "sampled", 1.0)
+    out = tmp_path / "out"
+    rc = bench_main(["speedup", "--model", str(MODEL), "--drafters", f"dspark={DRAFTER}",
+                     "--workloads", f"{greedy},{sampled}", "--concurrency", "1,3", "--requests", "3",
+                     "--max-tokens", "12", "--repeats", "2", "--warmup-tokens", "2", "--out", str(out)])
+    assert rc == 0
+    result = json.loads((out / "speedup.json").read_text())
+    assert result["rows"] == ["none", "dspark", "dspark-g7", "ngram"]
+    assert result["skipped_rows"] == ["dflash-g7", "eagle3"]            # no drafter given for them
+    assert result["row_settings"]["dspark-g7"] == {"speculation": "dspark", "spec_schedule": "fixed",
+                                                   "num_speculative_tokens": 7}
+    assert set(result["workloads"]) == {"stories-greedy", "stories-t1"}
+    for cells in result["workloads"].values():
+        assert set(cells) == {"1", "3"}
+        for cell in cells.values():
+            assert set(cell["rows"]) == set(result["rows"])
+            base = cell["rows"]["none"]["runs"]
+            for row, r in cell["rows"].items():
+                assert len(r["runs"]) == 2
+                want = [x["throughput_tok_s"] / b["throughput_tok_s"] for x, b in zip(r["runs"], base)]
+                assert r["throughput_ratio"]["per_repeat"] == pytest.approx(want)
+                assert r["throughput_ratio"]["min"] <= r["throughput_ratio"]["p50"] <= r["throughput_ratio"]["max"]
+                assert all(0 < x["tokens"] <= 3 * 12 for x in r["runs"])        # 3 requests of ≤ 12 tokens
+                if row == "none":
+                    assert r["tau"] is None and r["throughput_ratio"]["p50"] == pytest.approx(1.0)
+                elif row == "dspark-g7":
+                    assert r["tau"] > 1.0 and 1.0 <= r["mean_verified"] <= 7.0
+            s = cell["rows"][SCHEDULED]
+            assert cell["never_slower"] == (s["throughput_ratio"]["p50"] >= 1 and s["per_user_ratio"]["p50"] >= 1)
+            assert sum(cell["scheduled_length_histogram"].values()) > 0
+            assert all(0 <= int(k) <= 7 for k in cell["scheduled_length_histogram"])
+    for row, levels in result["summary"].items():
+        for level, s in levels.items():
+            ratios = [result["workloads"][w][level]["rows"][row]["throughput_ratio"]["p50"] for w in result["workloads"]]
+            assert s["throughput"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / len(ratios)))
+    md = (out / "speedup.md").read_text()
+    assert "## stories-greedy" in md and "## Summary across workloads" in md
+    assert md.count("never slower than none at concurrency") == 4
