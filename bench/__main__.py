@@ -15,9 +15,11 @@ SUBCOMMANDS: dict[str, str] = {
     "demo": "bench.demo",
     "kv-trace": "bench.kv_trace",
     "serve": "bench.serve",
+    "serve-plan": "bench.serve_plan",
     "build-workloads": "bench.workloads.build",
     "eviction-ablation": "bench.eviction_ablation",
     "acceptance": "bench.acceptance",
+    "drafter-pipeline": "bench.drafter_pipeline",
     "speedup": "bench.speedup",
     "sps-projection": "bench.sps_projection",
 }
