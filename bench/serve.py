@@ -256,11 +256,12 @@ StackSource = FreshStacks | PersistentStacks
 
 def run_cells(cells: Sequence[Cell], args: argparse.Namespace, stacks: StackSource,
               scripts_for: Callable[[dict, int], list[Script]], log: Any, bar: Any,
-              deadline: float | None = None) -> dict[tuple[str, int], list[LoadResult]]:
-    """Every cell in order; each request is written to ``log`` as a JSON line. With a ``deadline``
-    (time.monotonic), a cell still running then is cut off and raises BudgetExceeded after logging
-    what it finished."""
-    runs: dict[tuple[str, int], list[LoadResult]] = {}
+              deadline: float | None = None, runs: dict | None = None) -> dict[tuple[str, int], list[LoadResult]]:
+    """Every cell in order, into ``runs`` ((config, level) -> results; pass a dict to keep the finished
+    cells when a later one raises); each request is written to ``log`` as a JSON line. With a
+    ``deadline`` (time.monotonic), a cell still running then is cut off and raises BudgetExceeded after
+    logging what it finished."""
+    runs = {} if runs is None else runs
     for cell in cells:
         bar.set_description(f"r{cell.repeat} c{cell.concurrency} {cell.config}")
         left = None if deadline is None else deadline - time.monotonic()
