@@ -16,7 +16,6 @@ SUBCOMMANDS: dict[str, str] = {
     "kv-trace": "bench.kv_trace",
     "serve": "bench.serve",
     "serve-plan": "bench.serve_plan",
-    "serve-plan": "bench.serve_plan",
     "build-workloads": "bench.workloads.build",
     "eviction-ablation": "bench.eviction_ablation",
     "acceptance": "bench.acceptance",
