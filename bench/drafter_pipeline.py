@@ -59,6 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-tf32", action="store_true", help="keep fp32 matmuls exact on CUDA (slower)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-after", choices=["data", "train", "tune"],
+                   help="end after this stage (and write no report), e.g. to smoke-test the data stage")
     # session files (--prepare) and how much of them a run reads
     p.add_argument("--train-sessions", type=int, default=48, help="train sessions per workload")
     p.add_argument("--eval-sessions", type=int, default=16, help="eval sessions per workload")
@@ -232,10 +234,16 @@ def run(args: argparse.Namespace) -> int:
     r = Run(args, Budget(args.budget_s, stages.spent_s()), stages)
     progress(r.budget, "start", f"work {args.work}, out {args.out}")
     r.stage("data", lambda: stage_data(r))
+    if args.stop_after == "data":
+        return 0
     for i, m in enumerate(METHODS):
         r.stage(f"train-{m}", lambda m=m, i=i: stage_train(r, m, len(METHODS) - i))
+    if args.stop_after == "train":
+        return 0
     for i, w in enumerate(WORKLOADS):
         r.stage(f"tune-{w}", lambda w=w, i=i: stage_tune(r, w, len(WORKLOADS) - i))
+    if args.stop_after == "tune":
+        return 0
     for name, drafter, workloads in eval_plan(args.work):
         r.stage(f"eval-{name}", lambda d=drafter, ws=workloads: stage_eval(r, d, ws))
     report = build_report(r)
@@ -461,7 +469,8 @@ def write_plots(out: Path, rep: dict) -> int:
                 ax.plot(*zip(*pts), marker="o", label=row)
         ax.set(xlabel="draft position j", ylabel="P(accept j | accepted < j)", ylim=(0, 1),
                title=f"Acceptance by position, T = {t}, mean over workloads")
-        ax.legend()
+        if ax.lines:
+            ax.legend()
         fig.tight_layout()
         fig.savefig(out / f"acceptance-by-position-t{t}.png", dpi=100)
         plt.close(fig)

@@ -1,0 +1,84 @@
+"""The drafter pipeline end to end on stories260K at a tiny scale: every stage runs, a second run resumes
+(skips every stage), the JSON holds every row × workload × temperature, and a budget that is already
+spent cuts training short and skips what cannot start, saying so."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.__main__ import main
+from bench.drafter_pipeline import METHODS, ROWS, TEMPERATURES, WORKLOADS
+
+STORIES = Path(__file__).resolve().parents[2] / "models" / "stories260K.gguf"
+TINY = ["--steps", "2", "--tune-steps", "1", "--layers", "1", "--markov-rank", "8", "--max-len", "512",
+        "--batch-size", "2", "--anchors", "4", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sessions")
+    assert main(["drafter-pipeline", "--prepare", "--sessions", str(d), "--out", str(d), "--scale", "tiny",
+                 "--train-sessions", "4", "--eval-sessions", "2", "--turns", "2", "--max-tokens", "8",
+                 "--max-chars", "80"]) == 0
+    return d
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _pipeline(sessions: Path, work: Path, out: Path, *extra: str) -> int:
+    return main(["drafter-pipeline", "--target", str(STORIES), "--sessions", str(sessions), "--work", str(work),
+                 "--out", str(out), *TINY, *extra])
+
+
+def test_pipeline_runs_every_stage_then_resumes(sessions, tmp_path, capsys):
+    work, out = tmp_path / "work", tmp_path / "out"
+    assert _pipeline(sessions, work, out) == 0
+    first = capsys.readouterr().out
+    assert "done earlier" not in first
+    rep = json.loads((out / "acceptance-qwen.json").read_text())
+    for row in ROWS:
+        for w in WORKLOADS:
+            for t in TEMPERATURES:
+                s = rep["results"][row][w][f"{t:g}"]
+                assert s["rounds"] > 0 and 1.0 <= s["tau"] <= 8.0, (row, w, t)
+    assert rep["results"]["dspark"]["creative"]["1"]["ece_raw"] is not None
+    assert all(rep["tau"][f"{t:g}"][row]["mean"] is not None for t in TEMPERATURES for row in ROWS)
+    assert set(rep["ratios"]["0"]) == {"dspark/dflash", "dspark/eagle3"}
+    assert not rep["skipped"] and not rep["truncated"]
+    # the three generic drafters trained on the same data for the same steps
+    shas = {json.loads((work / "drafters" / m / "training.json").read_text())["data"]["answers_sha256"]
+            for m in METHODS}
+    assert len(shas) == 1
+    assert {rep["stages"][f"train-{m}"]["steps_done"] for m in METHODS} == {2}
+    assert "| dspark-tuned |" in (out / "acceptance-qwen.md").read_text()
+    assert (out / "acceptance-by-position-t0.png").stat().st_size > 0
+
+    weights = work / "drafters" / "dspark" / "drafter.safetensors"
+    before = weights.stat().st_mtime_ns
+    assert _pipeline(sessions, work, out) == 0
+    second = capsys.readouterr().out
+    stage_lines = [ln for ln in second.splitlines() if "] " in ln and ": " in ln.split("] ", 1)[1]]
+    resumed = [ln for ln in stage_lines if "done earlier, skipped" in ln]
+    assert len(resumed) == 1 + len(METHODS) + len(WORKLOADS) + 4 + len(WORKLOADS)   # data, train, tune, eval
+    assert "load:" not in second                      # nothing left to do: the target is never loaded
+    assert weights.stat().st_mtime_ns == before
+    assert json.loads((out / "acceptance-qwen.json").read_text())["results"] == rep["results"]
+
+
+def test_spent_budget_truncates_training_and_skips_the_rest(sessions, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _pipeline(sessions, tmp_path / "work", out, "--budget-s", "0.001") == 0
+    rep = json.loads((out / "acceptance-qwen.json").read_text())
+    assert {rep["stages"][f"train-{m}"]["status"] for m in METHODS} == {"truncated"}
+    assert rep["stages"]["train-dspark"]["steps_done"] == 0
+    assert len(rep["truncated"]) == len(METHODS)
+    assert len(rep["skipped"]) == len(WORKLOADS) + 4 + len(WORKLOADS)       # tuning, evaluations
+    assert all(v is None for v in rep["tau"]["0"]["dspark"].values())
+    assert "Cut by the budget" in (out / "acceptance-qwen.md").read_text()
