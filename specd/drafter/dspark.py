@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from specd.drafter.base import (BlockOut, BorrowsTargetHeads, DrafterError, DraftOutput, SlotSampler, TargetHeads,
                                 count_parameters)
 from specd.drafter.confidence_head import ConfidenceHead
+from specd.drafter.context_cache import DraftContext, padded_layer
 from specd.drafter.config import DrafterConfig
 from specd.drafter.markov_head import MarkovHead, sample_block
 from specd.models.config import ModelConfig
@@ -157,33 +158,50 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
         return BlockOut(base_logits=self.heads.logits(hidden), hidden=hidden)
 
     # --- inference ----------------------------------------------------------------------------
-    def draft_block(self, ctx_feats: Sequence[Tensor], last_tokens: Sequence[int]) -> BlockOut:
+    keeps_tail = False    # absorb() keeps the last feature back for the next draft
+
+    def new_context(self) -> DraftContext:
+        """An empty per-request context K/V cache (specd/drafter/context_cache.py)."""
+        c = self.config.backbone()
+        return DraftContext(len(self.layers), c.num_kv_heads, c.head_dim, self.fc.weight.dtype, self.fc.weight.device)
+
+    def absorb(self, context: DraftContext, feats: Tensor, next_tokens: Tensor | None = None) -> Tensor:
+        """Project fused features [m, d] of the next m context positions into ``context``; returns the
+        features still needed later (none: a block drafter reads its context only through K/V).
+        ``next_tokens`` is unused (EAGLE-3 pairs each feature with the following token)."""
+        del next_tokens
+        if feats.shape[0]:
+            pos = torch.arange(context.n, context.n + feats.shape[0], device=self.fc.weight.device)
+            kvs = self.context_kv(feats.to(self.fc.weight.device, self.fc.weight.dtype)[None], pos[None])
+            context.append([(k[0], v[0]) for k, v in kvs])
+        return feats[:0]
+
+    def draft_block(self, contexts: Sequence[DraftContext], last_tokens: Sequence[int]) -> BlockOut:
         """One padded, batched block forward for B requests (no Markov bias, no sampling).
 
-        ctx_feats[i]: [n_i, d] fused features of positions 0..n_i-1; last_tokens[i] sits at n_i.
+        contexts[i] holds the context K/V of positions 0..n_i-1; last_tokens[i] sits at n_i.
         """
-        if len(ctx_feats) != len(last_tokens):
-            raise DrafterError(f"{len(ctx_feats)} contexts for {len(last_tokens)} anchors")
+        if len(contexts) != len(last_tokens):
+            raise DrafterError(f"{len(contexts)} contexts for {len(last_tokens)} anchors")
         g, dev = self.config.gamma, self.fc.weight.device
-        lens = torch.tensor([f.shape[0] for f in ctx_feats], dtype=torch.int64, device=dev)
-        ctx = nn.utils.rnn.pad_sequence([f.to(dev, self.fc.weight.dtype) for f in ctx_feats], batch_first=True)
-        b, s = ctx.shape[:2]
-        ctx_pos = torch.arange(s, device=dev).expand(b, s)
+        lens = torch.tensor([c.n for c in contexts], dtype=torch.int64, device=dev)
+        ctx_kv = [padded_layer(contexts, i) for i in range(len(self.layers))]
+        b, s = len(contexts), ctx_kv[0][0].shape[1]
         ids = torch.full((b, g), self.config.mask_token_id, dtype=torch.int64, device=dev)
         ids[:, 0] = torch.tensor(list(last_tokens), dtype=torch.int64, device=dev)
         positions = lens[:, None] + torch.arange(g, device=dev)
-        valid = (ctx_pos < lens[:, None])[:, None, :].expand(b, g, s)
+        valid = (torch.arange(s, device=dev)[None, :] < lens[:, None])[:, None, :].expand(b, g, s)
         mask = torch.cat([valid, torch.ones(b, g, g, dtype=torch.bool, device=dev)], dim=2)
-        hidden = self.block_hidden(ids, positions, self.context_kv(ctx, ctx_pos), mask)
+        hidden = self.block_hidden(ids, positions, ctx_kv, mask)
         return BlockOut(base_logits=self.heads.logits(hidden), hidden=hidden)
 
     @torch.no_grad()
-    def draft(self, ctx_feats: Sequence[Tensor], last_tokens: Sequence[int], params: Sequence[SamplingParams],
-              generators: Sequence[torch.Generator | None], ctx_tokens: Sequence[Tensor] | None = None) -> DraftOutput:
-        """γ proposals per request: one batched block forward, then the Markov loop with each
-        request's own sampling. `ctx_tokens` is unused (DSpark reads the context only through features)."""
-        del ctx_tokens
-        out = self.draft_block(ctx_feats, last_tokens)
+    def draft_contexts(self, contexts: Sequence[DraftContext], tails: Sequence[Tensor], last_tokens: Sequence[int],
+                       params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]) -> DraftOutput:
+        """γ proposals per request from cached contexts: one batched block forward, then the Markov
+        loop with each request's own sampling. ``tails`` (what ``absorb`` left over) is empty here."""
+        del tails
+        out = self.draft_block(contexts, last_tokens)
         anchors = torch.tensor(list(last_tokens), dtype=torch.int64, device=out.hidden.device)
         sampler = SlotSampler(params, generators, self.config.gamma, out.hidden.device)
         tokens, probs = sample_block(out.base_logits, anchors, self.markov_head, sampler)
@@ -192,6 +210,21 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
             prev = torch.cat([anchors[:, None], tokens[:, :-1]], dim=1)
             confidence = torch.sigmoid(self.confidence_logits(out.hidden, prev))
         return DraftOutput(tokens=tokens, probs=probs, confidence=confidence)
+
+    @torch.no_grad()
+    def draft(self, ctx_feats: Sequence[Tensor], last_tokens: Sequence[int], params: Sequence[SamplingParams],
+              generators: Sequence[torch.Generator | None], ctx_tokens: Sequence[Tensor] | None = None) -> DraftOutput:
+        """The stateless form: ctx_feats[i] [n_i, d] are the fused features of positions 0..n_i-1
+        (projected afresh; serving keeps DraftContexts instead). ``ctx_tokens`` is unused."""
+        del ctx_tokens
+        return self.draft_contexts(self.contexts_of(ctx_feats), [], last_tokens, params, generators)
+
+    def contexts_of(self, ctx_feats: Sequence[Tensor]) -> list[DraftContext]:
+        """Fresh contexts holding the K/V of these features ([n_i, d] each, positions 0..n_i-1)."""
+        contexts = [self.new_context() for _ in ctx_feats]
+        for c, f in zip(contexts, ctx_feats):
+            self.absorb(c, f)
+        return contexts
 
     # --- reporting ----------------------------------------------------------------------------
     def num_parameters(self, trainable_only: bool = False) -> int:

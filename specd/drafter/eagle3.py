@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from specd.drafter.base import (BorrowsTargetHeads, DrafterError, DraftOutput, SlotSampler, TargetHeads,
                                 count_parameters)
 from specd.drafter.config import DrafterConfig
+from specd.drafter.context_cache import DraftContext, padded_layer
 from specd.models.config import ModelConfig
 from specd.models.layers import MLP, RMSNorm, Rotary, apply_rotary
 from specd.sampling_params import SamplingParams
@@ -158,33 +159,64 @@ class Eagle3Drafter(BorrowsTargetHeads, nn.Module):
             out.append(self.logits(hidden))
         return torch.stack(out, dim=1)
 
+    keeps_tail = True    # absorb() keeps the last feature back for the next draft
+
+    def new_context(self) -> DraftContext:
+        """An empty per-request context K/V cache (specd/drafter/context_cache.py)."""
+        c = self.config.backbone()
+        return DraftContext(1, c.num_kv_heads, c.head_dim, self.fc.weight.dtype, self.fc.weight.device)
+
+    def absorb(self, context: DraftContext, feats: Tensor, next_tokens: Tensor) -> Tensor:
+        """Turn features [m, d] of the next m positions, each with the token after it ([m]), into
+        context elements, except the last one: that feature starts the next draft (the step-0 element
+        is the query's own key, not context). Returns the features kept back ([1, d], or [0, d])."""
+        if feats.shape[0] != next_tokens.shape[0]:
+            raise DrafterError(f"{feats.shape[0]} features but {next_tokens.shape[0]} next tokens")
+        m = feats.shape[0] - 1
+        if m > 0:
+            dev, dtype = self.fc.weight.device, self.fc.weight.dtype
+            pos = torch.arange(context.n, context.n + m, device=dev)
+            k, v = self.context_kv(feats[:m].to(dev, dtype), next_tokens[:m].to(dev), pos)
+            context.append([(k, v)])
+        return feats[max(m, 0):]
+
     @torch.no_grad()
-    def draft(self, ctx_feats: Sequence[Tensor], last_tokens: Sequence[int], params: Sequence[SamplingParams],
-              generators: Sequence[torch.Generator | None], ctx_tokens: Sequence[Tensor] | None = None) -> DraftOutput:
-        """γ sequential steps batched over requests. ctx_feats[i]: [n_i, d] fused (n_i >= 1);
-        ctx_tokens[i]: [n_i] the tokens at positions 0..n_i-1 (EAGLE-3 embeds token t+1 with feature t)."""
-        if ctx_tokens is None or len(ctx_tokens) != len(ctx_feats):
-            raise DrafterError("eagle3 needs ctx_tokens, one [n_i] tensor per request")
-        if any(f.shape[0] < 1 or f.shape[0] != tk.shape[0] for f, tk in zip(ctx_feats, ctx_tokens)):
-            raise DrafterError("eagle3 needs n_i >= 1 features and as many context tokens per request")
+    def draft_contexts(self, contexts: Sequence[DraftContext], tails: Sequence[Tensor], last_tokens: Sequence[int],
+                       params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]) -> DraftOutput:
+        """γ sequential steps batched over requests. contexts[i] holds elements 0..n_i-1; tails[i] [1, d]
+        is the feature of position n_i, the anchor last_tokens[i] sits at n_i + 1."""
+        if len(tails) != len(contexts) or any(t.shape[0] != 1 for t in tails):
+            raise DrafterError("eagle3 needs one kept-back feature per request (absorb's return value)")
         dev, dtype = self.fc.weight.device, self.fc.weight.dtype
-        lens = torch.tensor([f.shape[0] for f in ctx_feats], dtype=torch.int64, device=dev)
-        pad = nn.utils.rnn.pad_sequence
-        feats = pad([f[:-1].to(dev, dtype) for f in ctx_feats], batch_first=True)        # [B, S, d]
-        nxt = pad([tk[1:].to(dev) for tk in ctx_tokens], batch_first=True)                # [B, S]
-        positions = torch.arange(feats.shape[1], device=dev).expand(feats.shape[:2])
-        ctx = self.context_kv(feats, nxt, positions)
-        ctx_mask = positions < (lens - 1)[:, None]
-        hidden = torch.stack([f[-1].to(dev, dtype) for f in ctx_feats])
+        lens = torch.tensor([c.n for c in contexts], dtype=torch.int64, device=dev)
+        ctx = padded_layer(contexts, 0)
+        ctx_mask = torch.arange(ctx[0].shape[1], device=dev)[None, :] < lens[:, None]
+        hidden = torch.cat([t.to(dev, dtype) for t in tails])
         tok = torch.tensor(list(last_tokens), dtype=torch.int64, device=dev)
         sampler = SlotSampler(params, generators, self.config.gamma, dev)
         own, tokens, probs = [], [], []
         for s in range(self.config.gamma):
-            hidden = self.step(hidden, tok, lens - 1 + s, ctx, ctx_mask, own)
+            hidden = self.step(hidden, tok, lens + s, ctx, ctx_mask, own)
             tok, p = sampler(self.logits(hidden), s)
             tokens.append(tok)
             probs.append(p)
         return DraftOutput(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), confidence=None)
+
+    @torch.no_grad()
+    def draft(self, ctx_feats: Sequence[Tensor], last_tokens: Sequence[int], params: Sequence[SamplingParams],
+              generators: Sequence[torch.Generator | None], ctx_tokens: Sequence[Tensor] | None = None) -> DraftOutput:
+        """The stateless form. ctx_feats[i]: [n_i, d] fused (n_i >= 1); ctx_tokens[i]: [n_i] the tokens
+        at positions 0..n_i-1 (EAGLE-3 embeds token t+1 with feature t). Serving keeps DraftContexts."""
+        if ctx_tokens is None or len(ctx_tokens) != len(ctx_feats):
+            raise DrafterError("eagle3 needs ctx_tokens, one [n_i] tensor per request")
+        if any(f.shape[0] < 1 or f.shape[0] != tk.shape[0] for f, tk in zip(ctx_feats, ctx_tokens)):
+            raise DrafterError("eagle3 needs n_i >= 1 features and as many context tokens per request")
+        contexts = [self.new_context() for _ in ctx_feats]
+        tails = []
+        for c, f, tk, last in zip(contexts, ctx_feats, ctx_tokens, last_tokens):
+            nxt = torch.cat([tk[1:], torch.tensor([last], dtype=tk.dtype)])
+            tails.append(self.absorb(c, f, nxt))
+        return self.draft_contexts(contexts, tails, last_tokens, params, generators)
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         return count_parameters(self, trainable_only)

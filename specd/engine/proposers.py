@@ -28,8 +28,11 @@ class NgramProposer:
 class FeatureProposer:
     """A trained drafter (dspark, dflash, eagle3) reading the target's hidden states.
 
-    Each sequence keeps the fused features of its computed tokens (``Sequence.draft_feats``), appended
-    after every forward. After a prefix hit the features start at the first computed token; the
+    Each sequence's fused features of newly computed tokens (``Sequence.draft_feats``, appended after
+    every forward) are projected once into its drafter context K/V (``Sequence.draft_ctx``, a
+    specd.drafter.context_cache.DraftContext) at the next proposal, so a draft costs O(new tokens)
+    plus one padded gather, not O(context) projections. After a prefix hit the features start at the
+    first computed token; the
     context is then shifted to start at position 0, which RoPE makes exact for every distance the
     drafter attends over (only the cached context itself is missing to it)."""
 
@@ -47,20 +50,39 @@ class FeatureProposer:
 
     @torch.inference_mode()
     def propose(self, seqs, limits) -> list[Draft]:
-        ready = [i for i, s in enumerate(seqs) if s.draft_feats is not None and len(s.draft_feats)]
+        ready = [i for i, s in enumerate(seqs) if self._ready(s)]
         drafts = [Draft([]) for _ in seqs]
         if not ready:
             return drafts
         chosen = [seqs[i] for i in ready]
-        start = [s.num_computed_tokens - len(s.draft_feats) for s in chosen]
-        out = self.drafter.draft([s.draft_feats for s in chosen], [s.all_ids[-1] for s in chosen],
-                                 [s.request.params for s in chosen], [s.generator for s in chosen],
-                                 ctx_tokens=[torch.tensor(s.all_ids[b:-1]) for s, b in zip(chosen, start)])
+        for s in chosen:
+            self._absorb(s)
+        out = self.drafter.draft_contexts([s.draft_ctx for s in chosen], [s.draft_feats for s in chosen],
+                                          [s.all_ids[-1] for s in chosen], [s.request.params for s in chosen],
+                                          [s.generator for s in chosen])
         for j, i in enumerate(ready):
             k = max(0, min(limits[i], out.tokens.shape[1]))
             conf = None if out.confidence is None else out.confidence[j, :k].float().tolist()
             drafts[i] = Draft(out.tokens[j, :k].tolist(), out.probs[j, :k].float(), conf)
         return drafts
+
+    def _ready(self, seq) -> bool:
+        """Features arrived since the last draft, or (for drafters that keep nothing raw) a context."""
+        if seq.draft_feats is None:
+            return False
+        if len(seq.draft_feats):
+            return True
+        return seq.draft_ctx is not None and seq.draft_ctx.n > 0 and not self.drafter.keeps_tail
+
+    def _absorb(self, seq) -> None:
+        """Move the sequence's new features into its drafter context (K/V projected once, kept in
+        ``seq.draft_ctx``); ``seq.draft_feats`` keeps only what the drafter still needs raw."""
+        if seq.draft_ctx is None:
+            seq.draft_ctx = self.drafter.new_context()
+        feats = seq.draft_feats
+        first = seq.num_computed_tokens - len(feats)        # absolute position of feats[0]
+        after = torch.tensor(seq.all_ids[first + 1: seq.num_computed_tokens + 1], dtype=torch.int64)
+        seq.draft_feats = self.drafter.absorb(seq.draft_ctx, feats, after)
 
 
 NGRAM_MAX_TOKENS = 32     # prompt lookup proposes up to this many; each request's γ truncates (EngineConfig's bound)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -36,7 +37,8 @@ class Sequence:
     num_cached_tokens: int = 0                  # prompt tokens whose KV came from the cache
     num_computed_tokens: int = 0                # tokens whose KV is in the pool
     first_token_s: float | None = None
-    draft_feats: torch.Tensor | None = None     # [n, d] fused target features of computed tokens (feature drafters)
+    draft_feats: torch.Tensor | None = None     # [n, d] fused target features not yet absorbed by the drafter
+    draft_ctx: Any = None                       # the drafter's DraftContext: K/V of the absorbed positions
     spec_verifications: int = 0                 # verify passes that carried drafts for this sequence
     spec_drafted: int = 0
     spec_accepted: int = 0
@@ -62,6 +64,7 @@ class Sequence:
         """Forget all computed KV (preemption, kvd re-attach): it will be recomputed, features too."""
         self.num_computed_tokens = 0
         self.draft_feats = None
+        self.draft_ctx = None
 
     @property
     def num_pending(self) -> int:

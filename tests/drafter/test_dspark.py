@@ -74,7 +74,7 @@ def test_training_block_equals_inference_block(dspark, ctx, tokens):
     anchors = [4, 9, 20]
     with torch.no_grad():
         train = dspark.block_logits(ctx, tokens, torch.tensor(anchors))
-        infer = dspark.draft_block([ctx[:a] for a in anchors], [int(tokens[a]) for a in anchors])
+        infer = dspark.draft_block(dspark.contexts_of([ctx[:a] for a in anchors]), [int(tokens[a]) for a in anchors])
     torch.testing.assert_close(infer.base_logits, train.base_logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(infer.hidden, train.hidden, rtol=1e-5, atol=1e-5)
 
@@ -96,7 +96,7 @@ def test_batched_draft_equals_single_calls(dspark, ctx, tokens):
 
 def test_greedy_probs_are_one_hot_at_the_markov_argmax(dspark, ctx, tokens):
     out = dspark.draft([ctx[:11]], [int(tokens[11])], [GREEDY], [None])
-    base = dspark.draft_block([ctx[:11]], [int(tokens[11])]).base_logits
+    base = dspark.draft_block(dspark.contexts_of([ctx[:11]]), [int(tokens[11])]).base_logits
     prev = torch.cat([tokens[11:12], out.tokens[0, :-1]])[None]
     corrected = dspark.markov_logits(base, prev)
     assert torch.equal(out.tokens, corrected.argmax(-1))
@@ -110,7 +110,7 @@ def test_sampled_probs_are_exactly_the_sampling_distribution(dspark, ctx, tokens
     params = [HOT, SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.0, top_p=0.5)]
     feats, last = [ctx[:n] for n in lens], [int(tokens[n]) for n in lens]
     out = dspark.draft(feats, last, params, _gens(3))
-    base = dspark.draft_block(feats, last).base_logits
+    base = dspark.draft_block(dspark.contexts_of(feats), last).base_logits
     prev = torch.cat([torch.tensor(last)[:, None], out.tokens[:, :-1]], dim=1)
     corrected = dspark.markov_logits(base, prev)
     for i, p in enumerate(params):
@@ -124,7 +124,7 @@ def test_sampled_probs_are_exactly_the_sampling_distribution(dspark, ctx, tokens
 
 def test_confidence_is_sigmoid_of_the_head_on_sampled_prev_tokens(dspark, ctx, tokens):
     out = dspark.draft([ctx[:9]], [int(tokens[9])], [HOT], [torch.Generator().manual_seed(1)])
-    hidden = dspark.draft_block([ctx[:9]], [int(tokens[9])]).hidden
+    hidden = dspark.draft_block(dspark.contexts_of([ctx[:9]]), [int(tokens[9])]).hidden
     prev = torch.cat([tokens[9:10], out.tokens[0, :-1]])[None]
     with torch.no_grad():
         want = torch.sigmoid(dspark.confidence_logits(hidden, prev))
@@ -178,4 +178,5 @@ def test_anchor_out_of_range_and_missing_target_raise(dspark, ctx, tokens):
     with pytest.raises(DrafterError):
         dspark.block_logits(ctx, tokens, torch.tensor([len(tokens)]))
     with pytest.raises(DrafterError):
-        BlockDrafter(dspark.config).draft_block([ctx[:3]], [1])
+        fresh = BlockDrafter(dspark.config)
+        fresh.draft_block(fresh.contexts_of([ctx[:3]]), [1])

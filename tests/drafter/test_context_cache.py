@@ -1,0 +1,44 @@
+"""DraftContext: a drafter's context K/V grown chunk by chunk (as serving does, one accepted run of
+tokens at a time, across several capacity doublings) drafts exactly what the stateless draft over all
+features drafts."""
+import pytest
+import torch
+
+from specd.drafter.context_cache import MIN_CAPACITY, DraftContext
+from specd.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+SAMPLED = SamplingParams(temperature=0.9, top_k=50)
+
+
+def test_append_grows_and_keeps_what_was_there():
+    c = DraftContext(2, 1, 4, torch.float32, torch.device("cpu"))
+    chunks = [torch.randn(n, 1, 4) for n in (5, MIN_CAPACITY, 3 * MIN_CAPACITY)]
+    for x in chunks:
+        c.append([(x, -x), (2 * x, x)])
+    want = torch.cat(chunks)
+    k0, v0 = c.layer(0)
+    k1, _ = c.layer(1)
+    assert c.n == want.shape[0]
+    assert torch.equal(k0, want) and torch.equal(v0, -want) and torch.equal(k1, 2 * want)
+
+
+@pytest.mark.parametrize("method", ["dspark", "eagle3"])
+def test_incremental_context_drafts_like_the_stateless_draft(method, target, tokens, make_drafter, fused):
+    drafter = make_drafter(target[0], method, gamma=5)
+    feats = fused(drafter, target[0], tokens)
+    n = len(tokens) - 1
+    for params in (GREEDY, SAMPLED):
+        want = drafter.draft([feats[:n]], [int(tokens[n])], [params], [torch.Generator().manual_seed(3)],
+                             ctx_tokens=[tokens[:n]])
+        ctx, tail, start = drafter.new_context(), feats[:0], 0
+        for stop in [s for s in (1, 2, 9, 20) if s < n] + [n]:   # features arrive in runs, as tokens get accepted
+            pending = torch.cat([tail, feats[start:stop]])
+            first = stop - len(pending)
+            tail = drafter.absorb(ctx, pending, tokens[first + 1: stop + 1])
+            start = stop
+        got = drafter.draft_contexts([ctx], [tail], [int(tokens[n])], [params], [torch.Generator().manual_seed(3)])
+        assert torch.equal(got.tokens, want.tokens)
+        torch.testing.assert_close(got.probs, want.probs, rtol=1e-5, atol=1e-6)
+        if want.confidence is not None:
+            torch.testing.assert_close(got.confidence, want.confidence, rtol=1e-5, atol=1e-6)
