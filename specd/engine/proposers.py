@@ -32,9 +32,8 @@ class FeatureProposer:
     every forward) are projected once into its drafter context K/V (``Sequence.draft_ctx``, a
     specd.drafter.context_cache.DraftContext) at the next proposal, so a draft costs O(new tokens)
     plus one padded gather, not O(context) projections. After a prefix hit the features start at the
-    first computed token; the
-    context is then shifted to start at position 0, which RoPE makes exact for every distance the
-    drafter attends over (only the cached context itself is missing to it)."""
+    first computed token; the context is then shifted to start at position 0, which RoPE makes exact
+    for every distance the drafter attends over (only the cached context itself is missing to it)."""
 
     def __init__(self, drafter, method: str, temperatures: list[float] | None = None):
         self.drafter = drafter
