@@ -71,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", default="full", help="--prepare: workload scale preset (tiny fits stories260K)")
     # stage sizes
     p.add_argument("--gen-batch", type=int, default=128, help="sequences per answer-generation batch")
-    p.add_argument("--max-len", type=int, default=2048, help="prompt + answer tokens at most (longer turns dropped)")
+    p.add_argument("--max-len", type=int, default=3072, help="prompt + answer tokens at most (longer turns dropped)")
     p.add_argument("--steps", type=int, default=400, help="training steps of each generic drafter")
     p.add_argument("--tune-steps", type=int, default=80, help="tuning steps per workload")
     p.add_argument("--layers", type=int, default=1, help="dspark/dflash draft layers")
