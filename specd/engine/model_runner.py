@@ -118,13 +118,17 @@ class ModelRunner:
 
     def dummy_verify_forward(self, gamma: int, context: int):
         """A callable B -> one step shaped like a verify step of B tokens (rows of 1 + γ tokens after
-        ``context`` cached tokens), through the same path (graph or eager) real steps take, for
-        ``SpsProfile.measure``. It writes no KV (slots -1) and reads garbage from block 0 onwards."""
-        row = gamma + 1
-        n_blocks = -(-(context + row) // self.layout.block_size)
+        ``context`` cached tokens; longer rows when B exceeds max_seqs rows), through the same path
+        (graph or eager) real steps take, for ``SpsProfile.measure``. It writes no KV (slots -1) and
+        reads garbage from block 0 onwards."""
+        max_seqs = self.graphs.max_seqs if self.graphs is not None else None
 
         @torch.inference_mode()
         def forward(b: int) -> object:
+            row = gamma + 1
+            if max_seqs is not None and -(-b // row) > max_seqs:
+                row = -(-b // max_seqs)        # a step this large mixes in prefill chunks: longer rows
+            n_blocks = -(-(context + row) // self.layout.block_size)
             q_lens = [row] * (b // row) + ([b % row] if b % row else [])
             pos = [p for q in q_lens for p in range(context, context + q)]
             cu = [0]
