@@ -166,14 +166,17 @@ class KvdCore:
         longest = candidates[-1]
         if recompute_s is None or longest == 0:
             return longest
-        cost = []
-        for c in candidates:
-            s = 0.0
-            for g in gs:
-                for r in recs[g.name][needed_from(c, g.tail_blocks):c]:
-                    if r is not None and not r.moving:
-                        s += self.rates.seconds(r.tier, g.block_bytes)
-            cost.append(s)
+        cost = [0.0] * len(candidates)
+        for g in gs:   # prefix sums of per-block promotion seconds: O(blocks) per group
+            pre = [0.0]
+            for r in recs[g.name]:
+                pre.append(pre[-1] + (self.rates.seconds(r.tier, g.block_bytes) if r is not None and not r.moving
+                                      else 0.0))
+            if pre[-1] > 0:
+                for i, c in enumerate(candidates):
+                    cost[i] += pre[c] - pre[needed_from(c, g.tail_blocks)]
+        if not any(cost):
+            return longest   # every needed block is on the GPU already: nothing to decide
         hit = best_cut(candidates, cost, recompute_s)
         if hit < longest:
             self.counters["prefetch_recompute_lookups"] += 1

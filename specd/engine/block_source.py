@@ -1,9 +1,11 @@
 """Where the engine's KV blocks come from.
 
 ``LocalBlockSource`` owns a private pool and caches nothing (the ``standard`` baseline, and the
-fallback while kvd is unreachable). ``KvdBlockSource`` (specd/engine/kvd_source.py) leases blocks from
-kvd's shared pool by prefix hash. The engine sees one interface, so the cache is an option, never a
-code path of its own.
+fallback while kvd is unreachable); ``LocalGroupsSource`` is one of those per cache group, for a model
+with sliding-window layers. ``KvdBlockSource`` (specd/engine/kvd_source.py) leases blocks from kvd's
+shared pools by prefix hash. The engine sees one interface, so the cache is an option, never a code
+path of its own. A source has one pool per cache group (specd/engine/kv_layout.py) in ``pools``;
+``pool`` and ``num_blocks`` are the primary group's, and ``group=None`` means the primary group.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Protocol, Sequence
 import torch
 
 from kvd.types import BlockHash, BlockId, LeaseId
+from specd.engine.kv_layout import KVLayout
 
 
 class OutOfBlocks(Exception):
@@ -19,13 +22,17 @@ class OutOfBlocks(Exception):
 
 
 class BlockSource(Protocol):
-    pool: torch.Tensor          # [num_blocks, block_bytes] uint8, on the engine's device
+    pool: torch.Tensor          # [num_blocks, block_bytes] uint8, on the engine's device (primary group)
+    pools: dict[str, torch.Tensor]
     num_blocks: int
 
     @property
     def connected(self) -> bool: ...
     def lookup(self, hashes: Sequence[BlockHash], session: str | None = None) -> tuple[LeaseId | None, list[BlockId]]: ...
-    def allocate(self, n: int) -> tuple[LeaseId, list[BlockId]]: ...
+    def lookup_groups(self, hashes: Sequence[BlockHash], session: str | None = None
+                      ) -> tuple[int, dict[str, tuple[LeaseId | None, int, list[BlockId]]]]:
+        """A joint hit across groups: (hit blocks, {group: (lease, index of its first hit, ids)})."""
+    def allocate(self, n: int, group: str | None = None) -> tuple[LeaseId, list[BlockId]]: ...
     def commit(self, lease: LeaseId, entries: Sequence[tuple[BlockId, BlockHash, BlockHash | None]]
                ) -> list[BlockId] | None:
         """Publish; returns the canonical block per entry (another id when the hash was already
@@ -33,17 +40,20 @@ class BlockSource(Protocol):
     def release(self, leases: Sequence[LeaseId], hints: dict | None = None) -> None: ...
     def num_free(self) -> int: ...
     def heartbeat(self) -> None: ...
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """One forward step's new tokens and time: the recompute side of kvd's prefetch budget."""
 
 
 class LocalBlockSource:
     """A private pool with a free list; ``lookup`` never hits, ``commit`` publishes nothing."""
 
-    def __init__(self, num_blocks: int, block_bytes: int, device: torch.device):
+    def __init__(self, num_blocks: int, block_bytes: int, device: torch.device, first_lease: int = 1):
         self.pool = torch.zeros(num_blocks, block_bytes, dtype=torch.uint8, device=device)
+        self.pools = {"full": self.pool}
         self.num_blocks = num_blocks
         self._free: list[BlockId] = [BlockId(i) for i in reversed(range(num_blocks))]
         self._leases: dict[LeaseId, list[BlockId]] = {}
-        self._next_lease = 1
+        self._next_lease = first_lease
 
     @property
     def connected(self) -> bool:
@@ -52,7 +62,10 @@ class LocalBlockSource:
     def lookup(self, hashes, session=None):
         return None, []
 
-    def allocate(self, n: int) -> tuple[LeaseId, list[BlockId]]:
+    def lookup_groups(self, hashes, session=None):
+        return 0, {g: (None, 0, []) for g in self.pools}
+
+    def allocate(self, n: int, group: str | None = None) -> tuple[LeaseId, list[BlockId]]:
         if n > len(self._free):
             raise OutOfBlocks(f"need {n} blocks, {len(self._free)} free")
         blocks = [self._free.pop() for _ in range(n)]
@@ -73,3 +86,60 @@ class LocalBlockSource:
 
     def heartbeat(self) -> None:
         pass
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        pass
+
+
+LEASE_SPAN = 1 << 40   # lease ids of the groups of a LocalGroupsSource never collide
+
+
+class LocalGroupsSource:
+    """One private LocalBlockSource per cache group (a hybrid model served without kvd)."""
+
+    def __init__(self, num_blocks: int, layout: KVLayout, device: torch.device):
+        self.parts = {g.name: LocalBlockSource(num_blocks, g.layout.block_bytes, device, 1 + i * LEASE_SPAN)
+                      for i, g in enumerate(layout.groups())}
+        self.primary = next(iter(self.parts))
+        self.pools = {g: p.pool for g, p in self.parts.items()}
+        self.pool = self.pools[self.primary]
+        self.num_blocks = num_blocks
+
+    @property
+    def connected(self) -> bool:
+        return False
+
+    def lookup(self, hashes, session=None):
+        return None, []
+
+    def lookup_groups(self, hashes, session=None):
+        return 0, {g: (None, 0, []) for g in self.parts}
+
+    def allocate(self, n: int, group: str | None = None) -> tuple[LeaseId, list[BlockId]]:
+        return self.parts[group or self.primary].allocate(n)
+
+    def commit(self, lease, entries) -> None:
+        return None
+
+    def release(self, leases, hints=None) -> None:
+        for lease in leases:
+            self.parts_of(lease).release([lease])
+
+    def parts_of(self, lease: LeaseId) -> LocalBlockSource:
+        return list(self.parts.values())[(lease - 1) // LEASE_SPAN]
+
+    def num_free(self) -> int:
+        return self.parts[self.primary].num_free()
+
+    def heartbeat(self) -> None:
+        pass
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        pass
+
+
+def local_source(num_blocks: int, layout: KVLayout, device: torch.device) -> LocalBlockSource | LocalGroupsSource:
+    """Private pools for ``layout``: one (a full-attention model) or one per cache group."""
+    if layout.hybrid:
+        return LocalGroupsSource(num_blocks, layout, device)
+    return LocalBlockSource(num_blocks, layout.block_bytes, device)

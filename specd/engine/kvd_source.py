@@ -4,6 +4,11 @@ If kvd stops answering, the source degrades instead of failing requests: it adop
 it already holds as a private pool (the blocks live sequences use stay where they are, every other
 block becomes free), stops looking up and publishing, and says so through ``connected``. The engine
 re-attaches to a restarted kvd when it is idle, so no live block table ever spans two pools. A wrong KV block is never served: in degraded mode nothing is looked up at all.
+
+One kvd cache group per group of the layout (specd/engine/kv_layout.py): ``full`` for a full-attention
+model, ``full`` + ``swa`` for one with sliding-window layers (attached with the swa group's tail rule).
+Lookups carry the engine's recompute time per block (``prefill``, fed by the engine's steps) so kvd can
+apply its prefetch budget.
 """
 from __future__ import annotations
 
@@ -20,10 +25,10 @@ from client.kvd_client import OutOfBlocks as _KvdOutOfBlocks
 from kvd.types import BlockHash, BlockId, LeaseId
 from specd.engine.block_source import OutOfBlocks
 from specd.engine.kv_layout import KVLayout
+from specd.engine.prefill_rate import PrefillRate
 
 log = logging.getLogger("specd.kvd")
 
-GROUP = "full"
 ATTACH_TIMEOUT_S = 30.0   # a first attach may make kvd allocate (and pin) its pools: seconds for GBs
 PROBE_TIMEOUT_S = 0.5     # probing for a restarted kvd while serving must not delay requests
 CALL_TIMEOUT_S = 2.0      # a dead kvd must not stall a decode step for long
@@ -35,15 +40,18 @@ class KvdUnavailable(Exception):
 
 
 class KvdBlockSource:
-    def __init__(self, client: KvdClient, pool: torch.Tensor, layout: KVLayout, run_dir: Path):
+    def __init__(self, client: KvdClient, pools: dict[str, torch.Tensor], layout: KVLayout, run_dir: Path):
         self.client = client
-        self.pool = pool                       # [N, block_bytes] uint8, mapped from kvd
-        self.num_blocks = pool.shape[0]
+        self.pools = pools                     # group -> [N, block_bytes] uint8, mapped from kvd
+        self.primary = layout.groups()[0].name
+        self.pool = pools[self.primary]
+        self.num_blocks = self.pool.shape[0]
         self.layout = layout
         self.run_dir = run_dir
+        self.prefill = PrefillRate(layout.block_size)   # fed by the engine; priced into every lookup
         self._connected = True
-        self._held: dict[LeaseId, list[BlockId]] = {}     # every live lease -> its blocks
-        self._free: list[BlockId] = []                     # used only when degraded
+        self._held: dict[LeaseId, tuple[str, list[BlockId]]] = {}     # every live lease -> (group, its blocks)
+        self._free: dict[str, list[BlockId]] = {}                     # used only when degraded
         self._next_local_lease = -1                        # degraded leases are negative: never sent to kvd
         self.lookup_errors = 0
 
@@ -51,20 +59,24 @@ class KvdBlockSource:
     def connect(cls, run_dir: Path, layout: KVLayout, device: torch.device,
                 attach_timeout_s: float = ATTACH_TIMEOUT_S) -> "KvdBlockSource":
         client = KvdClient(run_dir, timeout_s=attach_timeout_s)
+        pools: dict[str, torch.Tensor] = {}
         try:
-            info = client.attach(GROUP, layout.block_bytes)
+            for g in layout.groups():
+                info = client.attach(g.name, g.layout.block_bytes, g.tail_blocks)
+                pools[g.name] = map_pool(info)
+                log.info("attached to kvd group %s at %s: %d blocks of %d bytes (%s)", g.name, run_dir,
+                         info.gpu_blocks, info.block_bytes, info.kind)
             client.timeout_s = CALL_TIMEOUT_S
         except KvdClientError as exc:
             client.close()
             raise KvdUnavailable(str(exc)) from exc
-        pool = map_pool(info)
-        if pool.device.type != device.type:
-            client.close()
-            raise KvdUnavailable(f"kvd's pool is on {pool.device.type}, the engine runs on {device.type}; "
-                                 f"start kvd with --device {device.type}")
+        for pool in pools.values():
+            if pool.device.type != device.type:
+                client.close()
+                raise KvdUnavailable(f"kvd's pool is on {pool.device.type}, the engine runs on {device.type}; "
+                                     f"start kvd with --device {device.type}")
         client.start_heartbeat(HEARTBEAT_S)
-        log.info("attached to kvd at %s: %d blocks of %d bytes (%s)", run_dir, info.gpu_blocks, info.block_bytes, info.kind)
-        return cls(client, pool, layout, Path(run_dir))
+        return cls(client, pools, layout, Path(run_dir))
 
     @property
     def connected(self) -> bool:
@@ -75,7 +87,7 @@ class KvdBlockSource:
         if not self._connected:
             return None, []
         try:
-            res = self.client.lookup(GROUP, list(hashes), session)
+            res = self.client.lookup(self.primary, list(hashes), session, recompute_s=self.prefill.block_seconds())
             if res.hits and not res.ready:
                 self.client.wait_ready(res.lease)
         except KvdClientError as exc:
@@ -85,20 +97,43 @@ class KvdBlockSource:
             if res.lease:
                 self._release_remote(res.lease)
             return None, []
-        self._held[res.lease] = list(res.hits)
+        self._held[res.lease] = (self.primary, list(res.hits))
         return res.lease, list(res.hits)
 
-    def allocate(self, n: int) -> tuple[LeaseId, list[BlockId]]:
+    def lookup_groups(self, hashes: Sequence[BlockHash], session: str | None = None
+                      ) -> tuple[int, dict[str, tuple[LeaseId | None, int, list[BlockId]]]]:
+        """One joint hit across every group (kvd's ``lookup_groups``), waited ready."""
+        miss = {g: (None, 0, []) for g in self.pools}
+        if not self._connected:
+            return 0, miss
+        try:
+            res = self.client.lookup_groups(list(self.pools), list(hashes), session,
+                                            recompute_s=self.prefill.block_seconds())
+            for r in res.results.values():
+                if r.hits and not r.ready:
+                    self.client.wait_ready(r.lease)
+        except KvdClientError as exc:
+            self._degrade(exc)
+            return 0, miss
+        out: dict[str, tuple[LeaseId | None, int, list[BlockId]]] = {}
+        for g, r in res.results.items():
+            if r.hits:
+                self._held[r.lease] = (g, list(r.hits))
+            out[g] = (r.lease if r.hits else None, r.first, list(r.hits))
+        return res.hit, out
+
+    def allocate(self, n: int, group: str | None = None) -> tuple[LeaseId, list[BlockId]]:
+        group = group or self.primary
         if self._connected:
             try:
-                lease, blocks = self.client.allocate(GROUP, n)
-                self._held[lease] = list(blocks)
+                lease, blocks = self.client.allocate(group, n)
+                self._held[lease] = (group, list(blocks))
                 return lease, list(blocks)
             except _KvdOutOfBlocks as exc:
                 raise OutOfBlocks(str(exc)) from exc
             except KvdClientError as exc:
                 self._degrade(exc)
-        return self._allocate_local(n)
+        return self._allocate_local(n, group)
 
     def commit(self, lease: LeaseId, entries) -> list[BlockId] | None:
         if not self._connected or lease < 0:
@@ -113,7 +148,7 @@ class KvdBlockSource:
             # a refused commit (e.g. the lease was reclaimed) only loses a cache entry, never correctness
             log.warning("kvd refused a commit: %s", exc)
             return None
-        held = self._held.setdefault(lease, [])
+        held = self._held.setdefault(lease, (self.primary, []))[1]
         for (mine, _, _), block in zip(entries, canonical):
             if block != mine:          # a duplicate: kvd freed ours and leased us its canonical block
                 held.remove(mine)
@@ -127,29 +162,32 @@ class KvdBlockSource:
             self._release_remote(LeaseId(0), hints)
             hints = {k: v for k, v in hints.items() if k != "kinds"}
         for lease in leases:
-            blocks = self._held.pop(lease, [])
+            group, blocks = self._held.pop(lease, (self.primary, []))
             if not self._connected or lease < 0:
-                self._free_unshared(blocks)
+                self._free_unshared(group, blocks)
             else:
                 self._release_remote(lease, hints)
 
-    def _free_unshared(self, blocks: Sequence[BlockId]) -> None:
+    def _free_unshared(self, group: str, blocks: Sequence[BlockId]) -> None:
         """Degraded mode: a block goes back to the private free list only when no live lease holds it.
         Several leases can name one block (each sequence that hit a cached prefix has its own lookup
         lease on it, and a published block can be another's hit), so freeing on the first release let
         a new allocation overwrite KV a running sequence still reads (found by tests/faults)."""
-        still = {b for held in self._held.values() for b in held}
-        free = set(self._free)
+        still = {b for g, held in self._held.values() if g == group for b in held}
+        free = set(self._free[group])
         for b in dict.fromkeys(blocks):
             if b not in still and b not in free:
-                self._free.append(b)
+                self._free[group].append(b)
 
     def num_free(self) -> int:
-        return len(self._free) if not self._connected else -1
+        return len(self._free[self.primary]) if not self._connected else -1
 
     def heartbeat(self) -> None:
         if self._connected:
             self.client.heartbeat()
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        self.prefill.observe(tokens, seconds)
 
     # -- failure and recovery ---------------------------------------------------------------
     def _release_remote(self, lease: LeaseId, hints: dict | None = None) -> None:
@@ -164,17 +202,19 @@ class KvdBlockSource:
         if not self._connected:
             return
         self._connected = False
-        in_use = {b for blocks in self._held.values() for b in blocks}
-        self._free = [BlockId(b) for b in reversed(range(self.num_blocks)) if b not in in_use]
+        for group, pool in self.pools.items():
+            in_use = {b for g, blocks in self._held.values() if g == group for b in blocks}
+            self._free[group] = [BlockId(b) for b in reversed(range(pool.shape[0])) if b not in in_use]
         log.warning("kvd stopped answering (%s): serving without the shared cache, recomputing prefixes", exc)
 
-    def _allocate_local(self, n: int) -> tuple[LeaseId, list[BlockId]]:
-        if n > len(self._free):
-            raise OutOfBlocks(f"need {n} blocks, {len(self._free)} free (kvd unavailable)")
-        blocks = [self._free.pop() for _ in range(n)]
+    def _allocate_local(self, n: int, group: str) -> tuple[LeaseId, list[BlockId]]:
+        free = self._free[group]
+        if n > len(free):
+            raise OutOfBlocks(f"need {n} blocks, {len(free)} free (kvd unavailable)")
+        blocks = [free.pop() for _ in range(n)]
         lease = LeaseId(self._next_local_lease)
         self._next_local_lease -= 1
-        self._held[lease] = blocks
+        self._held[lease] = (group, blocks)
         return lease, blocks
 
     def close(self) -> None:
