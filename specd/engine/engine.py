@@ -12,7 +12,7 @@ import torch
 from kvd.hashing import namespace_root
 from specd.engine import sampler
 from specd.engine.block_manager import BlockManager
-from specd.engine.block_source import BlockSource, LocalBlockSource
+from specd.engine.block_source import BlockSource, local_source
 from specd.engine.config import SCHEDULES, EngineConfig
 from specd.engine.detokenizer import Detokenizer
 from specd.engine.errors import EngineError
@@ -24,7 +24,7 @@ from specd.engine.block_source import OutOfBlocks
 from specd.engine.proposers import load_proposer
 from specd.engine.scheduler import ScheduledSeq, Scheduler
 from specd.engine.speculation import METHODS, Draft, verify
-from specd.engine.spec_scheduler import (SpsProfile, calibrate, speculation_pays, dummy_verify_forward, profile_points,
+from specd.engine.spec_scheduler import (SpsProfile, calibrate, speculation_pays, profile_points,
                                          schedule_verify)
 from specd.engine.sequence import Sequence, SeqStatus
 from specd.loader import load_model, resolve_device, resolve_dtype
@@ -78,11 +78,17 @@ class SpecEngine:
 
     def _attach(self, source: BlockSource) -> None:
         self.source = source
+        if self.layout.hybrid:       # sliding-window layers: a cache group per kind (specd/engine/group_backend.py)
+            from specd.engine.group_backend import hybrid_engine_parts
+            self.blocks, self.scheduler, self.runner = hybrid_engine_parts(self, source)
+            return
         self.blocks = BlockManager(source, self.layout.block_size, self.root)
         self.scheduler = Scheduler(self.blocks, self.config.max_num_seqs, self.config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.layout, source.pool, self.device,
                                   max_batch=self.config.max_num_seqs, max_model_len=self.max_model_len,
-                                  cuda_graphs=self.config.cuda_graphs)
+                                  cuda_graphs=self.config.cuda_graphs,
+                                  max_num_batched_tokens=self.config.max_num_batched_tokens,
+                                  num_speculative_tokens=self.config.num_speculative_tokens)
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -91,7 +97,7 @@ class SpecEngine:
         dtype = resolve_dtype(config.dtype, device)
         model, tokenizer = load_model(config.model, dtype=dtype, device=device)
         mc = model.config
-        layout = KVLayout(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
+        layout = KVLayout(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, mc.layer_windows)
         source = cls._make_source(config, layout, device)
         return cls(model, tokenizer, config, source, layout, device, model_name=config.model.name)
 
@@ -104,7 +110,7 @@ class SpecEngine:
                 return KvdBlockSource.connect(config.kvd_run_dir, layout, device)
             except KvdUnavailable as exc:
                 log.warning("kvd unavailable (%s): serving without the shared cache", exc)
-        return LocalBlockSource(config.num_local_blocks, layout.block_bytes, device)
+        return local_source(config.num_local_blocks, layout, device)
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -181,6 +187,7 @@ class SpecEngine:
         logits, captured = self.runner.run(batch, capture)
         emitted = self._sample(batch, logits)
         t2 = time.perf_counter()
+        self.source.observe_prefill(sum(s.num_tokens for s in batch), t2 - t1)   # kvd's prefetch budget
         now = time.monotonic()
         for sched in batch:          # prompt chunks that do not sample yet (``samples`` reads the old count)
             if not sched.samples:
@@ -236,7 +243,8 @@ class SpecEngine:
         for method, group in by_method.items():
             proposer = self._proposer(method)
             if self._paused(proposer):
-                self._counters["spec_paused_steps_total"] += 1
+                resting = [s for s in group if self._wants_confidence(s.seq)]
+                self._counters["spec_paused_steps_total"] += bool(resting)
                 group = [s for s in group if not self._wants_confidence(s.seq)]
                 if not group:
                     continue
@@ -300,8 +308,8 @@ class SpecEngine:
         if self.sps is None:
             gamma = self.config.num_speculative_tokens
             most = self.config.max_num_batched_tokens + self.config.max_num_seqs * gamma
-            forward = dummy_verify_forward(self.model, self.layout, self.device, gamma,
-                                           context=min(SPS_CONTEXT_TOKENS, self.max_model_len - gamma - 1))
+            forward = self.runner.dummy_verify_forward(
+                gamma, context=min(SPS_CONTEXT_TOKENS, self.max_model_len - gamma - 1))
             sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
             self.sps = SpsProfile.measure(forward, profile_points(most), sync=sync)
             self._track_overhead = True
