@@ -12,8 +12,9 @@ split) and each concurrency level, the same N requests (the FIRST TURN of the fi
 session's sampling; N = max(--requests, concurrency)) run under each row, closed loop: ``concurrency``
 requests are always in flight until the N are done. Within a (workload, concurrency) cell the rows alternate
 row by row inside each repeat, so they share the machine's noise, and ratios to ``none`` are taken per
-repeat. Before the first timed run of a (concurrency, row) pair, an untimed warm-up of ``concurrency``
-requests runs it, so CUDA-graph captures, Triton compiles and the SPS profile are never timed.
+repeat. Before the timed runs of a (workload, concurrency) cell, every row runs the same N prompts untimed with
+--warmup-tokens answers, so CUDA-graph captures of those prompt and step shapes, Triton compiles and the
+SPS profile are not timed; each run records the graphs it still captured and its eager steps.
 
 Measured per run: output throughput (generated tokens of the batch / wall time), per-user tok/s (median
 over requests of tokens / (finish − first token)), τ (tokens per verification), mean verified drafts per
@@ -99,6 +100,8 @@ class RunResult:
     admission_ms_per_step: float
     scheduler_ms_per_step: float
     scheduled_lengths: dict[str, int] = field(default_factory=dict)
+    graph_captures: int = 0      # CUDA graphs captured during this timed run (should be 0 after the warm-up)
+    eager_steps: int = 0         # steps no CUDA graph covered
 
 
 STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_total", "spec_accepted_tokens_total",
@@ -116,6 +119,13 @@ def row_fields(row: str, gamma_cap: dict[str, int]) -> dict:
     return {"speculation": spec["method"], "spec_schedule": spec["schedule"], "num_speculative_tokens": gamma}
 
 
+def _graph_state(engine) -> tuple[int, int]:
+    """(graphs captured so far, eager steps so far) of the engine's model runner (0, 0 without graphs)."""
+    runner = engine.runner
+    graphs = getattr(runner, "graphs", None)
+    return (len(graphs.graphs) if graphs is not None else 0), getattr(runner, "eager_steps", 0)
+
+
 def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: int, tag: str) -> RunResult:
     """Keep ``concurrency`` requests in flight until every prompt is answered."""
     from specd.engine.request import Request
@@ -126,6 +136,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
     spans: list[tuple[int, float]] = []
     inflight = 0
     before = dict(engine.stats())
+    graphs0, eager0 = _graph_state(engine)
     t0 = time.perf_counter()
     while queue or inflight:
         while queue and inflight < concurrency:
@@ -144,6 +155,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
                 inflight -= 1
                 spans.append((count.get(out.id, 0), now - first.get(out.id, now)))
     wall = time.perf_counter() - t0
+    graphs1, eager1 = _graph_state(engine)
     d = _delta(before, engine.stats())
     tokens = sum(n for n, _ in spans)
     rates = [n / s for n, s in spans if s > 0]
@@ -157,7 +169,8 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         admission_ms_per_step=1e3 * d["admission_seconds_total"] / steps,
         scheduler_ms_per_step=1e3 * d["spec_scheduler_seconds_total"] / steps,
         scheduled_lengths={k.removeprefix("spec_scheduled_len").removesuffix("_total"): int(v)
-                           for k, v in sorted(d.items()) if k.startswith("spec_scheduled_len") and v})
+                           for k, v in sorted(d.items()) if k.startswith("spec_scheduled_len") and v},
+        graph_captures=graphs1 - graphs0, eager_steps=eager1 - eager0)
 
 
 # ---- summaries (pure) --------------------------------------------------------------------------------
@@ -257,6 +270,11 @@ def render_markdown(result: dict) -> str:
         cells = [levels.get(str(c)) for c in result["concurrency"]]
         lines.append(f"| {row} | " + " | ".join("–" if s is None else f"{_num(s['throughput'])} ({_num(s['per_user'])})"
                                                for s in cells) + " |")
+    timed = [r for cells in result["workloads"].values() for c in cells.values() for row in c["rows"].values()
+             for r in row["runs"]]
+    capturing = sum(1 for r in timed if r["graph_captures"])
+    lines += ["", f"Timed runs that captured CUDA graphs: {capturing} of {len(timed)}; eager steps in timed runs: "
+                  f"{sum(r['eager_steps'] for r in timed)} of {sum(r['steps'] for r in timed)}."]
     verdicts = [c.get("never_slower") for cells in result["workloads"].values() for c in cells.values()]
     if any(v is not None for v in verdicts):
         lines += ["", f"Scheduled dspark never slower than none in every cell: "
@@ -339,7 +357,6 @@ def _available_rows(engine, rows: list[str], gamma: int) -> tuple[list[str], lis
 def measure(engine, args: argparse.Namespace, progress=print) -> dict:
     rows, skipped, cap = _available_rows(engine, args.rows, args.gamma)
     workloads: dict = {}
-    warmed: set[tuple[int, str]] = set()
     for wl_path in [Path(w.strip()) for w in args.workloads.split(",") if w.strip()]:
         name = wl_path.stem
         workloads[name] = {}
@@ -348,12 +365,9 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
             prompts = workload_prompts(wl_path, engine.tokenizer, n, args.max_tokens, args.ignore_eos,
                                        engine.max_model_len, args.gamma, args.seed)
             runs: dict[str, list[RunResult]] = {row: [] for row in rows}
-            for row in rows:
-                if (level, row) not in warmed:
-                    short = [Prompt(p.ids, p.params.model_copy(update={"max_tokens": args.warmup_tokens}))
-                             for p in prompts[:level]]
-                    run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{row}-{level}")
-                    warmed.add((level, row))
+            short = [Prompt(p.ids, p.params.model_copy(update={"max_tokens": args.warmup_tokens})) for p in prompts]
+            for row in rows:          # the same prompts and batch shapes, short answers: captures and compiles
+                run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}")
             for rep in range(args.repeats):
                 for row in rows:
                     r = run_closed_loop(engine, prompts, row_fields(row, cap), level, f"{name}-{level}-{row}-{rep}")

@@ -93,3 +93,4 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     md = (out / "speedup.md").read_text()
     assert "## stories-greedy" in md and "## Summary across workloads" in md
     assert md.count("never slower than none at concurrency") == 4
+    assert "Timed runs that captured CUDA graphs: 0 of 32" in md          # CPU: no graphs at all
