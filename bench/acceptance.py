@@ -35,6 +35,7 @@ from torch import Tensor
 
 from bench.batch_kv import BatchKV, token_chunks
 from kernels.rejection_sample import rejection_sample
+from specd.drafter.base import DraftOutput
 from specd.sampling_params import SamplingParams
 from specd.engine.speculation import target_probs  # the one definition of "what the target samples from"
 
@@ -91,17 +92,28 @@ class DrafterProposer:
 
 
 class NgramProposer:
-    """Prompt lookup over the token history (no target features)."""
+    """Prompt lookup over the token history (no target features). The one-hot probabilities are built on
+    `device`: on Qwen a batch's [b, γ, V] one-hot block is ~0.7 GB, too big to build on the host and copy
+    every round."""
     capture_layers: tuple[int, ...] = ()
 
-    def __init__(self, ngram):
+    def __init__(self, ngram, device: str | torch.device = "cpu"):
         self.ngram = ngram
+        self.device = torch.device(device)
 
     def features(self, captured):
         return torch.empty(0, 0)
 
     def propose(self, rows, params, generators):
-        return self.ngram.draft([r.tokens for r in rows], params, generators)
+        g, b = self.ngram.config.gamma, len(rows)
+        proposals = [self.ngram.propose(r.tokens) for r in rows]
+        tokens = torch.zeros(b, g, dtype=torch.int64)
+        for i, p in enumerate(proposals):
+            tokens[i, :len(p)] = torch.tensor(p, dtype=torch.int64)
+        tokens = tokens.to(self.device)
+        probs = torch.zeros(b, g, self.ngram.config.vocab_size, device=self.device).scatter_(2, tokens[..., None], 1.0)
+        lengths = torch.tensor([len(p) for p in proposals], dtype=torch.int64)
+        return DraftOutput(tokens=tokens, probs=probs, confidence=None, lengths=lengths)
 
 
 @dataclass
@@ -421,7 +433,8 @@ def load_proposer(spec: str, target, gamma: int):
     from specd.drafter.ngram import NgramDrafter
 
     if spec == "ngram":
-        return NgramProposer(NgramDrafter(DrafterConfig.for_target(target.config, "ngram", gamma=gamma))), None
+        ngram = NgramDrafter(DrafterConfig.for_target(target.config, "ngram", gamma=gamma))
+        return NgramProposer(ngram, next(target.parameters()).device), None
     from specd.drafter.base import load_drafter
 
     drafter = load_drafter(Path(spec) / WEIGHTS_FILE, target, device=next(target.parameters()).device).eval()
