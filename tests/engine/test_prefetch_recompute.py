@@ -1,0 +1,64 @@
+"""The prefetch budget end to end (stories260K, real kvd with an NVMe tier): a prompt whose cached blocks
+were demoted to NVMe is recomputed when kvd is told NVMe is absurdly slow, promoted when it is fast, and
+the output is the same as without any cache either way; kvctl stats shows the decisions."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench.kvd_process import KvdProcess
+from client import kvctl
+from specd.engine.config import EngineConfig
+from specd.engine.engine import SpecEngine
+from specd.engine.request import Request
+from specd.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+BLOCK_BYTES = 5 * 2 * 16 * 4 * 8 * 4      # stories260K: L * 2 * bs * Hkv * D * fp32
+
+
+def run(engine: SpecEngine, rid: str, prompt: list[int]):
+    engine.add_request(Request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)))
+    ids, usage = [], None
+    while engine.has_work():
+        for out in engine.step():
+            assert out.error is None
+            ids += out.token_ids
+            usage = out.usage or usage
+    return ids, usage
+
+
+def prompts(vocab: int) -> tuple[list[int], list[list[int]]]:
+    g = torch.Generator().manual_seed(5)
+    first = torch.randint(3, vocab, (150,), generator=g).tolist()
+    flood = [torch.randint(3, vocab, (150,), generator=g).tolist() for _ in range(2)]
+    return first, flood
+
+
+@pytest.mark.parametrize("nvme_gbps,recomputed", [(1e-9, True), (100.0, False)])
+def test_slow_nvme_hit_is_recomputed_with_the_same_output(tmp_path, capsys, nvme_gbps, recomputed):
+    torch.set_num_threads(1)
+    local = SpecEngine.from_config(EngineConfig(cuda_graphs=False))
+    with KvdProcess(tmp_path / "kvd", gpu_bytes=28 * BLOCK_BYTES, dram_blocks=0, nvme_blocks=64,
+                    nvme_dir=tmp_path / "nvme", policy="lru-offload", max_groups=1,
+                    promote_nvme_gbps=nvme_gbps) as kvd:
+        eng = SpecEngine.from_config(EngineConfig(kvd_run_dir=kvd.run_dir, cuda_graphs=False))
+        first, flood = prompts(eng.model.config.vocab_size)
+        want, _ = run(local, "w", first)
+        assert run(eng, "a", first)[0] == want                   # prefills 150 tokens: the rate is measured
+        assert eng.source.prefill.block_seconds() is not None
+        for i, p in enumerate(flood):                              # pushes the first prompt's blocks to NVMe
+            run(eng, f"f{i}", p)
+        got, usage = run(eng, "b", first)
+        assert got == want                                         # the cache never changes the output
+        assert kvctl.main(["--run-dir", str(kvd.run_dir), "stats", "--json"]) == 0
+        stats = json.loads(capsys.readouterr().out)
+    if recomputed:
+        assert stats["prefetch_recompute_lookups"] >= 1 and stats["prefetch_promoted_blocks"] == 0
+        assert usage.cached_tokens < 9 * 16
+    else:
+        assert stats["prefetch_recompute_lookups"] == 0 and stats["prefetch_promoted_blocks"] > 0
+        assert usage.cached_tokens == 9 * 16
