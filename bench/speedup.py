@@ -334,7 +334,7 @@ def _engine(args: argparse.Namespace):
         max_num_seqs=peak, num_speculative_tokens=args.gamma, num_local_blocks=4096 + 64 * peak))
 
 
-def _available_rows(engine, rows: list[str], gamma: int) -> tuple[list[str], list[str], dict[str, int]]:
+def _available_rows(engine, rows: list[str]) -> tuple[list[str], list[str], dict[str, int]]:
     """Rows whose method can be served, the skipped ones, and each method's largest γ (its drafter's block)."""
     from specd.engine.errors import EngineError
 
@@ -345,17 +345,16 @@ def _available_rows(engine, rows: list[str], gamma: int) -> tuple[list[str], lis
             keep.append(row)
             continue
         try:
-            proposer = engine._proposer(method)
+            cap[method] = engine.max_draft_tokens(method)
         except EngineError:
             skipped.append(row)
             continue
-        cap[method] = getattr(proposer, "max_tokens", None) or gamma
         keep.append(row)
     return keep, skipped, cap
 
 
 def measure(engine, args: argparse.Namespace, progress=print) -> dict:
-    rows, skipped, cap = _available_rows(engine, args.rows, args.gamma)
+    rows, skipped, cap = _available_rows(engine, args.rows)
     workloads: dict = {}
     for wl_path in [Path(w.strip()) for w in args.workloads.split(",") if w.strip()]:
         name = wl_path.stem

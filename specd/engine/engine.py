@@ -153,13 +153,18 @@ class SpecEngine:
                                                  "speculation method other than 'none'")
             return
         proposer = self._proposer(method)
-        most = getattr(proposer, "max_tokens", None)
-        if gamma is not None and most is not None and gamma > most:
+        most = self.max_draft_tokens(method)
+        if gamma is not None and gamma > most:
             raise EngineError("bad_request", f"num_speculative_tokens={gamma} exceeds what the {method} "
                                              f"drafter proposes per step ({most})")
         if schedule == "confidence" and not getattr(proposer, "has_confidence", True):
             raise EngineError("bad_request", f"the confidence schedule needs a drafter with a confidence head; "
                                              f"{method} has none")
+
+    def max_draft_tokens(self, method: str) -> int:
+        """The longest draft ``method`` proposes per step (its drafter's block; the engine's γ for a
+        proposer that does not say). Loads the proposer; EngineError when the method cannot be served."""
+        return getattr(self._proposer(method), "max_tokens", None) or self.config.num_speculative_tokens
 
     def abort(self, request_id: str) -> None:
         seq = self._seqs.get(request_id)
