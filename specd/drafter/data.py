@@ -83,7 +83,8 @@ def _params(p: Prompt, seed: int) -> SamplingParams:
 def generate(model: DecoderModel, prompts: Sequence[Prompt], seed: int, stop_ids: frozenset[int],
              batch_size: int = 32, progress: bool = True) -> list[list[int]]:
     """The target's answers (without the prompt), batched: a ragged prefill (chunked by token count), then
-    one token per live sequence per step, over a padded K/V (bench.batch_kv: one attention call per layer). An answer ends after a stop token (kept: the drafter must learn to predict it)
+    one token per live sequence per step, over a padded K/V (bench.batch_kv: one attention call per layer).
+    An answer ends after a stop token (kept: the drafter must learn to predict it)
     or at max_new_tokens. Sampling uses each prompt's own seeded generator, so the data is reproducible."""
     device = next(model.parameters()).device
     out: list[list[int]] = []
