@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The GPU measurements of issues 4-7 on one device machine, as a few consecutive calls (each <= 10 min).
+#
+#   bash bench/gpu/session.sh piece N      # upload: append .carry/q.0N to /tmp/m/q.gguf (N=0 truncates first)
+#   bash bench/gpu/session.sh train-serve  # GPU0: drafter pipeline (issue 5) | GPU1: serve-plan gpu-all (issues 4, 7)
+#   bash bench/gpu/session.sh speed        # GPU0: bench speedup (issue 6)    | GPU1: sps-projection (Qwen3-8B shape)
+#
+# Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
+# most 64 MiB (the 491 MB GGUF goes in nine 56 MB pieces made with `split -b 56000000 -d -a 2 GGUF .carry/q.`),
+# and at most 8 files come back: each phase packs its results into one tarball under $OUT.
+# Inputs prepared on the CPU machine (the corpora do not travel), carried with the call:
+#   .carry/qwen-sessions  python -m bench drafter-pipeline --prepare --sessions .carry/qwen-sessions \
+#                             --out .carry/qwen-sessions --train-sessions 48 --eval-sessions 16 --turns 2 \
+#                             --max-tokens 128 --max-chars 3000
+#   .carry/sessions       python -m bench serve-plan --plan gpu-all --build --sessions .carry/sessions
+#   .whl                  wheels: pyzmq, pydantic(+core, annotated-types, typing-inspection), gguf,
+#                             fastapi, starlette, uvicorn, opentelemetry-api
+set -uo pipefail
+MODEL=/tmp/m/q.gguf
+SHA=${QWEN_SHA256:-}
+RES=/tmp/res
+mkdir -p /tmp/m "$RES" /tmp/logs
+if [ ! -d /tmp/site ] && [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > /tmp/logs/pip.log 2>&1 || { tail /tmp/logs/pip.log; exit 1; }
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+second_gpu() { if [ "$GPUS" -ge 2 ]; then echo 1; else echo 0; fi; }
+
+pack() {  # pack $RES/<phase> (+ logs) into one tarball under $OUT
+  tar czf "$OUT/$1.tgz" -C "$RES" "$1" -C /tmp logs 2>/dev/null
+  ls -la "$OUT"
+}
+
+case "${1:-}" in
+  piece)
+    n=$(printf "%02d" "$2")
+    if [ "$2" = 0 ]; then cat ".carry/q.$n" > "$MODEL"; else cat ".carry/q.$n" >> "$MODEL"; fi
+    ls -la "$MODEL"
+    if [ -n "$SHA" ]; then echo "$SHA  $MODEL" | sha256sum -c - 2>/dev/null || true; fi
+    ;;
+  train-serve)
+    mkdir -p "$RES/train-serve"
+    nvidia-smi --query-gpu=name,memory.used --format=csv
+    CUDA_VISIBLE_DEVICES=0 python -m bench drafter-pipeline --target "$MODEL" --sessions .carry/qwen-sessions \
+      --work /tmp/dp --out "$RES/train-serve/acceptance" --budget-s "${TRAIN_BUDGET:-470}" --gamma 7 --device cuda \
+      > /tmp/logs/drafter-pipeline.log 2>&1 &
+    a=$!
+    CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench serve-plan --plan gpu-all --model "$MODEL" --device cuda \
+      --sessions .carry/sessions --out "$RES/train-serve/serve" --work /tmp/sp --budget-s "${SERVE_BUDGET:-500}" \
+      --no-progress > /tmp/logs/serve-plan.log 2>&1 &
+    b=$!
+    wait $a; echo "drafter-pipeline rc=$?"; wait $b; echo "serve-plan rc=$?"
+    tail -n 25 /tmp/logs/drafter-pipeline.log; tail -n 25 /tmp/logs/serve-plan.log
+    pack train-serve
+    ;;
+  speed)
+    mkdir -p "$RES/speed"
+    D=/tmp/dp/drafters
+    W=$(ls .carry/qwen-sessions/*.eval.jsonl | paste -sd, -)
+    ACC=""
+    if [ -f "$RES/train-serve/acceptance/acceptance-qwen.json" ]; then   # dspark at T=0, averaged over workloads
+      ACC=/tmp/acc-dspark-t0.json
+      python - "$RES/train-serve/acceptance/acceptance-qwen.json" "$ACC" <<'PY'
+import json, sys
+rep = json.load(open(sys.argv[1]))
+cells = [c["0"] for c in rep["results"]["dspark"].values() if "0" in c]
+k = max(len(c["acceptance_by_position"]) for c in cells)
+alpha = []
+for j in range(k):
+    vals = [c["acceptance_by_position"][j] for c in cells if j < len(c["acceptance_by_position"])
+            and c["acceptance_by_position"][j] is not None]
+    alpha.append(sum(vals) / len(vals) if vals else None)
+json.dump({"acceptance_by_position": alpha, "tau": sum(c["tau"] for c in cells) / len(cells),
+           "draft_cost_fraction": sum(c["draft_cost_fraction"] for c in cells) / len(cells),
+           "source": "dspark, T=0, mean over the five workloads of " + sys.argv[1]}, open(sys.argv[2], "w"))
+PY
+    fi
+    CUDA_VISIBLE_DEVICES=0 python -m bench speedup --model "$MODEL" \
+      --drafters "dspark=$D/dspark,dflash=$D/dflash,eagle3=$D/eagle3" --workloads "$W" \
+      --concurrency 1,4,8,16,32 --requests 8 --max-tokens "${SPEED_TOKENS:-48}" --repeats 2 --device cuda \
+      --out "$RES/speed/speedup" > /tmp/logs/speedup.log 2>&1 &
+    a=$!
+    CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench sps-projection --shape qwen3-8b --context 1024 \
+      ${ACC:+--acceptance "$ACC"} --device cuda --out "$RES/speed/sps" > /tmp/logs/sps.log 2>&1 &
+    b=$!
+    wait $a; echo "speedup rc=$?"; wait $b; echo "sps rc=$?"
+    tail -n 30 /tmp/logs/speedup.log; tail -n 20 /tmp/logs/sps.log
+    pack speed
+    ;;
+  *)
+    sed -n 2,20p "$0"; exit 2 ;;
+esac
