@@ -176,34 +176,3 @@ def speculation_pays(confidences: Sequence[Sequence[float]], lengths: Sequence[i
     spec_step = 1.0 / sps.forward_sps(batch) + max(sps.overhead_s, draft_s)
     plain_step = 1.0 / sps.forward_sps(requests + other_tokens) + max(0.0, sps.overhead_s - draft_s)
     return tau / spec_step > (requests + other_emitted) / plain_step
-
-
-def dummy_verify_forward(model, layout, device, gamma: int, context: int) -> Callable[[int], object]:
-    """A callable B -> one model pass shaped like a verify step of B tokens, for ``SpsProfile.measure``.
-
-    Rows of 1 + γ query tokens (the last one shorter) after ``context`` cached tokens each. All rows
-    share the blocks of a private scratch pool: the values are garbage and slots collide, which costs
-    the same time and never touches the real pool (kvd's blocks belong to other engines too)."""
-    import torch
-
-    from specd.engine.paged_backend import PagedAttentionBackend, StepMetadata
-
-    row = gamma + 1
-    n_blocks = -(-(context + row) // layout.block_size)
-    pool = torch.zeros(n_blocks, layout.block_bytes, dtype=torch.uint8, device=device)
-    cfg = model.config
-    backend = PagedAttentionBackend(layout.view(pool), scale=cfg.attn_scale, windows=cfg.layer_windows)
-    table = torch.arange(n_blocks, dtype=torch.int32, device=device)
-
-    @torch.inference_mode()
-    def forward(b: int) -> object:
-        q_lens = [row] * (b // row) + ([b % row] if b % row else [])
-        pos = torch.cat([torch.arange(context, context + q) for q in q_lens]).to(device)
-        cu = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
-        backend.set_step(StepMetadata(
-            slot_mapping=pos.clone(), block_tables=table.expand(len(q_lens), -1).contiguous(), cu_q_lens=cu,
-            seq_lens=torch.tensor([context + q for q in q_lens], dtype=torch.int32, device=device),
-            max_q_len=max(q_lens)))
-        out = model(torch.zeros(b, dtype=torch.int64, device=device), pos, backend, capture_layers=[])
-        return model.logits(out.hidden)
-    return forward
