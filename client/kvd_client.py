@@ -168,8 +168,10 @@ class KvdClient:
     def commit(self, lease: int, blocks: Sequence[tuple[int, bytes, Optional[bytes]]]) -> list[BlockId]:
         return self.call(P.Commit(lease=lease, blocks=list(blocks)))
 
-    def release(self, lease: int, hints: Optional[dict[str, Any]] = None) -> None:
-        self.call(P.Release(lease=lease, hints=hints))
+    def release(self, lease: int, hints: Optional[dict[str, Any]] = None,
+                blocks: Optional[Sequence[int]] = None) -> None:
+        """``blocks``: give back only these blocks of the lease (it stays open)."""
+        self.call(P.Release(lease=lease, hints=hints, blocks=None if blocks is None else [int(b) for b in blocks]))
 
     def heartbeat(self) -> None:
         self.call(P.Heartbeat())

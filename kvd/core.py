@@ -356,6 +356,34 @@ class KvdCore:
             lease = self._leases.get(client, lease_id)
             self._end_lease(lease, hints)
 
+    def release_blocks(self, client: str, lease_id: int, blocks: Sequence[int]) -> None:
+        """Give back some blocks of a live lease: an uncommitted write slot is freed, a held block is
+        unpinned once per listed id (a lease can hold a block twice, for two sequences that committed the
+        same hash). Why: a sliding-window sequence is done with its blocks behind the window long before
+        its write lease ends. Unknown ids are refused before anything changes (``bad_block``)."""
+        with self._lock:
+            lease = self._leases.get(client, lease_id)
+            g = self.groups[lease.group]
+            now = self.clock()
+            held = [BlockId(r.dest if r.moving else r.slot) for r in lease.held]
+            left, writes = list(held), set(lease.writes)
+            for b in blocks:
+                if b in left:
+                    left.remove(b)
+                elif isinstance(b, int) and b in writes:
+                    writes.discard(b)
+                else:
+                    raise KvdError("bad_block", f"block {b!r} is not held by lease {lease.id}")
+            for b in blocks:
+                if b in lease.writes:
+                    lease.writes.discard(b)
+                    g.gpu.free(b)
+                    continue
+                i = held.index(b)
+                rec = lease.held.pop(i)
+                held.pop(i)
+                self._unhold(g, rec, now)
+
     def _hint_named(self, hints: ReleaseHints, now: float) -> None:
         """Hints about published blocks named by hash (``kinds``), whatever lease holds them: an
         engine's write leases outlive the sequence that filled them (one lease feeds several

@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from kvd.types import HASH_BYTES
 
-# 2: attach carries tail_blocks, lookup carries recompute_s, lookup_groups (hybrid cache groups and the
-# prefetch budget; docs/design/kvd.md). A v1 frame is refused with the typed error ``bad_version``.
+# 2: attach carries tail_blocks, lookup carries recompute_s, lookup_groups, release may name blocks
+# (hybrid cache groups and the prefetch budget; docs/design/kvd.md). A v1 frame is refused with the typed error ``bad_version``.
 PROTOCOL_VERSION = 2
 
 # Bounds on untrusted input. A 128k-token prompt at block size 16 is 8192 hashes; 65536 leaves room
@@ -150,9 +150,12 @@ class Hints(BaseModel):
 
 
 class Release(Op):
+    """``blocks``: release only these blocks of the lease (KvdCore.release_blocks); hints then unused."""
+
     type: Literal["release"] = "release"
     lease: LeaseField
     hints: Optional[Hints] = None
+    blocks: Optional[Annotated[list[BlockIdField], Field(max_length=MAX_HASHES)]] = None
 
 
 class Heartbeat(Op):

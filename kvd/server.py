@@ -77,7 +77,10 @@ def _commit(core: Any, client: str, op: P.Commit) -> dict[str, Any]:
 
 
 def _release(core: Any, client: str, op: P.Release) -> dict[str, Any]:
-    core.release(client, op.lease, _hints(op.hints))
+    if op.blocks is not None:
+        core.release_blocks(client, op.lease, op.blocks)
+    else:
+        core.release(client, op.lease, _hints(op.hints))
     return {}
 
 

@@ -113,6 +113,20 @@ class BlockManager:
         seq.block_leases.clear()
         seq.num_hit_blocks = seq.num_committed_blocks = 0
 
+    def give_back_blocks(self, entries: list[tuple[LeaseId, BlockId]]) -> None:
+        """A sequence no longer needs these blocks of its allocate leases (a sliding-window group's blocks
+        behind the window): each lease gives them back now, or is released whole once unused."""
+        by_lease: dict[LeaseId, list[BlockId]] = defaultdict(list)
+        for lease, block in entries:
+            by_lease[lease].append(block)
+        for lease, blocks in by_lease.items():
+            self._outstanding[lease] -= len(blocks)
+            if self._outstanding[lease] == 0:
+                del self._outstanding[lease]
+                self.source.release([lease])
+            else:
+                self.source.release_blocks(lease, blocks)
+
     def release_reserve(self) -> None:
         done = self._give_back([lease for lease, _ in self._reserve])
         self._reserve.clear()

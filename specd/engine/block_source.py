@@ -38,6 +38,8 @@ class BlockSource(Protocol):
         """Publish; returns the canonical block per entry (another id when the hash was already
         published: the caller's block is then freed), or None when nothing was published."""
     def release(self, leases: Sequence[LeaseId], hints: dict | None = None) -> None: ...
+    def release_blocks(self, lease: LeaseId, blocks: Sequence[BlockId]) -> None:
+        """Give back some blocks of a live allocate lease (the lease stays open)."""
     def num_free(self) -> int: ...
     def heartbeat(self) -> None: ...
     def observe_prefill(self, tokens: int, seconds: float) -> None:
@@ -80,6 +82,11 @@ class LocalBlockSource:
     def release(self, leases, hints=None) -> None:
         for lease in leases:
             self._free.extend(reversed(self._leases.pop(lease, [])))
+
+    def release_blocks(self, lease: LeaseId, blocks: Sequence[BlockId]) -> None:
+        for b in blocks:
+            self._leases[lease].remove(b)
+            self._free.append(b)
 
     def num_free(self) -> int:
         return len(self._free)
@@ -124,6 +131,9 @@ class LocalGroupsSource:
     def release(self, leases, hints=None) -> None:
         for lease in leases:
             self.parts_of(lease).release([lease])
+
+    def release_blocks(self, lease: LeaseId, blocks: Sequence[BlockId]) -> None:
+        self.parts_of(lease).release_blocks(lease, blocks)
 
     def parts_of(self, lease: LeaseId) -> LocalBlockSource:
         return list(self.parts.values())[(lease - 1) // LEASE_SPAN]

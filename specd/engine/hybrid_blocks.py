@@ -12,7 +12,9 @@ are *fillers* (the first hit block's id): the attention kernels never read keys 
 (the Triton kernel skips those tiles, the reference masks them, and every pool byte is finite KV or
 zero), so a filler is never used. Blocks are committed to every group in chain order; kvd drops a
 sliding block once the chain has passed its window (kvd/core.py ``_pass_ancestor``), so out-of-window
-blocks are never kept once no lease holds them.
+blocks are never kept once no lease holds them. A running sequence gives its own blocks behind the
+window back after each commit (``_drop_behind_window``), so its sliding group's working set stays at
+about W/bs blocks however long it grows.
 """
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ class GroupSource:
     def release(self, leases, hints=None) -> None:
         self.source.release(leases, hints)
 
+    def release_blocks(self, lease, blocks) -> None:
+        self.source.release_blocks(lease, blocks)
+
 
 class GroupSeq:
     """A sequence's table in a secondary group; token state is read from the sequence itself."""
@@ -56,6 +61,7 @@ class GroupSeq:
         self.leases: list[LeaseId] = []
         self.num_hit_blocks = 0
         self.num_committed_blocks = 0
+        self.num_dropped = 0          # leading table entries given back (behind the window): fillers now
 
     @property
     def hashes(self) -> list[BlockHash]:
@@ -79,6 +85,7 @@ class HybridBlockManager(BlockManager):
         self.primary = groups[0].name
         self.others = {g.name: BlockManager(GroupSource(source, g.name), layout.block_size, root, reserve)
                        for g in groups[1:]}
+        self.windows = {g.name: g.window for g in groups[1:]}
         self._gseqs: dict[int, dict[str, GroupSeq]] = {}
 
     def group_seqs(self, seq: Sequence) -> dict[str, GroupSeq]:
@@ -126,6 +133,23 @@ class HybridBlockManager(BlockManager):
         super().commit_full(seq)
         for g, gs in self.group_seqs(seq).items():
             self.others[g].commit_full(gs)                     # type: ignore[arg-type]
+            if self.windows[g] is not None:
+                self._drop_behind_window(g, gs)
+
+    def _drop_behind_window(self, g: str, gs: GroupSeq) -> None:
+        """Give back the blocks no future query of this sequence can see: every query sits at a position
+        >= num_computed_tokens = n and sees keys > pos - W, so blocks before the one holding key
+        n - W + 1 are dead. They are committed already (dead implies full and computed), so the chain
+        stays published; the table keeps their ids as fillers (never read)."""
+        first_live = max(0, (gs.num_computed_tokens - self.windows[g] + 1) // self.block_size)
+        first_live = min(first_live, gs.num_committed_blocks)
+        dead = [(gs.block_leases[j], gs.block_table[j]) for j in range(gs.num_dropped, first_live)
+                if gs.block_leases[j] is not None]
+        for j in range(gs.num_dropped, first_live):
+            gs.block_leases[j] = None                          # given back: free() must not count it again
+        gs.num_dropped = max(gs.num_dropped, first_live)
+        if dead:
+            self.others[g].give_back_blocks(dead)              # type: ignore[arg-type]
 
     def free(self, seq: Sequence, hints: dict | None = None) -> None:
         super().free(seq, hints)

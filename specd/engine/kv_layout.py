@@ -50,10 +50,11 @@ class KVLayout:
         swa = tuple(i for i, w in enumerate(windows) if w is not None)
         out = []
         if full:
-            out.append(GroupLayout("full", full, None, replace(self, num_layers=len(full), windows=())))
+            out.append(GroupLayout("full", full, None, replace(self, num_layers=len(full), windows=()), None))
         if swa:
-            k = tail_blocks(max(windows[i] for i in swa), self.block_size)
-            out.append(GroupLayout("swa", swa, k, replace(self, num_layers=len(swa), windows=())))
+            w = max(windows[i] for i in swa)
+            out.append(GroupLayout("swa", swa, tail_blocks(w, self.block_size),
+                                   replace(self, num_layers=len(swa), windows=()), w))
         return out
 
     def view(self, pool: torch.Tensor) -> torch.Tensor:
@@ -64,9 +65,11 @@ class KVLayout:
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """One cache group: which model layers it holds (in order), its kvd tail rule, its block layout."""
+    """One cache group: which model layers it holds (in order), its kvd tail rule, its block layout,
+    and the widest sliding window of its layers (None: full attention)."""
 
     name: str
     layers: tuple[int, ...]
     tail_blocks: int | None
     layout: KVLayout
+    window: int | None

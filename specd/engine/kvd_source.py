@@ -168,6 +168,20 @@ class KvdBlockSource:
             else:
                 self._release_remote(lease, hints)
 
+    def release_blocks(self, lease: LeaseId, blocks: Sequence[BlockId]) -> None:
+        group, held = self._held[lease]
+        for b in blocks:
+            held.remove(b)
+        if not self._connected or lease < 0:
+            self._free_unshared(group, blocks)
+            return
+        try:
+            self.client.release(lease, blocks=list(blocks))
+        except _ClientUnavailable as exc:
+            self._degrade(exc)
+        except KvdClientError as exc:
+            log.warning("kvd refused a block release: %s", exc)
+
     def _free_unshared(self, group: str, blocks: Sequence[BlockId]) -> None:
         """Degraded mode: a block goes back to the private free list only when no live lease holds it.
         Several leases can name one block (each sequence that hit a cached prefix has its own lookup

@@ -98,3 +98,26 @@ def test_hybrid_prefix_hits_match_recompute_and_swa_keeps_only_windows(checkpoin
         got_c, uc = run(cached, "c", c)
         assert uc.cached_tokens == 6 * BS
         assert got_c == run(local, "c", c)[0]
+
+
+def test_a_long_sequence_gives_back_its_swa_blocks_behind_the_window(checkpoint, tmp_path):
+    """While a sequence grows from 150 to 270 tokens, its full group holds every block but its swa group
+    gives each block back once no future query can see it (the GPU working set stays near W/bs)."""
+    with KvdProcess(tmp_path / "kvd", gpu_blocks=96, dram_blocks=0, max_groups=2) as kvd:
+        eng = engine(checkpoint, kvd.run_dir)
+        want = run(engine(checkpoint), "x", tokens(150, 1), n=120)[0]
+        eng.add_request(Request("x", tokens(150, 1), SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True)))
+        got, seen = [], []
+        while eng.has_work():
+            for out in eng.step():
+                got += out.token_ids
+            seq = eng._seqs.get("x")
+            if seq is not None and len(seq.output_ids) % 30 == 0:
+                full, swa, _ = swa_stats(kvd.run_dir)
+                dead = (seq.num_computed_tokens - WINDOW + 1) // BS
+                seen.append((full["tiers"]["gpu"]["used_blocks"], swa["tiers"]["gpu"]["used_blocks"], dead))
+        assert got == want
+        assert len(seen) == 3 and seen[-1][2] >= 12
+        tail = eng.layout.groups()[1].tail_blocks
+        for full_used, swa_used, dead in seen:   # given back: every dead block but the chain end's window,
+            assert full_used - swa_used >= dead - tail > 0   # which stays published (a servable end)

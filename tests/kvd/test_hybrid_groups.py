@@ -105,3 +105,18 @@ def test_group_kind_is_part_of_its_identity(make_core):
     with pytest.raises(KvdError) as e:
         core.lookup_groups("c", ["full", "full"], [h(0)])
     assert e.value.code == "bad_request"
+
+
+def test_release_blocks_gives_back_part_of_a_lease(make_core):
+    core = make_core(gpu_blocks=8)
+    lease, ids = core.allocate("c", "full", 4)
+    core.commit("c", lease, [(ids[0], h(0), None), (ids[1], h(1), h(0))])
+    with pytest.raises(KvdError) as e:                  # refused as a whole: nothing changes
+        core.release_blocks("c", lease, [ids[2], ids[2]])
+    assert e.value.code == "bad_block" and core.groups["full"].gpu.free_count == 4
+    core.release_blocks("c", lease, [ids[0], ids[2]])   # a published block unpinned, a write slot freed
+    g = core.groups["full"]
+    assert g.index.get(h(0)).refs == 0 and g.index.get(h(1)).refs == 1 and g.gpu.free_count == 5
+    core.commit("c", lease, [(ids[3], h(2), h(1))])
+    core.release("c", lease)
+    assert core.stats()["leases"] == 0 and all(r.refs == 0 for r in g.index)
