@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "drafter-pipeline": "bench.drafter_pipeline",
     "speedup": "bench.speedup",
     "sps-projection": "bench.sps_projection",
+    "tier-bandwidth": "bench.tier_bandwidth",
 }
 
 

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from kvd.block_index import BlockRecord
 from kvd.tiers import BlockMeta, BlockPool, move
 
@@ -33,6 +35,13 @@ class MoveJob:
         t0 = time.perf_counter()
         move(self.src, self.src_slot, self.dst, self.dst_slot, meta)
         self.seconds = time.perf_counter() - t0
+
+
+def side_stream() -> None:
+    """Give the calling thread its own CUDA stream (when there is a GPU): tier copies then run
+    beside the default stream's work instead of queueing behind it."""
+    if torch.cuda.is_available():
+        torch.cuda.set_stream(torch.cuda.Stream())
 
 
 class Mover:
@@ -70,6 +79,7 @@ class Mover:
             self._on_done(job, None)
 
     def _loop(self) -> None:
+        side_stream()
         while (job := self._q.get()) is not None:
             self._run(job)
 

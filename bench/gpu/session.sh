@@ -2,7 +2,8 @@
 # The GPU measurements of issues 4-7 on one device machine, as a few consecutive calls (each <= 10 min).
 #
 #   bash bench/gpu/session.sh piece N      # upload: append .carry/q.0N to /tmp/m/q.gguf (N=0 truncates first)
-#   bash bench/gpu/session.sh train-serve  # GPU0: drafter pipeline (issue 5) | GPU1: serve-plan gpu-all (issues 4, 7)
+#   bash bench/gpu/session.sh train-serve  # GPU0: drafter pipeline (issue 5) | GPU1: tier-bandwidth (issue 7: kvd's
+#                                          #   tier copies, side-stream overlap), then serve-plan gpu-all (issues 4, 7)
 #   bash bench/gpu/session.sh speed        # GPU0: bench speedup (issue 6)    | GPU1: sps-projection (Qwen3-8B shape)
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
@@ -14,7 +15,8 @@
 #                             --max-tokens 128 --max-chars 3000
 #   .carry/sessions       python -m bench serve-plan --plan gpu-all --build --sessions .carry/sessions
 #   .whl                  wheels: pyzmq, pydantic(+core, annotated-types, typing-inspection), gguf,
-#                             fastapi, starlette, uvicorn, opentelemetry-api
+#                             fastapi, starlette, uvicorn, opentelemetry-api, kvikio-cu13 (+libkvikio-cu13,
+#                             rapids-logger, cuda-pathfinder)
 set -uo pipefail
 MODEL=/tmp/m/q.gguf
 SHA=${QWEN_SHA256:-}
@@ -47,8 +49,12 @@ case "${1:-}" in
       --work /tmp/dp --out "$RES/train-serve/acceptance" --budget-s "${TRAIN_BUDGET:-470}" --gamma 7 --device cuda \
       > /tmp/logs/drafter-pipeline.log 2>&1 &
     a=$!
+    # tier copies first (~20 s): if kvikio cannot move blocks here, the serve plan's NVMe tier uses POSIX
+    CUDA_VISIBLE_DEVICES=$(second_gpu) timeout 120 python -m bench tier-bandwidth --out "$RES/train-serve/tiers" \
+      --nvme-dir /tmp > /tmp/logs/tiers.log 2>&1 || export KVD_NO_KVIKIO=1
+    echo "tier-bandwidth done (KVD_NO_KVIKIO=${KVD_NO_KVIKIO:-0})"; tail -n 16 /tmp/logs/tiers.log
     CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench serve-plan --plan gpu-all --model "$MODEL" --device cuda \
-      --sessions .carry/sessions --out "$RES/train-serve/serve" --work /tmp/sp --budget-s "${SERVE_BUDGET:-500}" \
+      --sessions .carry/sessions --out "$RES/train-serve/serve" --work /tmp/sp --budget-s "${SERVE_BUDGET:-480}" \
       --no-progress > /tmp/logs/serve-plan.log 2>&1 &
     b=$!
     wait $a; echo "drafter-pipeline rc=$?"; wait $b; echo "serve-plan rc=$?"
@@ -85,7 +91,8 @@ PY
     CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench sps-projection --shape qwen3-8b --context 1024 \
       ${ACC:+--acceptance "$ACC"} --device cuda --out "$RES/speed/sps" > /tmp/logs/sps.log 2>&1 &
     b=$!
-    wait $a; echo "speedup rc=$?"; wait $b; echo "sps rc=$?"
+    wait $b; echo "sps rc=$?"
+    wait $a; echo "speedup rc=$?"
     tail -n 30 /tmp/logs/speedup.log; tail -n 20 /tmp/logs/sps.log
     pack speed
     ;;

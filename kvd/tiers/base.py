@@ -79,10 +79,10 @@ class MemoryPool(BlockPool):
         return self.tensor[slot]  # [block_bytes]
 
     def read_into(self, slot: int, dst: torch.Tensor) -> None:
-        dst.copy_(self.tensor[slot], non_blocking=False)
+        _copy(dst, self.tensor[slot])
 
     def write_from(self, slot: int, src: torch.Tensor, meta: BlockMeta) -> None:
-        self.tensor[slot].copy_(src, non_blocking=False)
+        _copy(self.tensor[slot], src)
 
     def close(self) -> None:
         if self.path is not None:
@@ -90,6 +90,17 @@ class MemoryPool(BlockPool):
                 self.path.unlink()
             except FileNotFoundError:
                 pass
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """One block copy. A copy that touches the GPU is queued on the calling thread's current stream
+    (kvd's mover threads each own a side stream, kvd/mover.py) and waited for on that stream only,
+    so it overlaps whatever else the GPU runs; pinned DRAM makes it a true DMA."""
+    if dst.is_cuda or src.is_cuda:
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.current_stream(dst.device if dst.is_cuda else src.device).synchronize()
+    else:
+        dst.copy_(src)
 
 
 def shm_dir(run_dir: Path) -> Path:

@@ -124,7 +124,7 @@ class NvmePool(BlockPool):
             self._kvikio.pwrite(src, self.block_bytes, slot * self.block_bytes).get()
             data = src.cpu().numpy().tobytes()
         else:
-            data = memoryview(src.contiguous().numpy()).cast("B")  # [block_bytes]
+            data = memoryview(src.contiguous().cpu().numpy()).cast("B")  # [block_bytes]; GPU source: bounce
             self._pwrite(self._fd, data, slot * self.block_bytes)
         self._index.write(_entry(_PUT, slot, meta, data_checksum(meta.hash, data)))
         self._meta[slot] = meta
@@ -169,13 +169,20 @@ class NvmePool(BlockPool):
 
 
 def _open_kvikio(path: Path):
-    if not torch.cuda.is_available():
+    """kvikio's CuFile where CUDA and kvikio both work, else None (POSIX I/O). ``KVD_NO_KVIKIO=1``
+    forces POSIX. kvikio needs libcuda even in compatibility mode, and a broken install can fail with
+    more than ImportError: any failure falls back to POSIX, loudly, rather than taking kvd down."""
+    if not torch.cuda.is_available() or os.environ.get("KVD_NO_KVIKIO") == "1":
         return None
     try:
         import kvikio  # type: ignore[import-not-found]
+
+        return kvikio.CuFile(str(path), "r+")
     except ImportError:
         return None
-    return kvikio.CuFile(str(path), "r+")
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.warning("kvikio unusable (%s: %s): NVMe tier uses POSIX I/O", type(exc).__name__, exc)
+        return None
 
 
 __all__ = ["NvmePool", "data_checksum"]
