@@ -123,6 +123,8 @@ class KvdCore:
             hit = self._budget(gs, recs, candidates, recompute_s)
             hit, held, jobs = self._hold_hit(client, gs, recs, hit, now)
             self._count_lookup(len(hashes), hit, tokens, block_tokens)
+            for g in gs:
+                self._count_group_lookup(g, len(hashes), hit, tokens, block_tokens)
             if session is not None and hit:
                 self._see_session(session, client, BlockHash(bytes(hashes[hit - 1])), hit, now)
             results = {
@@ -524,6 +526,18 @@ class KvdCore:
         if tokens is not None and block_tokens is not None:
             c["query_tokens"] += tokens
             c["hit_tokens"] += min(hits * block_tokens, tokens)
+
+    @staticmethod
+    def _count_group_lookup(g: CacheGroup, asked: int, hits: int, tokens: int | None,
+                            block_tokens: int | None) -> None:
+        """Per-group hits (the "draft" group's next to the target's), in ``stats()["groups"]``.
+        ``block_tokens`` alone is enough here: hit tokens = hits * block_tokens, capped by ``tokens``."""
+        c = g.counters
+        c["lookups"] += 1
+        c["lookup_blocks"] += asked
+        c["hit_blocks"] += hits
+        if block_tokens is not None:
+            c["hit_tokens"] += min(hits * block_tokens, tokens if tokens is not None else hits * block_tokens)
 
     def _see_session(
         self, session: str, client: str, tail: BlockHash, blocks: int, now: float, expect: float | None = None

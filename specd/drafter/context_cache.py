@@ -6,6 +6,12 @@ around to do so) makes each step O(context): on a 10k-token prompt with 32 reque
 feature copies per step. The context K/V of a position never change once its token is accepted, so
 they are projected once (``absorb``) and appended here; capacity doubles, so appends are amortised
 O(1). Block (draft) K/V are never stored: DeepSpec's "crop the draft cache after each block".
+
+``offset`` is the absolute position of the context's position 0. It is 0 when the context holds every
+position from the start (cold, or restored from kvd's draft group: specd/engine/draft_cache.py); after a
+target prefix hit without a draft hit the context starts at the first computed token, shifted to 0, and
+``offset`` says how much is missing. Only an ``offset == 0`` context may be published: a shifted one
+holds K/V rotated at the wrong positions.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ MIN_CAPACITY = 64
 class DraftContext:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.n = 0                       # positions 0..n-1 are held
+        self.offset = 0                  # absolute position of position 0 (> 0: a gapped, shifted context)
         shape = (MIN_CAPACITY, kv_heads, head_dim)
         self._k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]   # [capacity, Hkv, D]
         self._v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
@@ -40,6 +47,18 @@ class DraftContext:
 
     def layer(self, i: int) -> KV:
         return self._k[i][: self.n], self._v[i][: self.n]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._k)
+
+    def position_shape(self) -> tuple[int, int]:
+        """(Hkv, D): the shape of one position's key (or value) in one layer."""
+        return tuple(self._k[0].shape[1:])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._k[0].dtype
 
 
 def _grow(t: Tensor, cap: int, used: int) -> Tensor:

@@ -15,6 +15,7 @@ from specd.engine.block_manager import BlockManager
 from specd.engine.block_source import BlockSource, local_source
 from specd.engine.config import SCHEDULES, EngineConfig
 from specd.engine.detokenizer import Detokenizer
+from specd.engine.draft_cache import DraftCache
 from specd.engine.errors import EngineError
 from specd.engine.hints import SessionHints
 from specd.engine.kv_layout import KVLayout
@@ -78,6 +79,9 @@ class SpecEngine:
 
     def _attach(self, source: BlockSource) -> None:
         self.source = source
+        self.drafts = DraftCache(source, self.layout.block_size, self._method)   # drafter context K/V in kvd
+        for method, proposer in self._proposers.items():
+            self.drafts.offer(method, proposer)
         if self.layout.hybrid:       # sliding-window layers: a cache group per kind (specd/engine/group_backend.py)
             from specd.engine.group_backend import hybrid_engine_parts
             self.blocks, self.scheduler, self.runner = hybrid_engine_parts(self, source)
@@ -179,6 +183,7 @@ class SpecEngine:
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         self._maybe_reconnect()
+        self.drafts.settle()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         self._counters["admission_seconds_total"] += time.perf_counter() - t0
@@ -210,13 +215,14 @@ class SpecEngine:
         for s in batch:
             if s.seq.status is SeqStatus.RUNNING:
                 self.blocks.commit_full(s.seq)
+        self.drafts.publish([s.seq for s in batch])
         t4 = time.perf_counter()
         c = self._counters
         c["steps_total"] += 1
         c["schedule_seconds_total"] += t1 - t0          # includes kvd lookups, allocations and drafting
         c["forward_seconds_total"] += t2 - t1           # model + sampling/verification, synchronised by .tolist()
         c["output_seconds_total"] += t3 - t2            # detokenize, stop checks, finishing
-        c["commit_seconds_total"] += t4 - t3            # publishing full blocks to kvd
+        c["commit_seconds_total"] += t4 - t3            # publishing full blocks to kvd (target and draft)
         if self._scheduled_step:
             self._update_overhead(batch, t4 - t0)
         return outputs
@@ -366,6 +372,7 @@ class SpecEngine:
             if method not in METHODS or method == "none":
                 raise EngineError("bad_request", f"unknown speculation method {method!r} (have {', '.join(METHODS)})")
             self._proposers[method] = load_proposer(method, self.config, self.model)
+            self.drafts.offer(method, self._proposers[method])
         return self._proposers[method]
 
     def _sample(self, batch: list[ScheduledSeq], logits) -> list[tuple[ScheduledSeq, list[int]]]:
@@ -488,6 +495,7 @@ class SpecEngine:
             **c,
             **sps,
             **lengths,
+            **self.drafts.stats(),
             "spec_scheduled_tokens_mean": c["spec_scheduled_tokens_total"] / max(1, c["spec_scheduled_requests_total"]),
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting),

@@ -8,7 +8,8 @@ re-attaches to a restarted kvd when it is idle, so no live block table ever span
 One kvd cache group per group of the layout (specd/engine/kv_layout.py): ``full`` for a full-attention
 model, ``full`` + ``swa`` for one with sliding-window layers (attached with the swa group's tail rule).
 Lookups carry the engine's recompute time per block (``prefill``, fed by the engine's steps) so kvd can
-apply its prefetch budget.
+apply its prefetch budget. A side group that is not part of the layout (``attach_group``: the drafter's
+context K/V, specd/engine/draft_cache.py) lives in ``pools`` too, but never joins a joint lookup.
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ class KvdBlockSource:
         self.pools = pools                     # group -> [N, block_bytes] uint8, mapped from kvd
         self.primary = layout.groups()[0].name
         self.pool = pools[self.primary]
+        self.layout_groups = [g.name for g in layout.groups()]     # what a joint lookup spans
         self.num_blocks = self.pool.shape[0]
         self.layout = layout
         self.run_dir = run_dir
@@ -83,11 +85,31 @@ class KvdBlockSource:
         return self._connected
 
     # -- the BlockSource interface ----------------------------------------------------------
-    def lookup(self, hashes: Sequence[BlockHash], session: str | None = None) -> tuple[LeaseId | None, list[BlockId]]:
+    def attach_group(self, group: str, block_bytes: int) -> torch.Tensor:
+        """Attach a side group (full-attention hits) and map its pool: [N, block_bytes] uint8."""
+        if not self._connected:
+            raise KvdUnavailable("kvd is not connected")
+        try:
+            pool = map_pool(self.client.attach(group, block_bytes, None))
+        except KvdClientError as exc:
+            raise KvdUnavailable(str(exc)) from exc
+        if pool.device.type != self.pool.device.type:
+            raise KvdUnavailable(f"group {group}'s pool is on {pool.device.type}, not {self.pool.device.type}")
+        self.pools[group] = pool
+        return pool
+
+    def lookup(self, hashes: Sequence[BlockHash], session: str | None = None,
+               group: str | None = None) -> tuple[LeaseId | None, list[BlockId]]:
+        """The longest cached prefix of ``group`` (default: the primary). A side group's lookup sends no
+        recompute time: its hit is only taken after the primary's, so kvd promotes all of it."""
         if not self._connected:
             return None, []
-        try:
-            res = self.client.lookup(self.primary, list(hashes), session, recompute_s=self.prefill.block_seconds())
+        group = group or self.primary
+        side = group != self.primary
+        recompute_s = None if side else self.prefill.block_seconds()
+        try:     # a side lookup names its block size, for kvd's per-group hit-token counter
+            res = self.client.lookup(group, list(hashes), session, block_tokens=self.layout.block_size if side else None,
+                                     recompute_s=recompute_s)
             if res.hits and not res.ready:
                 self.client.wait_ready(res.lease)
         except KvdClientError as exc:
@@ -97,17 +119,17 @@ class KvdBlockSource:
             if res.lease:
                 self._release_remote(res.lease)
             return None, []
-        self._held[res.lease] = (self.primary, list(res.hits))
+        self._held[res.lease] = (group, list(res.hits))
         return res.lease, list(res.hits)
 
     def lookup_groups(self, hashes: Sequence[BlockHash], session: str | None = None
                       ) -> tuple[int, dict[str, tuple[LeaseId | None, int, list[BlockId]]]]:
         """One joint hit across every group (kvd's ``lookup_groups``), waited ready."""
-        miss = {g: (None, 0, []) for g in self.pools}
+        miss = {g: (None, 0, []) for g in self.layout_groups}
         if not self._connected:
             return 0, miss
         try:
-            res = self.client.lookup_groups(list(self.pools), list(hashes), session,
+            res = self.client.lookup_groups(self.layout_groups, list(hashes), session,
                                             recompute_s=self.prefill.block_seconds())
             for r in res.results.values():
                 if r.hits and not r.ready:

@@ -1,6 +1,7 @@
 """Which proposer serves a speculation method. Built lazily, once per engine and method."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import torch
@@ -32,13 +33,17 @@ class FeatureProposer:
     every forward) are projected once into its drafter context K/V (``Sequence.draft_ctx``, a
     specd.drafter.context_cache.DraftContext) at the next proposal, so a draft costs O(new tokens)
     plus one padded gather, not O(context) projections. After a prefix hit the features start at the
-    first computed token; the context is then shifted to start at position 0, which RoPE makes exact
-    for every distance the drafter attends over (only the cached context itself is missing to it)."""
+    first computed token. The context of the cached prefix then comes from kvd's draft group when it
+    holds every hit block (``prefix_cache``, specd/engine/draft_cache.py); otherwise the context is
+    shifted to start at position 0, which RoPE makes exact for every distance the drafter attends over
+    (only the cached context itself is missing to it), and ``DraftContext.offset`` records the gap."""
 
-    def __init__(self, drafter, method: str, temperatures: list[float] | None = None):
+    def __init__(self, drafter, method: str, temperatures: list[float] | None = None, weights_sha256: str = ""):
         self.drafter = drafter
         self.method = method
         self.temperatures = temperatures    # STS per-position temperatures of the confidence head, if fitted
+        self.weights_sha256 = weights_sha256    # of the checkpoint: part of the draft group's namespace
+        self.prefix_cache = None            # a DraftCache when kvd keeps this drafter's context blocks
         self.capture_layers = tuple(drafter.config.target_layers)
         self.max_tokens = drafter.config.gamma                       # one block: a request may verify fewer
         self.has_confidence = bool(getattr(drafter.config, "confidence", False))
@@ -73,15 +78,32 @@ class FeatureProposer:
             return True
         return seq.draft_ctx is not None and seq.draft_ctx.n > 0 and not self.drafter.keeps_tail
 
+    @torch.inference_mode()
+    def absorb(self, seq) -> None:
+        """Absorb whatever features a sequence with a context still holds (a finished sequence's last
+        step, so its context covers every computed block before it is published)."""
+        if seq.draft_ctx is not None and seq.draft_feats is not None and len(seq.draft_feats):
+            self._absorb(seq)
+
     def _absorb(self, seq) -> None:
         """Move the sequence's new features into its drafter context (K/V projected once, kept in
         ``seq.draft_ctx``); ``seq.draft_feats`` keeps only what the drafter still needs raw."""
-        if seq.draft_ctx is None:
-            seq.draft_ctx = self.drafter.new_context()
         feats = seq.draft_feats
         first = seq.num_computed_tokens - len(feats)        # absolute position of feats[0]
+        if seq.draft_ctx is None:
+            seq.draft_ctx = self._first_context(seq, first)
         after = torch.tensor(seq.all_ids[first + 1: seq.num_computed_tokens + 1], dtype=torch.int64)
         seq.draft_feats = self.drafter.absorb(seq.draft_ctx, feats, after)
+
+    def _first_context(self, seq, first: int):
+        """The context of positions < ``first`` (the cached prefix) from kvd, else an empty one shifted
+        to start at ``first``."""
+        restored = self.prefix_cache.restore(seq, first) if self.prefix_cache is not None and first else None
+        if restored is not None:
+            return restored
+        ctx = self.drafter.new_context()
+        ctx.offset = first
+        return ctx
 
 
 NGRAM_MAX_TOKENS = 32     # prompt lookup proposes up to this many; each request's γ truncates (EngineConfig's bound)
@@ -105,6 +127,7 @@ def load_proposer(method: str, config, model) -> Proposer:
     if drafter.config.method != method:
         raise EngineError("bad_request", f"the drafter at {where} is {drafter.config.method!r}, not {method!r}")
     drafter.to(next(model.parameters()).dtype).eval()
+    weights_sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
     calibration = path.parent / "calibration.json"
     temps = json.loads(calibration.read_text())["temperatures"] if calibration.is_file() else None
-    return FeatureProposer(drafter, method, temps)
+    return FeatureProposer(drafter, method, temps, weights_sha256)

@@ -39,6 +39,7 @@ class Sequence:
     first_token_s: float | None = None
     draft_feats: torch.Tensor | None = None     # [n, d] fused target features not yet absorbed by the drafter
     draft_ctx: Any = None                       # the drafter's DraftContext: K/V of the absorbed positions
+    num_draft_published: int = 0                # leading blocks of draft_ctx in kvd's draft group (or hit there)
     spec_verifications: int = 0                 # verify passes that carried drafts for this sequence
     spec_drafted: int = 0
     spec_accepted: int = 0
@@ -65,6 +66,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.draft_feats = None
         self.draft_ctx = None
+        self.num_draft_published = 0
 
     @property
     def num_pending(self) -> int:
