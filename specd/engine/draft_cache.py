@@ -138,13 +138,11 @@ class DraftCache:
         self.settle()
 
     def _new_blocks(self, seq: Sequence) -> range:
-        if self.method_of(seq) != self.method or seq.draft_ctx is None:
+        ctx = seq.draft_ctx
+        if self.method_of(seq) != self.method or ctx is None or ctx.offset:
             return range(0)
         if seq.status is SeqStatus.FINISHED:
             self.proposer.absorb(seq)
-        ctx = seq.draft_ctx
-        if ctx.offset:
-            return range(0)
         full = min(ctx.n // self.block_size, len(seq.hashes))
         done, seq.num_draft_published = seq.num_draft_published, max(seq.num_draft_published, full)
         return range(done, full)
