@@ -87,7 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", type=_names, default=["standard", "ours"],
                    help=f"comma list of {', '.join(CONFIGS)}; the first is the baseline of the ratios")
     p.add_argument("--concurrency", type=_levels, default=[1], help="comma list of levels, e.g. 1,8,32")
-    p.add_argument("--sessions", type=int, default=16, help="sessions per profile (or first N of a file)")
+    p.add_argument("--sessions", type=int, default=None,
+                   help="sessions per profile (default 16), or the first N of a session file (default: all)")
     p.add_argument("--level-sessions", type=_level_sessions, default={}, metavar="LEVEL:N,...",
                    help="replay only the first N sessions at LEVEL (e.g. 1:4,8:16): low levels need fewer "
                         "sessions to be measured and would otherwise dominate the run time")
@@ -128,7 +129,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # ---- what is replayed --------------------------------------------------------------------------------
 
 def load_sessions(args: argparse.Namespace) -> list[Session]:
-    """The eval sessions of a profile (built now) or of a session file (the first ``--sessions``)."""
+    """The eval sessions of a profile (built now) or of a session file (the first ``--sessions``).
+
+    A file's default is all its eval sessions: a fixed cap silently shrank the concurrency-32 cells of
+    the first GPU plan run to 16 sessions. ``args.sessions`` is set to the count actually replayed."""
     path = Path(args.workload)
     if path.suffix == ".jsonl" or path.is_file():
         sessions = [s for s in read_sessions(path) if s.split == "eval"][: args.sessions]
@@ -136,10 +140,11 @@ def load_sessions(args: argparse.Namespace) -> list[Session]:
         from bench.workloads.build import build_sessions
         from bench.workloads.profile import SCALES, BuildOptions
 
-        sessions = build_sessions(args.workload, BuildOptions(split="eval", sessions=args.sessions,
+        sessions = build_sessions(args.workload, BuildOptions(split="eval", sessions=args.sessions or 16,
                                                               scale=SCALES[args.scale], seed=args.seed))
     if not sessions:
         raise ServeError(f"no eval sessions in {args.workload}")
+    args.sessions = len(sessions)
     return sessions
 
 
