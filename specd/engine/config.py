@@ -28,7 +28,9 @@ class EngineConfig(BaseModel):
     num_local_blocks: int = Field(
         2048, ge=1, description="KV blocks of the local pool, used when kvd is off or unreachable."
     )
-    cuda_graphs: bool = Field(True, description="Capture decode steps in CUDA graphs on the GPU.")
+    cuda_graphs: bool = Field(
+        True, description="Capture every target step shape (decode, verify, prefill chunks) in CUDA graphs on the GPU."
+    )
     tenant_salt: str = Field("", description="Cache namespace salt: blocks are shared only within one salt.")
     speculation: str = Field(
         "none", pattern="^(none|ngram|dspark|dflash|eagle3)$",
