@@ -25,16 +25,14 @@ from specd.engine.block_source import OutOfBlocks
 from specd.engine.proposers import load_proposer
 from specd.engine.scheduler import ScheduledSeq, Scheduler
 from specd.engine.speculation import METHODS, Draft, verify
-from specd.engine.spec_scheduler import (SpsProfile, calibrate, speculation_pays, profile_points,
-                                         schedule_verify)
+from specd.engine.spec_gate import SpecGate
+from specd.engine.spec_scheduler import SpsProfile, calibrate, profile_points, schedule_verify
 from specd.engine.sequence import Sequence, SeqStatus
 from specd.loader import load_model, resolve_device, resolve_dtype
 
 log = logging.getLogger("specd.engine")
 
 RECONNECT_EVERY_S = 2.0
-GATE_PAUSE_STEPS = 16        # plain steps after speculation was first predicted to lose, before drafting again
-GATE_PAUSE_MAX = 512         # the pause doubles while the re-checks keep losing, up to this many steps
 SPS_CONTEXT_TOKENS = 256     # cached tokens per row of the SPS profile's dummy verify batches
 OVERHEAD_EMA = 0.2           # weight of the newest step in the step-overhead average (~5 steps of memory)
 
@@ -69,10 +67,9 @@ class SpecEngine:
         self.sps: SpsProfile | None = None      # SPS(B) of verify steps, measured on first scheduled draft
         self._track_overhead = False            # True once the engine measured self.sps (an injected one is kept as is)
         self._scheduled_step = False            # this step's drafts went through the scheduler
-        self._draft_s = 0.0                     # moving average of a proposer call's wall time (seconds)
-        self._pause_until = 0                   # no confidence drafting before this step (the pre-draft gate)
-        self._pause_steps = GATE_PAUSE_STEPS    # the next pause's length: doubles on each consecutive loss
-        self.gate: bool | None = None           # the pre-draft gate; None: on once the engine measured self.sps
+        self.spec_gate: SpecGate | None = SpecGate()   # measured: do scheduled requests draft? None: always
+        self._gate_arms: dict[str, bool] = {}   # this step: method -> its scheduled requests drafted
+        self._profiled = False                  # this step measured self.sps: its time is no gate sample
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)
@@ -225,7 +222,22 @@ class SpecEngine:
         c["commit_seconds_total"] += t4 - t3            # publishing full blocks to kvd (target and draft)
         if self._scheduled_step:
             self._update_overhead(batch, t4 - t0)
+        self._observe_gate(batch, sum(len(toks) for _, toks in emitted), t4 - t0)
         return outputs
+
+    def _observe_gate(self, batch: list[ScheduledSeq], tokens: int, seconds: float) -> None:
+        """Report a finished pure decode step to the gate, under each gated method's arm. A step with
+        prompt chunks, or one that measured the SPS profile, says nothing about drafting."""
+        arms, self._gate_arms = self._gate_arms, {}
+        profiled, self._profiled = self._profiled, False
+        if self.spec_gate is None or profiled or not self._pure_decode(batch):
+            return
+        for method, drafted in arms.items():
+            self.spec_gate.observe(method, len(batch), drafted, tokens, seconds)
+
+    @staticmethod
+    def _pure_decode(batch: list[ScheduledSeq]) -> bool:
+        return all(s.samples and s.num_tokens == 1 for s in batch)
 
     def _update_overhead(self, batch: list[ScheduledSeq], seconds: float) -> None:
         """Fold this step's time outside the profiled target forward into the profile (moving average).
@@ -253,16 +265,12 @@ class SpecEngine:
                 by_method.setdefault(self._method(seq), []).append(sched)
         for method, group in by_method.items():
             proposer = self._proposer(method)
-            if self._paused(proposer):
-                resting = [s for s in group if self._wants_confidence(s.seq)]
-                self._counters["spec_paused_steps_total"] += bool(resting)
-                group = [s for s in group if not self._wants_confidence(s.seq)]
+            if not self._gate_drafts(batch, method, proposer, group):
+                group = [s for s in group if not self._gated(proposer, s.seq)]
                 if not group:
                     continue
             limits = [self._draft_limit(s.seq) for s in group]
-            t0 = time.perf_counter()
             drafts = proposer.propose([s.seq for s in group], limits)
-            self._draft_s = (1 - OVERHEAD_EMA) * self._draft_s + OVERHEAD_EMA * (time.perf_counter() - t0)
             chosen = [i for i, (s, d) in enumerate(zip(group, drafts))
                       if d.confidence is not None and self._wants_confidence(s.seq)]
             if chosen:
@@ -296,23 +304,27 @@ class SpecEngine:
         self._counters["spec_scheduled_requests_total"] += len(drafts)
         self._counters["spec_scheduled_tokens_total"] += sum(lengths)
         self._scheduled_lengths.update(lengths)
-        gate = self._track_overhead if self.gate is None else self.gate
-        if gate and not speculation_pays(conf, lengths, self.sps, self._draft_s, sum(s.num_tokens for s in others),
-                                         sum(s.samples for s in others)):
-            self._pause_until = self._counters["steps_total"] + self._pause_steps
-            self._pause_steps = min(2 * self._pause_steps, GATE_PAUSE_MAX)
-        elif gate:
-            self._pause_steps = GATE_PAUSE_STEPS
         return [d.truncated(k) for d, k in zip(drafts, lengths)]
 
-    def _paused(self, proposer) -> bool:
-        """The pre-draft gate: after a step where even the best verify plan, with the drafting paid,
-        was predicted to emit fewer tokens per second than plain decoding, the confidence-scheduled
-        requests of feature drafters rest for GATE_PAUSE_STEPS steps (doubling while re-checks keep
-        losing), then draft again to re-check; fixed-γ requests keep drafting. Lossless: whether a step
-        drafts depends only on earlier steps, never on the drafts it would verify."""
+    def _gate_drafts(self, batch: list[ScheduledSeq], method: str, proposer, group: list[ScheduledSeq]) -> bool:
+        """The measured pre-draft gate (specd/engine/spec_gate.py): do ``method``'s scheduled requests
+        draft this step? Only confidence-scheduled requests of feature drafters with a confidence head are
+        gated; fixed-γ requests always draft (their γ is what was asked for). A profile injected into
+        ``self.sps`` (tests pinning the scheduler's decisions) keeps the gate off, as it keeps the overhead
+        average off. Lossless: the answer depends on earlier steps' measured rates only, never on this
+        step's drafts."""
+        if self.spec_gate is None or (self.sps is not None and not self._track_overhead):
+            return True
+        if not any(self._gated(proposer, s.seq) for s in group):
+            return True
+        drafting = self.spec_gate.should_draft(method, len(batch), measured=self._pure_decode(batch))
+        self._gate_arms[method] = drafting
+        self._counters["spec_paused_steps_total"] += not drafting
+        return drafting
+
+    def _gated(self, proposer, seq: Sequence) -> bool:
         confident = getattr(proposer, "capture_layers", ()) and getattr(proposer, "has_confidence", True)
-        return bool(confident) and self._counters["steps_total"] < self._pause_until
+        return bool(confident) and self._wants_confidence(seq)
 
     def _sps(self) -> SpsProfile:
         """Measured once, on the first scheduled step, on dummy verify batches up to the largest step."""
@@ -323,7 +335,7 @@ class SpecEngine:
                 gamma, context=min(SPS_CONTEXT_TOKENS, self.max_model_len - gamma - 1))
             sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
             self.sps = SpsProfile.measure(forward, profile_points(most), sync=sync)
-            self._track_overhead = True
+            self._track_overhead = self._profiled = True
             log.info("verify steps/s by batch tokens: %s", {b: round(s, 1) for b, s in self.sps.to_table().items()})
         return self.sps
 
@@ -341,18 +353,28 @@ class SpecEngine:
         return tuple(sorted(layers))
 
     def _keep_features(self, batch, capture, captured, valid) -> None:
-        """Append the fused features of each feature-drafting sequence's newly computed tokens."""
+        """Append the fused features of each feature-drafting sequence's newly computed tokens.
+
+        One fuse per proposer over all its sequences' valid rows, then split: a per-sequence fuse costs
+        a few small kernels per sequence every step, also while the gate rests the drafter."""
         proposers = self._feature_proposers(batch)
+        rows: dict[str, list[int]] = {}                      # method -> captured rows to fuse, batch order
+        owners: dict[str, list[tuple[Sequence, int]]] = {}   # method -> (sequence, its row count)
         row = 0
         for sched in batch:
-            n_rows = sched.num_tokens + sched.num_draft
-            proposer = proposers.get(self._method(sched.seq))
-            if proposer is not None and sched.seq.status is not SeqStatus.FINISHED:
-                rows = slice(row, row + valid[id(sched)])
-                feats = proposer.fuse([captured[capture.index(layer)][rows] for layer in proposer.capture_layers])
-                old = sched.seq.draft_feats
-                sched.seq.draft_feats = feats if old is None else torch.cat([old, feats])
-            row += n_rows
+            method = self._method(sched.seq)
+            if method in proposers and sched.seq.status is not SeqStatus.FINISHED:
+                rows.setdefault(method, []).extend(range(row, row + valid[id(sched)]))
+                owners.setdefault(method, []).append((sched.seq, valid[id(sched)]))
+            row += sched.num_tokens + sched.num_draft
+        for method, picked in rows.items():
+            proposer = proposers[method]
+            idx = torch.tensor(picked, dtype=torch.int64, device=captured[0].device)
+            fused = proposer.fuse([captured[capture.index(layer)].index_select(0, idx)
+                                   for layer in proposer.capture_layers])
+            for seq, feats in zip((s for s, _ in owners[method]), fused.split([n for _, n in owners[method]])):
+                old = seq.draft_feats
+                seq.draft_feats = feats if old is None else torch.cat([old, feats])
 
     def _draft_limit(self, seq: Sequence) -> int:
         """Never draft past max_tokens or the context: every draft token may be emitted."""
@@ -496,6 +518,7 @@ class SpecEngine:
             **sps,
             **lengths,
             **self.drafts.stats(),
+            **(self.spec_gate.stats() if self.spec_gate is not None else {}),
             "spec_scheduled_tokens_mean": c["spec_scheduled_tokens_total"] / max(1, c["spec_scheduled_requests_total"]),
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting),

@@ -1,0 +1,133 @@
+"""The measured pre-draft gate: whether the scheduled requests of a method draft at all this step.
+
+The confidence scheduler decides *how many* drafts a request verifies from a cost model (SPS(B), the step
+overhead). A cost model can be wrong (CUDA graphs vs eager, a Markov loop that costs a third of a round,
+kernel launch overhead that no profile saw), and a wrong one keeps drafting where drafting loses: on the
+H200, scheduled DSpark ran at 0.46-0.87× plain decoding. So whether to draft is decided by measurement
+only: the engine reports every measurable step's output (tokens emitted by the whole batch) and wall time
+under the arm it ran (drafting or resting), per method and per load bucket (the batch's sequences, rounded
+down to a power of two), and the gate drafts only where drafting's measured rate beats plain decoding's.
+
+Recovery: the losing arm is probed for ``probe_steps`` steps every ``probe_every`` steps of the cell, so a
+change of conditions (a longer context, a warmer drafter, another load) is seen. Measurements age by
+steps of the cell, not by samples of an arm (both arms' sums shrink by ``decay`` at every measured step):
+the winner averages its last ~1/(1 − decay) steps, and the loser's rate is essentially its latest probe,
+so one probe is enough to see that the loser now wins.
+
+Lossless: whether a step drafts depends only on the wall time and token counts of earlier, finished
+steps, never on the drafts of this step; verification is untouched.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIN_SAMPLES = 3      # measured steps per arm before the comparison is trusted (drafting explored first)
+PROBE_EVERY = 64     # a probe of the losing arm in every this many measured steps of a cell
+PROBE_STEPS = 2      # consecutive steps of a probe: its first step also pays the switch (feature catch-up)
+DECAY = 0.9          # weight of the older measurements at each measured step of a cell (~10 steps of memory)
+
+
+class GateError(ValueError):
+    """A gate setting or a step measurement that cannot be used."""
+
+
+def load_bucket(sequences: int) -> int:
+    """1, 2, 4, 8, ...: the largest power of two ≤ ``sequences``. Rates differ by load; buckets keep a
+    handful of cells, so each one gets enough samples."""
+    return 1 << (max(1, sequences).bit_length() - 1)
+
+
+@dataclass
+class Rate:
+    """Exponentially decayed sums of emitted tokens and seconds: the rate is their ratio, so a long step
+    weighs by its length, as it does in throughput."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    samples: int = 0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens += tokens
+        self.seconds += seconds
+        self.samples += 1
+
+    def age(self, decay: float) -> None:
+        self.tokens *= decay
+        self.seconds *= decay
+
+    @property
+    def per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Cell:
+    """One (method, load bucket): both arms' rates and the probe clock."""
+
+    draft: Rate = field(default_factory=Rate)
+    plain: Rate = field(default_factory=Rate)
+    clock: int = 0            # measured steps decided since both arms were explored
+    probe_arm: bool = False   # the arm the current probe runs (fixed when it starts)
+
+    def drafting_wins(self) -> bool:
+        return self.draft.per_s > self.plain.per_s
+
+
+class SpecGate:
+    """Per (method, load bucket): explore both arms, then run the measured winner, probing the loser."""
+
+    def __init__(self, min_samples: int = MIN_SAMPLES, probe_every: int = PROBE_EVERY,
+                 probe_steps: int = PROBE_STEPS, decay: float = DECAY):
+        if min_samples < 1 or probe_steps < 1 or probe_every <= probe_steps or not 0 < decay <= 1:
+            raise GateError(f"bad gate settings: min_samples={min_samples}, probe_every={probe_every}, "
+                            f"probe_steps={probe_steps}, decay={decay}")
+        self.min_samples, self.probe_every, self.probe_steps, self.decay = min_samples, probe_every, probe_steps, decay
+        self.cells: dict[tuple[str, int], Cell] = {}
+        self.probes = 0
+
+    def should_draft(self, method: str, sequences: int, measured: bool = True) -> bool:
+        """Does this step draft for ``method``'s scheduled requests, in a batch of ``sequences``?
+
+        ``measured``: the step will be reported to ``observe`` (a pure decode step). Only such steps
+        explore, probe and advance the probe clock; any other step runs the current winner (drafting while
+        the cell is unexplored)."""
+        cell = self.cells.setdefault((method, load_bucket(sequences)), Cell())
+        if cell.draft.samples < self.min_samples:
+            return True
+        if cell.plain.samples < self.min_samples:
+            return not measured
+        winner = cell.drafting_wins()
+        if not measured:
+            return winner
+        cell.clock += 1
+        phase = cell.clock % self.probe_every      # the last probe_steps phases of each period probe
+        if phase == self.probe_every - self.probe_steps:
+            cell.probe_arm = not winner
+            self.probes += 1
+        if phase >= self.probe_every - self.probe_steps:
+            return cell.probe_arm
+        return winner
+
+    def observe(self, method: str, sequences: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A finished measured step: ``tokens`` emitted by the whole batch in ``seconds`` of wall time
+        (drafting included), with ``method``'s scheduled requests drafting or resting."""
+        if tokens < 0 or not seconds > 0:
+            raise GateError(f"a step emits ≥ 0 tokens in > 0 s, got {tokens} in {seconds}")
+        cell = self.cells.setdefault((method, load_bucket(sequences)), Cell())
+        cell.draft.age(self.decay)
+        cell.plain.age(self.decay)
+        (cell.draft if drafted else cell.plain).add(tokens, seconds)
+
+    def stats(self) -> dict[str, float | int]:
+        """Flat, for engine stats and /metrics: per cell the measured tok/s of each arm, the samples, and
+        whether drafting currently wins (1) or the drafter rests (0)."""
+        out: dict[str, float | int] = {"spec_gate_probes_total": self.probes}
+        for (method, bucket), cell in sorted(self.cells.items()):
+            name = f"spec_gate_{method}_b{bucket}"
+            out[f"{name}_draft_tok_s"] = cell.draft.per_s
+            out[f"{name}_plain_tok_s"] = cell.plain.per_s
+            out[f"{name}_draft_samples"] = cell.draft.samples
+            out[f"{name}_plain_samples"] = cell.plain.samples
+            explored = min(cell.draft.samples, cell.plain.samples) >= self.min_samples
+            out[f"{name}_drafting"] = int(not explored or cell.drafting_wins())
+        return out

@@ -1,0 +1,164 @@
+"""The measured pre-draft gate: rests the drafter where drafting is measured slower, probes, recovers."""
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from specd.engine.spec_gate import GateError, SpecGate, load_bucket
+
+torch.set_num_threads(1)
+
+PLAIN_TOK_S = 1000.0
+
+
+def drive(gate: SpecGate, steps: int, draft_tok_s: float, sequences: int = 4, method: str = "dspark") -> list[bool]:
+    """Run ``steps`` measured steps: each emits ``sequences`` tokens at the arm's injected rate."""
+    arms = []
+    for _ in range(steps):
+        drafted = gate.should_draft(method, sequences)
+        rate = draft_tok_s if drafted else PLAIN_TOK_S
+        gate.observe(method, sequences, drafted, sequences, sequences / rate)
+        arms.append(drafted)
+    return arms
+
+
+def test_load_buckets_are_powers_of_two():
+    assert [load_bucket(n) for n in (0, 1, 2, 3, 4, 7, 8, 31, 32)] == [1, 1, 2, 2, 4, 4, 8, 16, 32]
+
+
+def test_explores_drafting_first_then_plain():
+    gate = SpecGate(min_samples=3, probe_every=50, probe_steps=2)
+    assert drive(gate, 6, draft_tok_s=500.0) == [True] * 3 + [False] * 3
+
+
+def test_rests_when_drafting_is_measured_slower_and_probes_rarely():
+    gate = SpecGate(min_samples=3, probe_every=50, probe_steps=2)
+    arms = drive(gate, 306, draft_tok_s=500.0)[6:]
+    assert sum(arms) == 12            # 300 steps: a 2-step drafting probe in each 50, the rest plain
+    assert gate.probes == 6
+    stats = gate.stats()
+    assert stats["spec_gate_dspark_b4_drafting"] == 0
+    assert stats["spec_gate_dspark_b4_draft_tok_s"] == pytest.approx(500.0)
+    assert stats["spec_gate_dspark_b4_plain_tok_s"] == pytest.approx(PLAIN_TOK_S)
+
+
+def test_keeps_drafting_when_it_is_measured_faster():
+    gate = SpecGate(min_samples=3, probe_every=50, probe_steps=2)
+    arms = drive(gate, 206, draft_tok_s=1500.0)[6:]
+    assert sum(not a for a in arms) == 8          # only the probes of plain decoding
+    assert gate.stats()["spec_gate_dspark_b4_drafting"] == 1
+
+
+def test_resumes_drafting_after_a_probe_shows_it_winning():
+    gate = SpecGate(min_samples=3, probe_every=20, probe_steps=2)
+    drive(gate, 40, draft_tok_s=400.0)
+    assert not gate.should_draft("dspark", 4, measured=False)      # resting
+    # conditions change: drafting now pays (a longer context, a warmer drafter): the next probes see it
+    arms = drive(gate, 60, draft_tok_s=3000.0)
+    first = arms.index(True)
+    assert first < 20 and all(arms[first:first + 17])    # the next probe sees it, then it drafts on
+    assert gate.should_draft("dspark", 4, measured=False)
+
+
+def test_cells_are_per_method_and_load():
+    gate = SpecGate(min_samples=2, probe_every=50, probe_steps=1)
+    drive(gate, 10, draft_tok_s=100.0, sequences=16)
+    drive(gate, 10, draft_tok_s=5000.0, sequences=1)
+    assert not gate.should_draft("dspark", 20, measured=False)     # bucket 16: drafting lost
+    assert gate.should_draft("dspark", 1, measured=False)          # bucket 1: drafting won
+    assert gate.should_draft("dflash", 20, measured=False)         # another method: unexplored, drafts
+
+
+def test_unmeasured_steps_neither_explore_nor_probe():
+    gate = SpecGate(min_samples=2, probe_every=5, probe_steps=1)
+    drive(gate, 10, draft_tok_s=100.0)
+    probes = gate.probes
+    assert not any(gate.should_draft("dspark", 4, measured=False) for _ in range(50))
+    assert gate.probes == probes
+
+
+def test_bad_settings_and_samples_are_refused():
+    with pytest.raises(GateError):
+        SpecGate(probe_every=2, probe_steps=2)
+    with pytest.raises(GateError):
+        SpecGate().observe("dspark", 1, True, 3, 0.0)
+
+
+# -- in the engine: stories260K with its committed DSpark drafter --------------------------------------
+
+DRAFTER = Path(__file__).resolve().parents[2] / "models" / "drafters" / "stories260K-dspark"
+PROMPTS = ["Once upon a time, there was a", "Tom had a big dog. The dog", "One day, Lily went to the",
+           "The sun was hot and"]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from specd.engine.config import EngineConfig
+    from specd.engine.engine import SpecEngine
+
+    return SpecEngine.from_config(EngineConfig(max_num_seqs=8, num_local_blocks=512, drafter=DRAFTER,
+                                               speculation="dspark"))
+
+
+def run(engine, speculation: str, max_tokens: int = 40) -> dict[str, list[int]]:
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(Request(f"{speculation}{i}", engine.tokenizer.encode(p), params, speculation=speculation))
+    got = collections.defaultdict(list)
+    while engine.has_work():
+        for out in engine.step():
+            got[out.id.removeprefix(speculation)] += out.token_ids
+    return dict(got)
+
+
+class SlowProposer:
+    """The real proposer plus a fixed delay per call: drafting that is measurably too expensive."""
+
+    def __init__(self, inner, delay_s: float):
+        self.inner, self.delay_s = inner, delay_s
+        self.method, self.capture_layers, self.has_confidence = inner.method, inner.capture_layers, True
+        self.temperatures = inner.temperatures
+
+    def fuse(self, captured):
+        return self.inner.fuse(captured)
+
+    def propose(self, seqs, limits):
+        time.sleep(self.delay_s)
+        return self.inner.propose(seqs, limits)
+
+
+def test_engine_rests_a_slow_drafter_and_stays_exact(engine):
+    want = run(engine, "none")
+    engine._proposer("dspark")
+    real = engine._proposers["dspark"]
+    engine._proposers["dspark"] = SlowProposer(real, 0.05)
+    engine.spec_gate = SpecGate(min_samples=2, probe_every=1000, probe_steps=1)
+    try:
+        before = engine.stats()
+        got = run(engine, "dspark")
+        after = engine.stats()
+    finally:
+        engine._proposers["dspark"] = real
+    assert got == want                                   # resting never changes a greedy output
+    paused = after["spec_paused_steps_total"] - before["spec_paused_steps_total"]
+    drafted = after["spec_gate_dspark_b4_draft_samples"]
+    assert drafted == 2 and paused >= 30                 # explored twice, then rested to the end
+    assert after["spec_gate_dspark_b4_drafting"] == 0
+    assert after["spec_gate_dspark_b4_plain_tok_s"] > after["spec_gate_dspark_b4_draft_tok_s"]
+
+
+def test_engine_without_the_gate_always_drafts(engine):
+    engine.spec_gate = None
+    before = engine.stats()
+    run(engine, "dspark", max_tokens=12)
+    after = engine.stats()
+    assert after["spec_paused_steps_total"] == before["spec_paused_steps_total"]
+    assert after["spec_verifications_total"] > before["spec_verifications_total"]
+    assert not any(k.startswith("spec_gate_") for k in after)
