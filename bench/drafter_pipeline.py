@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -40,7 +39,13 @@ TEMPERATURES = (0.0, 1.0)
 PAPER_RATIOS = {"dspark/dflash": 1.18, "dspark/eagle3": 1.27}   # DSpark paper: +18% τ over DFlash, +27% over EAGLE-3
 # Cumulative share of the budget by the end of each stage; slack of an early stage passes to the next.
 SHARES = {"data": 0.20, "train": 0.62, "tune": 0.72, "eval": 0.97}
-_REPO = Path(__file__).resolve().parents[1]
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    if "dspark" not in names or any(m not in METHODS for m in names):
+        raise argparse.ArgumentTypeError(f"--methods must include dspark and name only {', '.join(METHODS)}; got {text!r}")
+    return names
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--prepare", action="store_true", help="only write the session files into --sessions (CPU)")
     mode.add_argument("--plot-only", action="store_true", help="only draw the plots from OUT/<name>.json")
     p.add_argument("--target", type=Path, help="GGUF file or HF directory of the target")
+    p.add_argument("--methods", type=_methods, default=METHODS,
+                   help="comma-separated trained methods (default dspark,dflash,eagle3): e.g. 'dspark' to spend the "
+                        "whole training budget on one drafter; dspark is required (the tuned rows start from it)")
     p.add_argument("--sessions", type=Path, help="directory of <workload>.{train,eval}.jsonl session files")
     p.add_argument("--work", type=Path, help="stage markers, data, drafters, checkpoints (kept for resume)")
     p.add_argument("--out", type=Path, required=True, help="results: JSON, markdown, PNG plots")
@@ -236,15 +244,16 @@ def run(args: argparse.Namespace) -> int:
     r.stage("data", lambda: stage_data(r))
     if args.stop_after == "data":
         return 0
-    for i, m in enumerate(METHODS):
-        r.stage(f"train-{m}", lambda m=m, i=i: stage_train(r, m, len(METHODS) - i))
+    methods = args.methods
+    for i, m in enumerate(methods):
+        r.stage(f"train-{m}", lambda m=m, i=i: stage_train(r, m, len(methods) - i))
     if args.stop_after == "train":
         return 0
     for i, w in enumerate(WORKLOADS):
         r.stage(f"tune-{w}", lambda w=w, i=i: stage_tune(r, w, len(WORKLOADS) - i))
     if args.stop_after == "tune":
         return 0
-    for name, drafter, workloads in eval_plan(args.work):
+    for name, drafter, workloads in eval_plan(args.work, methods):
         r.stage(f"eval-{name}", lambda d=drafter, ws=workloads: stage_eval(r, d, ws))
     report = build_report(r)
     write_report(args.out, args.name, report)
@@ -327,9 +336,9 @@ def stage_tune(r: Run, workload: str, left: int) -> dict:
     return _fit(r, args, seq_file, r.budget.share("tune", left))
 
 
-def eval_plan(work: Path) -> list[tuple[str, str, tuple[str, ...]]]:
+def eval_plan(work: Path, methods: tuple[str, ...] = METHODS) -> list[tuple[str, str, tuple[str, ...]]]:
     """(stage name, drafter dir or 'ngram', workloads) in priority order: generic rows first."""
-    plan = [(m, str(work / "drafters" / m), WORKLOADS) for m in METHODS]
+    plan = [(m, str(work / "drafters" / m), WORKLOADS) for m in methods]
     plan.append(("ngram", "ngram", WORKLOADS))
     plan += [(f"dspark-tuned-{w}", str(work / "drafters" / f"dspark-{w}"), (w,)) for w in WORKLOADS]
     return plan
@@ -363,7 +372,7 @@ def build_report(r: Run) -> dict:
     """Everything the stages recorded, with the τ tables and ratios derived from the eval summaries."""
     stages = r.stages.all()
     results: dict[str, dict[str, dict]] = {row: {} for row in ROWS}
-    for name, _, _ in eval_plan(r.work):
+    for name, _, _ in eval_plan(r.work, r.args.methods):
         done = stages.get(f"eval-{name}", {})
         row = "dspark-tuned" if name.startswith("dspark-tuned") else name
         for key, summary in done.get("results", {}).items():
@@ -487,11 +496,9 @@ def _device_name(model) -> str:
 
 
 def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=_REPO, capture_output=True, text=True,
-                              check=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (no git checkout)"
+    from bench.provenance import git_commit
+
+    return git_commit()
 
 
 def _sha(text: str) -> str:

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import json
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -380,12 +379,9 @@ def device_label(device: str) -> str:
 
 
 def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             timeout=10)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
+    from bench.provenance import git_commit as commit
+
+    return commit(short=True)
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -82,3 +82,19 @@ def test_spent_budget_truncates_training_and_skips_the_rest(sessions, tmp_path, 
     assert len(rep["skipped"]) == len(WORKLOADS) + 4 + len(WORKLOADS)       # tuning, evaluations
     assert all(v is None for v in rep["tau"]["0"]["dspark"].values())
     assert "Cut by the budget" in (out / "acceptance-qwen.md").read_text()
+
+
+def test_methods_flag_needs_dspark_and_known_names():
+    import argparse
+
+    import pytest
+
+    from bench.drafter_pipeline import _methods, eval_plan
+
+    assert _methods("dspark") == ("dspark",)
+    assert _methods("eagle3, dspark,eagle3") == ("eagle3", "dspark")
+    for bad in ("dflash", "dspark,medusa", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _methods(bad)
+    names = [name for name, _, _ in eval_plan(__import__("pathlib").Path("/w"), ("dspark",))]
+    assert "dflash" not in names and "eagle3" not in names and "ngram" in names and "dspark" in names
