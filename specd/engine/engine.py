@@ -69,6 +69,7 @@ class SpecEngine:
         self._scheduled_step = False            # this step's drafts went through the scheduler
         self.spec_gate: SpecGate | None = SpecGate()   # measured: do scheduled requests draft? None: always
         self._gate_arms: dict[str, bool] = {}   # this step: method -> its scheduled requests drafted
+        self._resting: set[int] = set()         # this step: id() of the sequences the gate rests (no features)
         self._profiled = False                  # this step measured self.sps: its time is no gate sample
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
@@ -229,6 +230,7 @@ class SpecEngine:
         """Report a finished pure decode step to the gate, under each gated method's arm. A step with
         prompt chunks, or one that measured the SPS profile, says nothing about drafting."""
         arms, self._gate_arms = self._gate_arms, {}
+        self._resting = set()
         profiled, self._profiled = self._profiled, False
         if self.spec_gate is None or profiled or not self._pure_decode(batch):
             return
@@ -266,6 +268,7 @@ class SpecEngine:
         for method, group in by_method.items():
             proposer = self._proposer(method)
             if not self._gate_drafts(batch, method, proposer, group):
+                self._rest([s.seq for s in group if self._gated(proposer, s.seq)])
                 group = [s for s in group if not self._gated(proposer, s.seq)]
                 if not group:
                     continue
@@ -322,6 +325,15 @@ class SpecEngine:
         self._counters["spec_paused_steps_total"] += not drafting
         return drafting
 
+    def _rest(self, seqs: list[Sequence]) -> None:
+        """A resting sequence captures no target features, so a step where all of them rest is exactly a
+        plain decode step (on CUDA: the plain decode graph). Its drafter context would get a gap, so it
+        is dropped: drafting resumes from a context shifted to the resume point (kvd's draft group keeps
+        what was published; a shifted context never publishes)."""
+        for seq in seqs:
+            self._resting.add(id(seq))
+            seq.draft_ctx = seq.draft_feats = None
+
     def _gated(self, proposer, seq: Sequence) -> bool:
         confident = getattr(proposer, "capture_layers", ()) and getattr(proposer, "has_confidence", True)
         return bool(confident) and self._wants_confidence(seq)
@@ -340,11 +352,12 @@ class SpecEngine:
         return self.sps
 
     def _feature_proposers(self, batch: list[ScheduledSeq]) -> dict:
-        """The proposers that read target features, for the methods of this batch's sequences."""
+        """The proposers that read target features, for the methods of this batch's sequences that do
+        not rest this step."""
         found = {}
         for sched in batch:
             method = self._method(sched.seq)
-            if method not in ("none", "ngram") and method not in found:
+            if method not in ("none", "ngram") and method not in found and id(sched.seq) not in self._resting:
                 found[method] = self._proposer(method)
         return found
 
@@ -363,7 +376,8 @@ class SpecEngine:
         row = 0
         for sched in batch:
             method = self._method(sched.seq)
-            if method in proposers and sched.seq.status is not SeqStatus.FINISHED:
+            if (method in proposers and sched.seq.status is not SeqStatus.FINISHED
+                    and id(sched.seq) not in self._resting):
                 rows.setdefault(method, []).extend(range(row, row + valid[id(sched)]))
                 owners.setdefault(method, []).append((sched.seq, valid[id(sched)]))
             row += sched.num_tokens + sched.num_draft
@@ -518,6 +532,7 @@ class SpecEngine:
             **sps,
             **lengths,
             **self.drafts.stats(),
+            **self.source.stats(),
             **(self.spec_gate.stats() if self.spec_gate is not None else {}),
             "spec_scheduled_tokens_mean": c["spec_scheduled_tokens_total"] / max(1, c["spec_scheduled_requests_total"]),
             "requests_running": len(self.scheduler.running),

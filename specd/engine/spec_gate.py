@@ -8,8 +8,10 @@ only: the engine reports every measurable step's output (tokens emitted by the w
 under the arm it ran (drafting or resting), per method and per load bucket (the batch's sequences, rounded
 down to a power of two), and the gate drafts only where drafting's measured rate beats plain decoding's.
 
-Recovery: the losing arm is probed for ``probe_steps`` steps every ``probe_every`` steps of the cell, so a
-change of conditions (a longer context, a warmer drafter, another load) is seen. Measurements age by
+Recovery: the losing arm is probed for ``probe_steps`` steps after ``probe_every`` measured steps of the
+cell, so a change of conditions (a longer context, a warmer drafter, another load) is seen. Each probe that
+confirms the winner doubles the wait before the next one (up to ``probe_max``): a steady loser costs
+less and less; a probe that changes the winner resets the wait. Measurements age by
 steps of the cell, not by samples of an arm (both arms' sums shrink by ``decay`` at every measured step):
 the winner averages its last ~1/(1 − decay) steps, and the loser's rate is essentially its latest probe,
 so one probe is enough to see that the loser now wins.
@@ -22,8 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MIN_SAMPLES = 3      # measured steps per arm before the comparison is trusted (drafting explored first)
-PROBE_EVERY = 64     # a probe of the losing arm in every this many measured steps of a cell
-PROBE_STEPS = 2      # consecutive steps of a probe: its first step also pays the switch (feature catch-up)
+PROBE_EVERY = 64     # measured steps of a cell before the first probe of the losing arm
+PROBE_MAX = 1024     # the wait doubles after each probe that confirms the winner, up to this many steps
+PROBE_STEPS = 3      # consecutive steps of a probe: after a rest the first one only regathers features
 DECAY = 0.9          # weight of the older measurements at each measured step of a cell (~10 steps of memory)
 
 
@@ -66,8 +69,11 @@ class Cell:
 
     draft: Rate = field(default_factory=Rate)
     plain: Rate = field(default_factory=Rate)
-    clock: int = 0            # measured steps decided since both arms were explored
+    wait: int = PROBE_EVERY   # measured steps between the last probe and the next
+    clock: int = 0            # measured steps since the last probe (or since both arms were explored)
+    probe_left: int = 0       # steps of the current probe still to run
     probe_arm: bool = False   # the arm the current probe runs (fixed when it starts)
+    probed_from: bool | None = None   # the winner when the last probe started, until it is judged
 
     def drafting_wins(self) -> bool:
         return self.draft.per_s > self.plain.per_s
@@ -77,11 +83,13 @@ class SpecGate:
     """Per (method, load bucket): explore both arms, then run the measured winner, probing the loser."""
 
     def __init__(self, min_samples: int = MIN_SAMPLES, probe_every: int = PROBE_EVERY,
-                 probe_steps: int = PROBE_STEPS, decay: float = DECAY):
-        if min_samples < 1 or probe_steps < 1 or probe_every <= probe_steps or not 0 < decay <= 1:
+                 probe_steps: int = PROBE_STEPS, decay: float = DECAY, probe_max: int = PROBE_MAX):
+        if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
+                or not 0 < decay <= 1):
             raise GateError(f"bad gate settings: min_samples={min_samples}, probe_every={probe_every}, "
-                            f"probe_steps={probe_steps}, decay={decay}")
+                            f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}")
         self.min_samples, self.probe_every, self.probe_steps, self.decay = min_samples, probe_every, probe_steps, decay
+        self.probe_max = probe_max
         self.cells: dict[tuple[str, int], Cell] = {}
         self.probes = 0
 
@@ -91,7 +99,7 @@ class SpecGate:
         ``measured``: the step will be reported to ``observe`` (a pure decode step). Only such steps
         explore, probe and advance the probe clock; any other step runs the current winner (drafting while
         the cell is unexplored)."""
-        cell = self.cells.setdefault((method, load_bucket(sequences)), Cell())
+        cell = self._cell(method, sequences)
         if cell.draft.samples < self.min_samples:
             return True
         if cell.plain.samples < self.min_samples:
@@ -99,21 +107,32 @@ class SpecGate:
         winner = cell.drafting_wins()
         if not measured:
             return winner
-        cell.clock += 1
-        phase = cell.clock % self.probe_every      # the last probe_steps phases of each period probe
-        if phase == self.probe_every - self.probe_steps:
-            cell.probe_arm = not winner
-            self.probes += 1
-        if phase >= self.probe_every - self.probe_steps:
+        if cell.probe_left:
+            cell.probe_left -= 1
             return cell.probe_arm
-        return winner
+        if cell.probed_from is not None:         # the last probe's steps are measured: judge it
+            confirmed = cell.probed_from == winner
+            cell.wait = min(2 * cell.wait, self.probe_max) if confirmed else self.probe_every
+            cell.probed_from = None
+        cell.clock += 1
+        if cell.clock < cell.wait:
+            return winner
+        cell.clock, cell.probe_left, cell.probe_arm, cell.probed_from = 0, self.probe_steps - 1, not winner, winner
+        self.probes += 1
+        return cell.probe_arm
+
+    def _cell(self, method: str, sequences: int) -> Cell:
+        key = (method, load_bucket(sequences))
+        if key not in self.cells:
+            self.cells[key] = Cell(wait=self.probe_every)
+        return self.cells[key]
 
     def observe(self, method: str, sequences: int, drafted: bool, tokens: int, seconds: float) -> None:
         """A finished measured step: ``tokens`` emitted by the whole batch in ``seconds`` of wall time
         (drafting included), with ``method``'s scheduled requests drafting or resting."""
         if tokens < 0 or not seconds > 0:
             raise GateError(f"a step emits ≥ 0 tokens in > 0 s, got {tokens} in {seconds}")
-        cell = self.cells.setdefault((method, load_bucket(sequences)), Cell())
+        cell = self._cell(method, sequences)
         cell.draft.age(self.decay)
         cell.plain.age(self.decay)
         (cell.draft if drafted else cell.plain).add(tokens, seconds)
@@ -130,4 +149,5 @@ class SpecGate:
             out[f"{name}_plain_samples"] = cell.plain.samples
             explored = min(cell.draft.samples, cell.plain.samples) >= self.min_samples
             out[f"{name}_drafting"] = int(not explored or cell.drafting_wins())
+            out[f"{name}_probe_wait_steps"] = cell.wait
         return out

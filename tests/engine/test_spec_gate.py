@@ -35,13 +35,15 @@ def test_explores_drafting_first_then_plain():
     assert drive(gate, 6, draft_tok_s=500.0) == [True] * 3 + [False] * 3
 
 
-def test_rests_when_drafting_is_measured_slower_and_probes_rarely():
-    gate = SpecGate(min_samples=3, probe_every=50, probe_steps=2)
+def test_rests_when_drafting_is_measured_slower_and_probes_ever_more_rarely():
+    gate = SpecGate(min_samples=3, probe_every=50, probe_steps=2, probe_max=400)
     arms = drive(gate, 306, draft_tok_s=500.0)[6:]
-    assert sum(arms) == 12            # 300 steps: a 2-step drafting probe in each 50, the rest plain
-    assert gate.probes == 6
+    starts = [i for i in range(len(arms)) if arms[i] and not arms[i - 1]]
+    assert starts == [49, 150] and sum(arms) == 4     # 2-step probes after 50, then 100 steps; next after 200
+    assert gate.probes == 2
     stats = gate.stats()
     assert stats["spec_gate_dspark_b4_drafting"] == 0
+    assert stats["spec_gate_dspark_b4_probe_wait_steps"] == 200
     assert stats["spec_gate_dspark_b4_draft_tok_s"] == pytest.approx(500.0)
     assert stats["spec_gate_dspark_b4_plain_tok_s"] == pytest.approx(PLAIN_TOK_S)
 
@@ -49,7 +51,7 @@ def test_rests_when_drafting_is_measured_slower_and_probes_rarely():
 def test_keeps_drafting_when_it_is_measured_faster():
     gate = SpecGate(min_samples=3, probe_every=50, probe_steps=2)
     arms = drive(gate, 206, draft_tok_s=1500.0)[6:]
-    assert sum(not a for a in arms) == 8          # only the probes of plain decoding
+    assert sum(not a for a in arms) == 4          # only the probes of plain decoding
     assert gate.stats()["spec_gate_dspark_b4_drafting"] == 1
 
 
@@ -60,8 +62,10 @@ def test_resumes_drafting_after_a_probe_shows_it_winning():
     # conditions change: drafting now pays (a longer context, a warmer drafter): the next probes see it
     arms = drive(gate, 60, draft_tok_s=3000.0)
     first = arms.index(True)
-    assert first < 20 and all(arms[first:first + 17])    # the next probe sees it, then it drafts on
+    assert first < 30 and all(arms[first:first + 20])    # the next probe sees it, then it drafts on
     assert gate.should_draft("dspark", 4, measured=False)
+    # the flip reset the wait to 20; the plain probe 20 steps later confirmed drafting and doubled it
+    assert gate.stats()["spec_gate_dspark_b4_probe_wait_steps"] == 40
 
 
 def test_cells_are_per_method_and_load():
@@ -83,7 +87,7 @@ def test_unmeasured_steps_neither_explore_nor_probe():
 
 def test_bad_settings_and_samples_are_refused():
     with pytest.raises(GateError):
-        SpecGate(probe_every=2, probe_steps=2)
+        SpecGate(probe_every=64, probe_max=32)
     with pytest.raises(GateError):
         SpecGate().observe("dspark", 1, True, 3, 0.0)
 
