@@ -532,7 +532,6 @@ class SpecEngine:
             **sps,
             **lengths,
             **self.drafts.stats(),
-            **self.source.stats(),
             **(self.spec_gate.stats() if self.spec_gate is not None else {}),
             "spec_scheduled_tokens_mean": c["spec_scheduled_tokens_total"] / max(1, c["spec_scheduled_requests_total"]),
             "requests_running": len(self.scheduler.running),
