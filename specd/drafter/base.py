@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specd.drafter.config import DrafterConfig
-from specd.engine.sampler import draw_uniforms, inverse_cdf, sampling_probs
+from specd.engine.sampler import RowKinds, draw_uniforms, inverse_cdf, sampling_probs
 from specd.sampling_params import SamplingParams
 
 CHECKPOINT_FORMAT = 1
@@ -104,34 +104,43 @@ class TargetHeads:
 class SlotSampler:
     """Samples one block slot for every request with that request's own settings.
 
-    Built once per draft call: the per-request temperature/top-k/top-p tensors and the uniforms
-    (gamma per sampled request, drawn up front from its generator, so a batched call consumes each
-    generator exactly as a single call would). Greedy rows draw no uniforms, like the engine sampler.
+    Built once per draft call: the sampled (non-greedy) rows and their temperature/top-k/top-p tensors,
+    the path each row takes through `sampling_probs` (decided here, on the host, so the loop never syncs),
+    and the uniforms (gamma per sampled request, drawn up front from its generator, so a batched call
+    consumes each generator exactly as a single call would). Greedy rows draw no uniforms, like the engine
+    sampler, and never go through `sampling_probs`: their distribution is the one-hot at the argmax, so an
+    all-greedy batch costs an argmax per slot, no sort and no softmax.
     """
 
     def __init__(self, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
                  gamma: int, device: torch.device):
         if len(params) != len(generators):
             raise DrafterError(f"{len(params)} sampling params for {len(generators)} generators")
-        self.greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool, device=device)
-        self.temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params],
-                                        dtype=torch.float32, device=device)
-        self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
-        self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
-        self.uniforms = torch.zeros(len(params), gamma, dtype=torch.float32)
-        rows = [i for i, p in enumerate(params) if not p.greedy]
-        if rows:
-            self.uniforms[rows] = draw_uniforms([generators[i] for i in rows], gamma)
-        self.uniforms = self.uniforms.to(device)
+        self.rows = [i for i, p in enumerate(params) if not p.greedy]      # sampled rows, on the host
+        self.all_rows = bool(self.rows) and len(self.rows) == len(params)
+        self.index = torch.tensor(self.rows, dtype=torch.int64, device=device)
+        sampled = [params[i] for i in self.rows]
+        self.temperature = torch.tensor([p.temperature for p in sampled], dtype=torch.float32, device=device)
+        self.top_k = torch.tensor([p.top_k for p in sampled], dtype=torch.int64, device=device)
+        self.top_p = torch.tensor([p.top_p for p in sampled], dtype=torch.float32, device=device)
+        self.top_k_list, self.top_p_list = [p.top_k for p in sampled], [p.top_p for p in sampled]
+        self.uniforms = draw_uniforms([generators[i] for i in self.rows], gamma).to(device)   # [S, gamma]
 
     def __call__(self, logits: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         """logits: [B, V] fp32 (Markov-corrected) -> (tokens [B] int64, probs [B, V] fp32)."""
-        probs = sampling_probs(logits, self.temperature, self.top_k, self.top_p)
-        sampled = inverse_cdf(probs, self.uniforms[:, slot])
+        if self.all_rows:
+            probs = sampling_probs(logits, self.temperature, self.top_k, self.top_p, self._kinds(logits))
+            return inverse_cdf(probs, self.uniforms[:, slot]), probs
         argmax = logits.argmax(dim=1)
-        one_hot = torch.zeros_like(probs).scatter_(1, argmax[:, None], 1.0)
-        probs = torch.where(self.greedy[:, None], one_hot, probs)
-        return torch.where(self.greedy, argmax, sampled), probs
+        probs = torch.zeros_like(logits, dtype=torch.float32).scatter_(1, argmax[:, None], 1.0)
+        if not self.rows:
+            return argmax, probs
+        sampled = sampling_probs(logits[self.index], self.temperature, self.top_k, self.top_p, self._kinds(logits))
+        probs[self.index] = sampled
+        return argmax.index_copy(0, self.index, inverse_cdf(sampled, self.uniforms[:, slot])), probs
+
+    def _kinds(self, logits: Tensor) -> RowKinds:
+        return RowKinds.of(self.top_k_list, self.top_p_list, logits.shape[1])
 
 
 def load_deepspec_state_dict(drafter: nn.Module, state: dict[str, Tensor]) -> None:

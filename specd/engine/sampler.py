@@ -6,6 +6,7 @@ re-implements it. Work is in fp32 whatever the model dtype.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -13,22 +14,75 @@ import torch
 from specd.sampling_params import SamplingParams
 
 
-def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+@dataclass(frozen=True)
+class RowKinds:
+    """Which transform each row of a batch needs, decided on the host from the requests' settings, so
+    choosing a path costs no device sync. Each row's path depends on its own settings only: a row's
+    probabilities never depend on which other requests share its batch."""
+
+    plain: tuple[int, ...]     # no top-k, top-p ≥ 1: one softmax, no sort
+    top_k: tuple[int, ...]     # top-k (top-p applied inside the k): torch.topk, no full sort
+    top_p: tuple[int, ...]     # top-p without top-k: the full sort
+    max_k: int = 0             # the largest k of the top_k rows
+
+    @classmethod
+    def of(cls, top_k: Sequence[int], top_p: Sequence[float], vocab: int) -> "RowKinds":
+        limited = [0 < k < vocab for k in top_k]
+        return cls(tuple(i for i, (lim, p) in enumerate(zip(limited, top_p)) if not lim and p >= 1.0),
+                   tuple(i for i, lim in enumerate(limited) if lim),
+                   tuple(i for i, (lim, p) in enumerate(zip(limited, top_p)) if not lim and p < 1.0),
+                   max((k for k, lim in zip(top_k, limited) if lim), default=0))
+
+
+def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                   kinds: RowKinds | None = None) -> torch.Tensor:
     """logits: [B, V]; temperature/top_p: [B] fp32 (temperature > 0); top_k: [B] int64 (0 = off).
-    Returns probs [B, V] fp32 with the filtered tokens at exactly 0."""
+    Returns probs [B, V] fp32 with the filtered tokens at exactly 0.
+
+    ``kinds``: the rows' paths when the caller knows the settings on the host (else read from the
+    tensors: one sync). Only rows with top-p and no top-k sort the whole vocabulary; a top-k row sorts
+    its k candidates (``torch.topk``), an unfiltered row is one softmax."""
     logits = logits.float() / temperature.unsqueeze(1)
     vocab = logits.shape[1]
-    sorted_logits, order = torch.sort(logits, dim=1, descending=True)
-    rank = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    if kinds is None:
+        kinds = RowKinds.of(top_k.tolist(), top_p.tolist(), vocab)
+    parts = [(rows, fn) for rows, fn in ((kinds.plain, None), (kinds.top_k, _top_k_probs), (kinds.top_p, _top_p_probs))
+             if rows]
+    if len(parts) == 1:                                   # one kind: no gather or scatter of rows
+        fn = parts[0][1]
+        return torch.softmax(logits, dim=1) if fn is None else fn(logits, top_k, top_p, kinds.max_k)
+    out = torch.empty_like(logits)
+    for rows, fn in parts:
+        idx = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+        out[idx] = (torch.softmax(logits[idx], dim=1) if fn is None
+                    else fn(logits[idx], top_k[idx], top_p[idx], kinds.max_k))
+    return out
+
+
+def _top_k_probs(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, max_k: int) -> torch.Tensor:
+    """Rows with 0 < top_k < V: the max_k largest logits, sorted (torch.topk), are all a row can keep."""
+    values, order = torch.topk(logits, max_k, dim=1)
+    return _filter_sorted(values, order, top_k, top_p, logits.shape[1])
+
+
+def _top_p_probs(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, max_k: int) -> torch.Tensor:
+    """Rows with top-p and no top-k: the nucleus needs the whole vocabulary sorted."""
+    values, order = torch.sort(logits, dim=1, descending=True)
+    return _filter_sorted(values, order, top_k, top_p, logits.shape[1])
+
+
+def _filter_sorted(values: torch.Tensor, order: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                   vocab: int) -> torch.Tensor:
+    """values/order: [B, n] logits sorted descending and their token ids (n ≤ vocab) -> probs [B, vocab]."""
+    rank = torch.arange(values.shape[1], device=values.device).unsqueeze(0)
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab)).unsqueeze(1)
     drop = rank >= k
-    sorted_probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=1)
+    sorted_probs = torch.softmax(values.masked_fill(drop, float("-inf")), dim=1)
     # top-p: keep the smallest prefix whose mass reaches p (the token that crosses p stays)
     mass_before = torch.cumsum(sorted_probs, dim=1) - sorted_probs
     drop |= mass_before >= top_p.unsqueeze(1)
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    probs_sorted = torch.softmax(sorted_logits, dim=1)
-    return torch.zeros_like(probs_sorted).scatter_(1, order, probs_sorted)
+    probs_sorted = torch.softmax(values.masked_fill(drop, float("-inf")), dim=1)
+    return torch.zeros(values.shape[0], vocab, device=values.device).scatter_(1, order, probs_sorted)
 
 
 def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -56,7 +110,8 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], generators: S
     temperature = torch.tensor([params[i].temperature for i in rows], dtype=torch.float32, device=device)
     top_k = torch.tensor([params[i].top_k for i in rows], dtype=torch.int64, device=device)
     top_p = torch.tensor([params[i].top_p for i in rows], dtype=torch.float32, device=device)
-    probs = sampling_probs(logits[idx], temperature, top_k, top_p)
+    kinds = RowKinds.of([params[i].top_k for i in rows], [params[i].top_p for i in rows], logits.shape[1])
+    probs = sampling_probs(logits[idx], temperature, top_k, top_p, kinds)
     u = draw_uniforms([generators[i] for i in rows]).squeeze(1).to(device)
     out[idx] = inverse_cdf(probs, u)
     return out

@@ -1,6 +1,8 @@
+import pytest
 import torch
 
-from specd.engine.sampler import inverse_cdf, sample, sampling_probs
+from specd.drafter.base import SlotSampler
+from specd.engine.sampler import RowKinds, inverse_cdf, sample, sampling_probs
 from specd.sampling_params import SamplingParams
 
 
@@ -41,3 +43,98 @@ def test_inverse_cdf_never_picks_a_zero_probability_token():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5]] * 5)
     u = torch.tensor([0.0, 0.25, 0.5, 0.75, 0.999999])
     assert set(inverse_cdf(probs, u).tolist()) <= {1, 3}
+
+
+# -- fast paths against the reference (the full-sort implementation sampling_probs had before) ----------
+
+
+
+def reference_probs(logits, temperature, top_k, top_p):
+    """The former single path: sort the whole vocabulary for every row, whatever its settings."""
+    logits = logits.float() / temperature.unsqueeze(1)
+    vocab = logits.shape[1]
+    sorted_logits, order = torch.sort(logits, dim=1, descending=True)
+    rank = torch.arange(vocab).unsqueeze(0)
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab)).unsqueeze(1)
+    drop = rank >= k
+    sorted_probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=1)
+    drop |= torch.cumsum(sorted_probs, dim=1) - sorted_probs >= top_p.unsqueeze(1)
+    probs_sorted = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=1)
+    return torch.zeros_like(probs_sorted).scatter_(1, order, probs_sorted)
+
+
+def settings(top_k, top_p):
+    n = len(top_k)
+    return torch.rand(n) + 0.3, torch.tensor(top_k), torch.tensor(top_p, dtype=torch.float32)
+
+
+
+@pytest.mark.parametrize("vocab", [512, 151_936])
+@pytest.mark.parametrize("top_k, top_p", [([20, 1, 5, 50, 20, 3, 7, 100], [1.0, 1, 1, 1, .9, .5, .95, .8]),
+                                          ([0] * 8, [.9, .5, .99, .1, .9, .7, .3, .95])], ids=["top-k", "top-p"])
+def test_filtered_rows_equal_the_reference_exactly(vocab, top_k, top_p):
+    torch.manual_seed(vocab)
+    logits = torch.randn(8, vocab) * 3
+    t, k, p = settings(top_k, top_p)
+    assert torch.equal(sampling_probs(logits, t, k, p), reference_probs(logits, t, k, p))
+
+
+@pytest.mark.parametrize("vocab", [512, 151_936])
+def test_unfiltered_rows_are_the_softmax_and_differ_from_the_reference_only_in_its_rounded_off_tail(vocab):
+    """No top-k, top-p = 1: one softmax. The reference summed the sorted probabilities in fp32; the sum
+    reaches 1.0 before the end of a 152k vocabulary, so it also dropped a tail (up to ~1e-4 of the mass):
+    a rounding artefact, not the requested distribution. Both sides of verification use the new one."""
+    torch.manual_seed(vocab)
+    logits = torch.randn(8, vocab) * 3
+    t, k, p = settings([0] * 8, [1.0] * 8)
+    new, ref = sampling_probs(logits, t, k, p), reference_probs(logits, t, k, p)
+    assert torch.equal(new, torch.softmax(logits / t.unsqueeze(1), dim=1))
+    kept = ref > 0
+    assert (torch.where(kept, 0.0, new).sum(1) < 1e-4).all()            # the tail the reference dropped
+    assert ((new - ref).abs()[kept] / new[kept]).max() < 2e-4            # renormalised by that mass only
+    probs_kept = torch.where(kept, new, 0.0)
+    assert torch.allclose(probs_kept / probs_kept.sum(1, keepdim=True), ref, rtol=1e-5, atol=1e-12)
+
+
+def test_a_rows_probabilities_do_not_depend_on_its_batch():
+    torch.manual_seed(3)
+    logits = torch.randn(6, 300) * 2
+    t, k, p = settings([0, 20, 0, 0, 5, 0], [1.0, 0.9, 0.8, 1.0, 1.0, 0.95])
+    mixed = sampling_probs(logits, t, k, p)
+    for i in range(6):
+        alone = sampling_probs(logits[i:i + 1], t[i:i + 1], k[i:i + 1], p[i:i + 1])
+        assert torch.equal(mixed[i], alone[0])
+    assert torch.equal(mixed, sampling_probs(logits, t, k, p, RowKinds.of(k.tolist(), p.tolist(), 300)))
+
+
+def reference_slot(params, generators, gamma, logits, slot):
+    """The former SlotSampler: every row through the full sort, greedy rows replaced by a one-hot."""
+    greedy = torch.tensor([q.greedy for q in params])
+    t = torch.tensor([q.temperature if not q.greedy else 1.0 for q in params])
+    u = torch.zeros(len(params), gamma)
+    rows = [i for i, q in enumerate(params) if not q.greedy]
+    if rows:
+        u[rows] = torch.stack([torch.rand(gamma, generator=generators[i]) for i in rows])
+    probs = reference_probs(logits, t, torch.tensor([q.top_k for q in params]),
+                            torch.tensor([q.top_p for q in params], dtype=torch.float32))
+    sampled = inverse_cdf(probs, u[:, slot])
+    argmax = logits.argmax(1)
+    one_hot = torch.zeros_like(probs).scatter_(1, argmax[:, None], 1.0)
+    return torch.where(greedy, argmax, sampled), torch.where(greedy[:, None], one_hot, probs)
+
+
+@pytest.mark.parametrize("kinds", ["greedy", "sampled", "mixed"])
+def test_slot_sampler_fast_paths_equal_the_reference(kinds):
+    greedy = SamplingParams(temperature=0.0)
+    hot = SamplingParams(temperature=0.7, top_k=20, top_p=0.9)
+    nucleus = SamplingParams(temperature=1.2, top_p=0.8)
+    params = {"greedy": [greedy] * 4, "sampled": [hot, nucleus, hot, nucleus],
+              "mixed": [greedy, hot, greedy, nucleus]}[kinds]
+    torch.manual_seed(11)
+    logits = torch.randn(4, 1000) * 2
+    new = SlotSampler(params, [torch.Generator().manual_seed(i) for i in range(4)], 3, torch.device("cpu"))
+    for slot in range(3):
+        tokens, probs = new(logits, slot)
+        want_tokens, want_probs = reference_slot(params, [torch.Generator().manual_seed(i) for i in range(4)], 3,
+                                                 logits, slot)
+        assert torch.equal(tokens, want_tokens) and torch.equal(probs, want_probs)
