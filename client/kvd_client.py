@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import zmq
 
@@ -74,6 +74,15 @@ def _lookup_result(d: dict[str, Any]) -> LookupResult:
                         [Tier(t) for t in d["tiers"]], bool(d["ready"]), int(d["first"]))
 
 
+def _outcome(op_type: str, reply: Optional[dict[str, Any]]) -> Any:
+    """A posted op's typed result, or the KvdClientError its reply (or its loss) means."""
+    if reply is None:
+        return KvdUnavailable("unavailable", "kvd never answered (restarted?)")
+    if not reply.get("ok"):
+        return error_from_wire(reply.get("error") or {})
+    return decode_result(op_type, reply)
+
+
 def decode_result(op_type: str, reply: dict[str, Any]) -> Any:
     """The typed value of a successful reply (the same types KvdCore returns)."""
     if op_type == "attach":
@@ -111,6 +120,11 @@ class KvdClient:
         self._sock.connect(self.endpoint)
         self._hb_stop = threading.Event()
         self._hb_thread: Optional[threading.Thread] = None
+        # op type -> [round trips, wall seconds] (the heartbeat thread's included): what kvd costs the caller
+        self.round_trips: dict[str, list[float]] = {}
+        self.posts: dict[str, list[float]] = {}     # op type -> [posted ops, seconds to send them]
+        self._posted: dict[int, tuple[str, Optional[Callable[[Any], None]]]] = {}   # id -> (op type, on_reply)
+        self._arrived: dict[int, Optional[dict[str, Any]]] = {}   # posted id -> its reply (None: lost)
 
     # ---- transport ----
     def _unreachable(self, why: str) -> KvdUnavailable:
@@ -122,22 +136,80 @@ class KvdClient:
             raise self._unreachable("no socket file")
         timeout_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
         with self._lock:
+            t0 = time.perf_counter()
             req_id = next(self._ids)
             self._sock.send(P.encode_op(req_id, op))
-            reply = self._await(req_id, timeout_ms)
+            try:
+                reply = self._await(req_id, timeout_ms)
+            finally:
+                self._count(self.round_trips, op.type, t0)
         if not reply.get("ok"):
             raise error_from_wire(reply.get("error") or {})
         return reply
 
+    def post(self, op: P.Op, on_reply: Optional[Callable[[Any], None]] = None) -> None:
+        """Send ``op`` without waiting for its reply (a release, a commit whose answer is needed only
+        before the next forward step). kvd serves one connection's frames in order, so a later call sees
+        its effect. ``settle()`` reads the replies and calls ``on_reply`` with each typed result or
+        KvdClientError, on the caller's thread (never the heartbeat thread's)."""
+        if not self.path.exists():
+            raise self._unreachable("no socket file")
+        with self._lock:
+            t0 = time.perf_counter()
+            req_id = next(self._ids)
+            self._sock.send(P.encode_op(req_id, op))
+            self._posted[req_id] = (op.type, on_reply)
+            self._count(self.posts, op.type, t0)
+
+    def settle(self, timeout_s: Optional[float] = None) -> int:
+        """Wait for every posted op's reply and hand each to its ``on_reply`` in send order; returns how
+        many. Raises KvdUnavailable if one does not come in time (the unanswered ones are dropped)."""
+        timeout_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
+        with self._lock:
+            t0 = time.perf_counter()
+            try:
+                if self._posted and len(self._arrived) < len(self._posted):
+                    self._await(max(self._posted), timeout_ms)
+            except KvdUnavailable:
+                self._posted.clear()
+                self._arrived.clear()
+                raise
+            finally:
+                self._count(self.round_trips, "settle", t0)
+            done = [(self._posted[i], self._arrived.pop(i)) for i in sorted(self._posted)]
+            self._posted.clear()
+        for (op_type, on_reply), reply in done:
+            if on_reply is not None:
+                on_reply(_outcome(op_type, reply))
+        return len(done)
+
+    @property
+    def unsettled(self) -> int:
+        """Posted ops whose replies ``settle()`` has not handed out yet."""
+        return len(self._posted)
+
+    @staticmethod
+    def _count(table: dict[str, list[float]], op_type: str, t0: float) -> None:
+        seen = table.setdefault(op_type, [0, 0.0])
+        seen[0] += 1
+        seen[1] += time.perf_counter() - t0
+
     def _await(self, req_id: int, timeout_ms: int) -> dict[str, Any]:
-        """Wait for the reply with our id; a late reply to an earlier, timed-out request is dropped."""
+        """Wait for the reply with our id. Replies to posted ops are kept for ``settle``; since kvd answers
+        in order, a posted op still unanswered when a later id's reply comes is lost (kvd restarted), and
+        gets None. A late reply to an earlier, timed-out request is dropped."""
         deadline = _now_ms() + timeout_ms
         while True:
             left = deadline - _now_ms()
             if left <= 0 or not self._sock.poll(left, zmq.POLLIN):
                 raise self._unreachable(f"no reply in {timeout_ms / 1000:g}s")
             reply = P.unpack(self._sock.recv())
-            if isinstance(reply, dict) and reply.get("id") == req_id:
+            rid = reply.get("id") if isinstance(reply, dict) else None
+            if rid in self._posted:
+                self._arrived[rid] = reply
+            if rid == req_id:
+                for lost in (i for i in self._posted if i < req_id and i not in self._arrived):
+                    self._arrived[lost] = None
                 return reply
 
     def call(self, op: P.Op, timeout_s: Optional[float] = None) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -108,12 +109,16 @@ class CacheGroup:
 
     def _copy_down(self, rec: BlockRecord, lower: Tier, slot: int) -> bool:
         src, dst = self.pools[rec.tier], self.pools[lower]
+        t0 = time.perf_counter()
         try:
             move(src, rec.slot, dst, slot, BlockMeta(rec.hash, rec.parent, rec.depth))
         except OSError as e:
             dst.free(slot)
             self._degrade(lower, e)
             return False
+        finally:   # seconds the caller (the request that needed a slot) waited for copies into each tier
+            self.counters[f"demote_{lower.name.lower()}_seconds"] += time.perf_counter() - t0
+        self.counters[f"demote_{lower.name.lower()}_blocks"] += 1
         src.free(rec.slot)
         rec.tier, rec.slot = lower, slot
         return True

@@ -28,6 +28,7 @@ from kvd.types import HASH_BYTES, BlockHash, BlockId, BlockKind, LeaseId, Tier
 
 log = logging.getLogger(__name__)
 BATCH_OPS = ("lookup", "allocate", "commit", "release", "heartbeat")
+DEMOTE_COUNTERS = tuple(f"demote_{t}_{what}" for t in ("dram", "nvme") for what in ("blocks", "seconds"))
 
 
 class KvdCore:
@@ -645,6 +646,7 @@ class KvdCore:
                 "evictions": agg["evictions"],
                 "promotions": agg["promotions"],
                 "demotions": agg["demotions"],
+                **{k: agg[k] for k in DEMOTE_COUNTERS},
                 "admission_rejects": agg["admission_rejects"],
                 "nvme_enospc": agg["nvme_enospc"],
                 "nvme_degraded": any(g.nvme_degraded for g in self.groups.values()),

@@ -163,6 +163,8 @@ class KvdServer:
         self._bound = False  # only a server that bound may unlink the sockets and pid file
         self._parked: list[_Parked] = []
         self.counters = {"requests": 0, "errors": 0}
+        # op type (and "tick") -> [count, seconds] the loop spent on it: kvd's serving time by verb
+        self.busy: dict[str, list[float]] = {}
 
     # ---- lifecycle ----
     def bind(self) -> None:
@@ -241,10 +243,17 @@ class KvdServer:
                 self._answer_parked(now)
 
     def _tick(self, now: float) -> None:
+        t0 = time.perf_counter()
         try:
             self.core.tick(now)
         except Exception:
             log.exception("core.tick failed; continuing")
+        self._busy("tick", t0)
+
+    def _busy(self, kind: str, t0: float) -> None:
+        seen = self.busy.setdefault(kind, [0, 0.0])
+        seen[0] += 1
+        seen[1] += time.perf_counter() - t0
 
     def _drain(self, sock: zmq.Socket, admin: bool) -> None:
         for _ in range(DRAIN):
@@ -289,13 +298,21 @@ class KvdServer:
         kind = req.op.type
         if kind in P.ADMIN_TYPES and not admin:
             return envelope + [self._error(req.id, P.ErrorCode.FORBIDDEN, f"{kind} needs the admin socket")]
+        t0 = time.perf_counter()
+        try:
+            return self._run(sock, envelope, client, req)
+        finally:
+            self._busy(kind, t0)
+
+    def _run(self, sock: zmq.Socket, envelope: list[bytes], client: str, req: P.Request) -> Optional[list[bytes]]:
+        kind = req.op.type
         try:
             if kind == "wait_ready":
                 return self._wait_ready(sock, envelope, client, req)
             if kind == "batch":
                 result = run_batch(self.core, client, req.sub_ops)
             elif kind == "stats":
-                result = {"stats": {**self.core.stats(client), "server": dict(self.counters)}}
+                result = {"stats": {**self.core.stats(client), "server": self.server_stats()}}
             else:
                 result = run_op(self.core, client, req.op)
             return envelope + [P.encode_reply(req.id, result)]
@@ -304,6 +321,10 @@ class KvdServer:
         except Exception as err:  # an unpackable result or a broken core: still a reply, never a crash
             log.exception("unexpected failure on %s", kind)
             return envelope + [self._error(req.id, P.ErrorCode.INTERNAL, type(err).__name__)]
+
+    def server_stats(self) -> dict[str, Any]:
+        """Request/error counts and, per op type, how many the loop served and its seconds on them."""
+        return {**self.counters, "busy": {k: {"count": int(n), "seconds": s} for k, (n, s) in self.busy.items()}}
 
     def _error(self, req_id: Optional[int], code: str, message: str) -> bytes:
         self.counters["errors"] += 1

@@ -12,6 +12,7 @@ someone else on the next allocation.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Callable
 
 from kvd.hashing import block_hash
 from kvd.types import BlockHash, BlockId, LeaseId
@@ -30,6 +31,9 @@ class BlockManager:
         # blocks of each allocate lease not yet given back (in the reserve or in a live sequence);
         # a lease is released only at zero, since one lease can feed several sequences
         self._outstanding: dict[LeaseId, int] = {}
+        # a source with settle() (kvd) takes commits without waiting; a GroupSource (a hybrid model's
+        # secondary group, whose window drops name canonical ids at once) commits synchronously
+        self._defer = getattr(source, "defers_commits", False)
 
     # -- hashing -------------------------------------------------------------------------
     def extend_hashes(self, seq: Sequence) -> None:
@@ -87,7 +91,12 @@ class BlockManager:
 
     # -- commit and free -----------------------------------------------------------------
     def commit_full(self, seq: Sequence) -> None:
-        """Publish every full, computed, not yet published block of ``seq``."""
+        """Publish every full, computed, not yet published block of ``seq``.
+
+        With a source that defers commits (kvd), the commit is sent without waiting and the canonical
+        ids land in the table at ``settle()``, which the engine calls before the next forward: the only
+        reader of a committed block's slot. Until then a duplicate's own slot still holds the same KV,
+        and this sequence never writes a full block again."""
         self.extend_hashes(seq)
         full = min(seq.num_computed_tokens // self.block_size, len(seq.hashes))
         if full <= seq.num_committed_blocks:
@@ -98,10 +107,16 @@ class BlockManager:
         if self.source.connected:
             for lease, idx in by_lease.items():
                 entries = [(seq.block_table[i], seq.hashes[i], seq.hashes[i - 1] if i > 0 else None) for i in idx]
-                canonical = self.source.commit(lease, entries)
-                for i, block in zip(idx, canonical or ()):
-                    seq.block_table[i] = block
+                if self._defer:
+                    self.source.commit(lease, entries, on_done=_canonical_into(seq, idx))
+                else:
+                    _canonical_into(seq, idx)(self.source.commit(lease, entries))
         seq.num_committed_blocks = full
+
+    def settle(self) -> None:
+        """Apply the answers of deferred commits (and surface errors of posted releases) now."""
+        if self._defer:
+            self.source.settle()
 
     def free(self, seq: Sequence, hints: dict | None = None) -> None:
         """Release what the sequence holds: its lookup leases now, each allocate lease once no
@@ -109,7 +124,7 @@ class BlockManager:
         done = self._give_back(seq.block_leases)
         self.source.release(seq.leases + done, hints)
         seq.leases.clear()
-        seq.block_table.clear()
+        seq.block_table = []          # a new list: a deferred commit's answer must not touch it
         seq.block_leases.clear()
         seq.num_hit_blocks = seq.num_committed_blocks = 0
 
@@ -143,3 +158,17 @@ class BlockManager:
                 del self._outstanding[lease]
                 done.append(lease)
         return done
+
+
+def _canonical_into(seq: Sequence, idx: list[int]) -> Callable[[list[BlockId] | None], None]:
+    """What to do with a commit's answer: switch each duplicate's table entry to kvd's canonical block,
+    unless the sequence let go of that table meanwhile (``free`` gives it a new list: freed, or preempted
+    and rebuilt, where an equal id at ``i`` would be a fresh slot, not the committed one)."""
+    table = seq.block_table
+
+    def apply(canonical: list[BlockId] | None) -> None:
+        if seq.block_table is not table:
+            return
+        for i, block in zip(idx, canonical or ()):
+            table[i] = block
+    return apply

@@ -36,7 +36,11 @@ class BlockSource(Protocol):
     def commit(self, lease: LeaseId, entries: Sequence[tuple[BlockId, BlockHash, BlockHash | None]]
                ) -> list[BlockId] | None:
         """Publish; returns the canonical block per entry (another id when the hash was already
-        published: the caller's block is then freed), or None when nothing was published."""
+        published: the caller's block is then freed), or None when nothing was published. A source
+        with ``defers_commits`` also takes ``on_done=``: it then returns None at once and calls
+        ``on_done(canonical or None)`` from ``settle()``."""
+    def settle(self) -> None:
+        """Finish what was sent without waiting (deferred commits, releases); before each forward."""
     def release(self, leases: Sequence[LeaseId], hints: dict | None = None) -> None: ...
     def release_blocks(self, lease: LeaseId, blocks: Sequence[BlockId]) -> None:
         """Give back some blocks of a live allocate lease (the lease stays open)."""
@@ -44,6 +48,8 @@ class BlockSource(Protocol):
     def heartbeat(self) -> None: ...
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """One forward step's new tokens and time: the recompute side of kvd's prefetch budget."""
+    def stats(self) -> dict[str, float]:
+        """Counters of the source for engine.stats() (kvd round trips); empty for a private pool."""
 
 
 class LocalBlockSource:
@@ -97,6 +103,12 @@ class LocalBlockSource:
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         pass
 
+    def settle(self) -> None:
+        pass
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
 
 LEASE_SPAN = 1 << 40   # lease ids of the groups of a LocalGroupsSource never collide
 
@@ -146,6 +158,12 @@ class LocalGroupsSource:
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         pass
+
+    def settle(self) -> None:
+        pass
+
+    def stats(self) -> dict[str, float]:
+        return {}
 
 
 def local_source(num_blocks: int, layout: KVLayout, device: torch.device) -> LocalBlockSource | LocalGroupsSource:

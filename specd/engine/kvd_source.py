@@ -23,6 +23,7 @@ import torch
 from client.kvd_client import KvdClient, KvdClientError, map_pool
 from client.kvd_client import KvdUnavailable as _ClientUnavailable
 from client.kvd_client import OutOfBlocks as _KvdOutOfBlocks
+from kvd import protocol as P
 from kvd.types import BlockHash, BlockId, LeaseId
 from specd.engine.block_source import OutOfBlocks
 from specd.engine.kv_layout import KVLayout
@@ -41,6 +42,8 @@ class KvdUnavailable(Exception):
 
 
 class KvdBlockSource:
+    defers_commits = True      # commit(on_done=...) is posted; BlockManager settles before each forward
+
     def __init__(self, client: KvdClient, pools: dict[str, torch.Tensor], layout: KVLayout, run_dir: Path):
         self.client = client
         self.pools = pools                     # group -> [N, block_bytes] uint8, mapped from kvd
@@ -157,29 +160,55 @@ class KvdBlockSource:
                 self._degrade(exc)
         return self._allocate_local(n, group)
 
-    def commit(self, lease: LeaseId, entries) -> list[BlockId] | None:
+    def commit(self, lease: LeaseId, entries, on_done=None) -> list[BlockId] | None:
+        """Publish ``entries``. With ``on_done`` the commit is posted (no wait) and ``on_done(canonical or
+        None)`` runs at the next ``settle``; without, it waits and returns the canonical ids."""
         if not self._connected or lease < 0:
             return None
+        wire = [(int(b), bytes(h), None if p is None else bytes(p)) for b, h, p in entries]
+        if on_done is not None:
+            try:
+                self.client.post(P.Commit(lease=lease, blocks=wire),
+                                 lambda out: on_done(self._committed(lease, entries, out)))
+            except KvdClientError as exc:
+                self._degrade(exc)
+            return None
         try:
-            canonical = self.client.commit(lease, [(int(b), bytes(h), None if p is None else bytes(p))
-                                                   for b, h, p in entries])
-        except _ClientUnavailable as exc:
-            self._degrade(exc)
-            return None
+            out = self.client.commit(lease, wire)
         except KvdClientError as exc:
-            # a refused commit (e.g. the lease was reclaimed) only loses a cache entry, never correctness
-            log.warning("kvd refused a commit: %s", exc)
+            out = exc
+        return self._committed(lease, entries, out)
+
+    def _committed(self, lease: LeaseId, entries, out) -> list[BlockId] | None:
+        """A commit's answer (canonical ids or the error): track duplicates in ``_held``."""
+        if isinstance(out, _ClientUnavailable):
+            self._degrade(out)
             return None
-        held = self._held.setdefault(lease, (self.primary, []))[1]
-        for (mine, _, _), block in zip(entries, canonical):
-            if block != mine:          # a duplicate: kvd freed ours and leased us its canonical block
-                held.remove(mine)
-                held.append(block)
-        return canonical
+        if isinstance(out, KvdClientError):
+            # a refused commit (e.g. the lease was reclaimed) only loses a cache entry, never correctness
+            log.warning("kvd refused a commit: %s", out)
+            return None
+        if lease in self._held:
+            held = self._held[lease][1]
+            for (mine, _, _), block in zip(entries, out):
+                if block != mine:      # a duplicate: kvd freed ours and leased us its canonical block
+                    held.remove(mine)
+                    held.append(block)
+        return out
+
+    def settle(self) -> None:
+        """Take the answers of posted commits and releases (the engine calls this before a forward)."""
+        if not self._connected or not self.client.unsettled:
+            return
+        try:
+            self.client.settle()
+        except KvdClientError as exc:
+            self._degrade(exc)
 
     def release(self, leases: Sequence[LeaseId], hints: dict | None = None) -> None:
-        """Unpin ``leases``. Per-block hints (``kinds``) go once, by hash, as a release of lease 0:
-        the blocks a finished turn wrote may sit in a write lease that stays open for other sequences."""
+        """Unpin ``leases`` (posted: nothing waits on a release). Per-block hints (``kinds``) go once, by
+        hash, as a release of lease 0: the blocks a finished turn wrote may sit in a write lease that
+        stays open for other sequences."""
         if hints and hints.get("kinds") and self._connected:
             self._release_remote(LeaseId(0), hints)
             hints = {k: v for k, v in hints.items() if k != "kinds"}
@@ -197,12 +226,7 @@ class KvdBlockSource:
         if not self._connected or lease < 0:
             self._free_unshared(group, blocks)
             return
-        try:
-            self.client.release(lease, blocks=list(blocks))
-        except _ClientUnavailable as exc:
-            self._degrade(exc)
-        except KvdClientError as exc:
-            log.warning("kvd refused a block release: %s", exc)
+        self._post(P.Release(lease=lease, blocks=[int(b) for b in blocks]), "block release")
 
     def _free_unshared(self, group: str, blocks: Sequence[BlockId]) -> None:
         """Degraded mode: a block goes back to the private free list only when no live lease holds it.
@@ -225,14 +249,33 @@ class KvdBlockSource:
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         self.prefill.observe(tokens, seconds)
 
+    def stats(self) -> dict[str, float]:
+        """Calls to kvd by op type, count and wall seconds (the heartbeat thread's included): waited
+        round trips (``kvd_rpc_*``; ``settle`` is the wait for posted answers) and posted ops
+        (``kvd_post_*``, seconds to send). What the shared cache costs the engine (docs/design/kvd.md)."""
+        out: dict[str, float] = {}
+        for kind, table in (("rpc", self.client.round_trips), ("post", self.client.posts)):
+            for op, (n, seconds) in sorted(table.items()):
+                out[f"kvd_{kind}_{op}_total"] = n
+                out[f"kvd_{kind}_{op}_seconds_total"] = seconds
+        return out
+
     # -- failure and recovery ---------------------------------------------------------------
     def _release_remote(self, lease: LeaseId, hints: dict | None = None) -> None:
+        self._post(P.Release(lease=lease, hints=hints), "release")
+
+    def _post(self, op: P.Op, what: str) -> None:
+        """Send ``op`` without waiting; its error surfaces at the next settle (a refusal only loses
+        cache state; no reply at all means kvd is gone)."""
+        def answered(out) -> None:
+            if isinstance(out, _ClientUnavailable):
+                self._degrade(out)
+            elif isinstance(out, KvdClientError):
+                log.warning("kvd refused a %s: %s", what, out)
         try:
-            self.client.release(lease, hints)
-        except _ClientUnavailable as exc:
-            self._degrade(exc)
+            self.client.post(op, answered)
         except KvdClientError as exc:
-            log.warning("kvd refused a release: %s", exc)
+            self._degrade(exc)
 
     def _degrade(self, exc: Exception) -> None:
         if not self._connected:

@@ -1,0 +1,110 @@
+"""Posted ops (KvdClient.post / settle): sent without waiting, answered in order, errors handed back.
+
+A real KvdCore behind a KvdServer on a thread; a raw ROUTER stands in for a kvd that loses a reply."""
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import pytest
+import zmq
+
+from client.kvd_client import KvdClient, KvdUnavailable, UnknownLease
+from kvd import protocol as P
+from kvd.config import KvdConfig
+from kvd.core import KvdCore
+from kvd.server import KvdServer
+
+
+def h(i: int) -> bytes:
+    return hashlib.blake2b(b"p%d" % i, digest_size=16).digest()
+
+
+@pytest.fixture
+def kvd(tmp_path):
+    core = KvdCore(KvdConfig(run_dir=tmp_path / "run", device="cpu", gpu_blocks=4, dram_blocks=0, max_groups=1))
+    server = KvdServer(core, tmp_path / "run")
+    server.bind()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    client = KvdClient(tmp_path / "run", timeout_s=5.0)
+    client.attach("full", 64)
+    yield client
+    client.close()
+    server.request_stop()
+    thread.join(5)
+    server.close()
+
+
+def test_a_posted_release_is_applied_before_a_later_call(kvd):
+    lease, blocks = kvd.allocate("full", 4)
+    got = []
+    kvd.post(P.Release(lease=lease), got.append)
+    assert len(kvd.allocate("full", 4)[1]) == 4      # the pool was full: only the posted release made room
+    assert got == []                                # answers are handed out at settle, not before
+    assert kvd.settle() == 1 and got == [{}]
+
+
+def test_a_posted_commit_hands_back_canonical_ids_at_settle(kvd):
+    first, (a,) = kvd.allocate("full", 1)
+    assert kvd.commit(first, [(a, h(0), None)]) == [a]
+    second, (b,) = kvd.allocate("full", 1)
+    got = []
+    kvd.post(P.Commit(lease=second, blocks=[(b, h(0), None)]), got.append)
+    kvd.heartbeat()                                 # a waited call in between keeps the answer for settle
+    assert got == [] and kvd.unsettled == 1
+    kvd.settle()
+    assert got == [[a]] and kvd.unsettled == 0     # a duplicate: kvd's block is the canonical one
+
+
+def test_a_refused_posted_op_is_returned_not_raised(kvd):
+    got = []
+    kvd.post(P.Release(lease=999), got.append)
+    kvd.settle()
+    assert isinstance(got[0], UnknownLease)
+    assert kvd.round_trips["settle"][0] == 1 and kvd.posts["release"][0] == 1
+
+
+def test_settle_without_kvd_raises_unavailable(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(f"ipc://{run / 'kvd.sock'}")
+    client = KvdClient(run, timeout_s=0.3)
+    try:
+        client.post(P.Heartbeat())
+        with pytest.raises(KvdUnavailable):
+            client.settle()
+        assert client.unsettled == 0
+    finally:
+        client.close()
+        router.close(0)
+
+
+def test_a_posted_op_whose_reply_never_comes_is_reported_lost(tmp_path):
+    """kvd answers in order, so a later id's reply means an earlier posted one will never come."""
+    run = tmp_path / "run"
+    run.mkdir()
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.RCVTIMEO, 5000)
+    router.bind(f"ipc://{run / 'kvd.sock'}")
+
+    def answer_only_the_second() -> None:
+        router.recv_multipart()                                   # the posted heartbeat: dropped
+        ident, payload = router.recv_multipart()
+        router.send_multipart([ident, P.encode_reply(P.unpack(payload)["id"], {})])
+    thread = threading.Thread(target=answer_only_the_second, daemon=True)
+    thread.start()
+    client = KvdClient(run, timeout_s=3.0)
+    got = []
+    try:
+        client.post(P.Heartbeat(), got.append)
+        client.heartbeat()
+        client.settle()
+        assert len(got) == 1 and isinstance(got[0], KvdUnavailable)
+    finally:
+        thread.join(5)
+        client.close()
+        router.close(0)
