@@ -191,6 +191,7 @@ class SpecEngine:
             return outputs
         self._add_drafts(batch)
         capture = self._capture_layers(batch)
+        self.blocks.settle()         # answers of last step's posted commits: block tables final before the forward
         t1 = time.perf_counter()
         logits, captured = self.runner.run(batch, capture)
         emitted = self._sample(batch, logits)
@@ -532,6 +533,7 @@ class SpecEngine:
             **sps,
             **lengths,
             **self.drafts.stats(),
+            **self.source.stats(),
             **(self.spec_gate.stats() if self.spec_gate is not None else {}),
             "spec_scheduled_tokens_mean": c["spec_scheduled_tokens_total"] / max(1, c["spec_scheduled_requests_total"]),
             "requests_running": len(self.scheduler.running),
