@@ -46,7 +46,8 @@ def stats_still_answers(sock) -> None:
 
 
 H = st.binary(min_size=16, max_size=16)
-bad_hash = st.binary(max_size=40).filter(lambda b: len(b) != 16) | st.text(max_size=16) | st.integers()
+# ints within msgpack's range: a wider one fails in this test's own encoder, not in kvd
+bad_hash = st.binary(max_size=40).filter(lambda b: len(b) != 16) | st.text(max_size=16) | st.integers(-(2**63), 2**64 - 1)
 junk = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats()
                     | st.text(max_size=12) | st.binary(max_size=24),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
