@@ -328,12 +328,22 @@ class SpecEngine:
 
     def _rest(self, seqs: list[Sequence]) -> None:
         """A resting sequence captures no target features, so a step where all of them rest is exactly a
-        plain decode step (on CUDA: the plain decode graph). Its drafter context would get a gap, so it
-        is dropped: drafting resumes from a context shifted to the resume point (kvd's draft group keeps
-        what was published; a shifted context never publishes)."""
+        plain decode step (on CUDA: the plain decode graph). Its unabsorbed features are dropped; its
+        drafter context is kept, and the features after the rest are appended behind it (``_stitch``)."""
         for seq in seqs:
             self._resting.add(id(seq))
-            seq.draft_ctx = seq.draft_feats = None
+            seq.draft_feats = None
+
+    @staticmethod
+    def _stitch(seq: Sequence, first: int) -> None:
+        """The first features after a rest start at absolute position ``first``; the context ends at
+        ``offset + n``. The positions in between were never captured: the drafter context simply lacks
+        them (its positions are its own, so RoPE distances across the gap are shorter than the true
+        ones: lower acceptance, never a wrong token). ``offset`` grows by the gap, which keeps
+        ``offset + n`` the next absolute position and marks the context as gapped, so it never
+        publishes to kvd again (its blocks would not match the target's)."""
+        ctx = seq.draft_ctx
+        ctx.offset += max(0, first - (ctx.offset + ctx.n))
 
     def _gated(self, proposer, seq: Sequence) -> bool:
         confident = getattr(proposer, "capture_layers", ()) and getattr(proposer, "has_confidence", True)
@@ -389,6 +399,8 @@ class SpecEngine:
                                    for layer in proposer.capture_layers])
             for seq, feats in zip((s for s, _ in owners[method]), fused.split([n for _, n in owners[method]])):
                 old = seq.draft_feats
+                if old is None and seq.draft_ctx is not None:       # the first features after a rest
+                    self._stitch(seq, seq.num_computed_tokens - len(feats))
                 seq.draft_feats = feats if old is None else torch.cat([old, feats])
 
     def _draft_limit(self, seq: Sequence) -> int:

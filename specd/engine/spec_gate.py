@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MIN_SAMPLES = 3      # measured steps per arm before the comparison is trusted (drafting explored first)
+MIN_SAMPLES = 5      # measured steps per arm before the comparison is trusted (drafting explored first);
+                     # a step's accepted drafts vary a lot, so fewer samples often misjudge drafting
 PROBE_EVERY = 64     # measured steps of a cell before the first probe of the losing arm
 PROBE_MAX = 1024     # the wait doubles after each probe that confirms the winner, up to this many steps
 PROBE_STEPS = 3      # consecutive steps of a probe: after a rest the first one only regathers features

@@ -142,8 +142,8 @@ def test_engine_rests_a_slow_drafter_and_stays_exact(engine):
     want = run(engine, "none")
     engine._proposer("dspark")
     real = engine._proposers["dspark"]
-    engine._proposers["dspark"] = SlowProposer(real, 0.05)
-    engine.spec_gate = SpecGate(min_samples=2, probe_every=1000, probe_steps=1)
+    engine._proposers["dspark"] = SlowProposer(real, 0.1)     # ~50 plain steps' time: no stall can hide it
+    engine.spec_gate = SpecGate(min_samples=3, probe_every=1000, probe_steps=1)
     try:
         before = engine.stats()
         got = run(engine, "dspark")
@@ -153,7 +153,7 @@ def test_engine_rests_a_slow_drafter_and_stays_exact(engine):
     assert got == want                                   # resting never changes a greedy output
     paused = after["spec_paused_steps_total"] - before["spec_paused_steps_total"]
     drafted = after["spec_gate_dspark_b4_draft_samples"]
-    assert drafted == 2 and paused >= 30                 # explored twice, then rested to the end
+    assert drafted == 3 and paused >= 20, (drafted, paused)   # explored 3 times, then rested to the end (28)
     assert after["spec_gate_dspark_b4_drafting"] == 0
     assert after["spec_gate_dspark_b4_plain_tok_s"] > after["spec_gate_dspark_b4_draft_tok_s"]
 
@@ -166,3 +166,45 @@ def test_engine_without_the_gate_always_drafts(engine):
     assert after["spec_paused_steps_total"] == before["spec_paused_steps_total"]
     assert after["spec_verifications_total"] > before["spec_verifications_total"]
     assert not any(k.startswith("spec_gate_") for k in after)
+
+
+class ScriptedGate:
+    """Drafts or rests as scripted (then drafts): the engine's side of a rest, without timing."""
+
+    def __init__(self, arms):
+        self.arms = iter(arms)
+
+    def should_draft(self, method, sequences, measured=True):
+        return next(self.arms, True)
+
+    def observe(self, *args):
+        pass
+
+    def stats(self):
+        return {}
+
+
+def test_a_rest_keeps_the_context_and_stitches_the_features_after_it(engine):
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    want = run(engine, "none", max_tokens=60)["0"]
+    engine.spec_gate = ScriptedGate([True] * 2 + [False] * 6)
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    engine.add_request(Request("stitch", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
+    seq = engine._seqs["stitch"]
+    got, ctx, gaps = [], None, []
+    while engine.has_work():
+        for out in engine.step():
+            got += out.token_ids
+        if seq.draft_ctx is not None:
+            ctx = ctx or seq.draft_ctx
+            assert seq.draft_ctx is ctx                           # never dropped, only grown
+            gaps.append(ctx.offset)
+            if seq.draft_feats is not None and seq.status.name == "RUNNING":
+                # the context plus the unabsorbed features end at the computed length
+                assert ctx.offset + ctx.n + len(seq.draft_feats) == seq.num_computed_tokens
+    engine.spec_gate = SpecGate()
+    assert got == want
+    assert gaps[0] == 0 and gaps[-1] >= 6                       # the rest's positions are missing: gapped
+    assert seq.spec_verifications > 2                            # it drafted again after the rest
