@@ -161,18 +161,3 @@ def schedule_verify(confidences: Sequence[Sequence[float]], sps: SpsProfile, oth
         tau, batch, best = tau - a, batch + 1, theta
         lengths[r] = j + 1
     return lengths
-
-
-def speculation_pays(confidences: Sequence[Sequence[float]], lengths: Sequence[int], sps: SpsProfile,
-                     draft_s: float, other_tokens: int = 0, other_emitted: float = 0.0) -> bool:
-    """Does the chosen verify plan, with the drafting paid, beat plain decoding of the same step?
-
-    Speculative step: expected tokens τ over (forward of B tokens + the step overhead, which includes the
-    drafting when the profile measured it, else ``draft_s``). Plain step: one token per decoder over
-    (forward of the decoders' tokens + the overhead without the drafting)."""
-    requests = len(confidences)
-    tau = requests + other_emitted + sum(sum(survivals(c)[:k]) for c, k in zip(confidences, lengths))
-    batch = requests + other_tokens + sum(lengths)
-    spec_step = 1.0 / sps.forward_sps(batch) + max(sps.overhead_s, draft_s)
-    plain_step = 1.0 / sps.forward_sps(requests + other_tokens) + max(0.0, sps.overhead_s - draft_s)
-    return tau / spec_step > (requests + other_emitted) / plain_step
