@@ -102,10 +102,11 @@ class RunResult:
     scheduled_lengths: dict[str, int] = field(default_factory=dict)
     graph_captures: int = 0      # CUDA graphs captured during this timed run (should be 0 after the warm-up)
     eager_steps: int = 0         # steps no CUDA graph covered
+    gate_rested_steps: int = 0   # steps the measured pre-draft gate kept the scheduled requests from drafting
 
 
 STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_total", "spec_accepted_tokens_total",
-             "admission_seconds_total", "spec_scheduler_seconds_total")
+             "admission_seconds_total", "spec_scheduler_seconds_total", "spec_paused_steps_total")
 
 
 def _delta(before: dict, after: dict) -> dict:
@@ -170,7 +171,8 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         scheduler_ms_per_step=1e3 * d["spec_scheduler_seconds_total"] / steps,
         scheduled_lengths={k.removeprefix("spec_scheduled_len").removesuffix("_total"): int(v)
                            for k, v in sorted(d.items()) if k.startswith("spec_scheduled_len") and v},
-        graph_captures=graphs1 - graphs0, eager_steps=eager1 - eager0)
+        graph_captures=graphs1 - graphs0, eager_steps=eager1 - eager0,
+        gate_rested_steps=int(d["spec_paused_steps_total"]))
 
 
 # ---- summaries (pure) --------------------------------------------------------------------------------

@@ -84,7 +84,10 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                     assert r["tau"] > 1.0 and 1.0 <= r["mean_verified"] <= 7.0
             s = cell["rows"][SCHEDULED]
             assert cell["never_slower"] == (s["throughput_ratio"]["p50"] >= 1 and s["per_user_ratio"]["p50"] >= 1)
-            assert sum(cell["scheduled_length_histogram"].values()) > 0
+            # every scheduled step either went through the confidence scheduler or was rested by the
+            # measured gate (which may rest the drafter for a whole short cell where drafting loses)
+            rested = sum(x["gate_rested_steps"] for x in s["runs"])
+            assert sum(cell["scheduled_length_histogram"].values()) > 0 or rested > 0
             assert all(0 <= int(k) <= 7 for k in cell["scheduled_length_histogram"])
     for row, levels in result["summary"].items():
         for level, s in levels.items():
