@@ -8,6 +8,13 @@ sampling settings (DSpark §4, DESIGN.md §5); the prompts come from
 - a plain text file, one prompt per line (a base model such as stories260K has no chat format);
 - the target itself: BOS + a few sampled tokens, i.e. story openings in the target's own distribution.
 
+Two generators answer the prompts, with the same per-prompt seeds and the same sampler, so the same
+answers wherever their logits round alike (``ANSWERS``): ``harness`` (``generate``: eager forwards over a
+padded K/V, one masked attention call per layer) and ``engine`` (``specd.drafter.engine_answers``: the
+serving engine, continuous batching and CUDA graphs). On CUDA the engine is the fast one (an eager step
+is ~20 ms of host launches, a graph replay ~3-5 ms); on the CPU the harness is (the engine's CPU paged
+attention runs one sequence at a time: 5x slower on stories260K, docs/results/acceptance.md).
+
 Only token ids are stored (``data.jsonl`` in the output directory, hashed into training.json); hidden
 states are recomputed by the trainer in every step (no feature cache on disk).
 """
@@ -16,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 from tqdm import tqdm
@@ -26,6 +33,11 @@ from specd.engine.sampler import sample
 from specd.models import DecoderModel
 from specd.sampling_params import SamplingParams
 from specd.tokenizer import Tokenizer
+
+
+ANSWERS = ("engine", "harness")
+HARNESS_BATCH = 32         # padded K/V: memory grows with batch x the longest sequence
+Answerer = Callable[..., list[list[int]]]   # (prompts, seed, stop_ids, progress) -> answers, in order
 
 
 class DataError(ValueError):
@@ -57,14 +69,34 @@ def text_prompts(path: str | Path, tokenizer: Tokenizer, temperature: float, max
     return prompts
 
 
+def default_answers(device: torch.device) -> str:
+    """The faster generator on this device: the engine on CUDA (graphs), the harness on the CPU."""
+    return "engine" if device.type == "cuda" else "harness"
+
+
+def answerer(kind: str, model: DecoderModel, capacity: int, batch_size: int | None = None) -> Answerer:
+    """A generator of the target's answers (see ``ANSWERS``), built once and reused across calls.
+    capacity: prompt + answer tokens of the longest sequence. batch_size: sequences generated together
+    (default: 32 for the harness, the engine's 128)."""
+    if kind == "harness":
+        size = batch_size or HARNESS_BATCH
+        return lambda prompts, seed, stop_ids, progress=True: generate(model, prompts, seed, stop_ids, size, progress)
+    if kind == "engine":
+        from specd.drafter.engine_answers import MAX_NUM_SEQS, EngineAnswers
+
+        return EngineAnswers(model, capacity, batch_size or MAX_NUM_SEQS)
+    raise DataError(f"unknown answer generator {kind!r} (have {', '.join(ANSWERS)})")
+
+
 @torch.no_grad()
-def self_openings(model: DecoderModel, tokenizer: Tokenizer, n: int, length: int, seed: int) -> list[list[int]]:
+def self_openings(model: DecoderModel, tokenizer: Tokenizer, n: int, length: int, seed: int,
+                  answers: str = "harness") -> list[list[int]]:
     """n prompts of BOS + `length` tokens sampled at T=1 from the target: text it knows how to continue.
     Different seeds give disjoint-in-practice sets (train vs held-out eval)."""
     if tokenizer.bos_id is None:
         raise DataError("self-generated openings need a BOS token")
     starts = [Prompt([tokenizer.bos_id], 1.0, max_new_tokens=length) for _ in range(n)]
-    outs = generate(model, starts, seed=seed, stop_ids=frozenset(), progress=False)
+    outs = answerer(answers, model, 1 + length)(starts, seed, frozenset(), progress=False)
     return [[tokenizer.bos_id, *o] for o in outs]
 
 
@@ -81,11 +113,11 @@ def _params(p: Prompt, seed: int) -> SamplingParams:
 
 @torch.no_grad()
 def generate(model: DecoderModel, prompts: Sequence[Prompt], seed: int, stop_ids: frozenset[int],
-             batch_size: int = 32, progress: bool = True) -> list[list[int]]:
-    """The target's answers (without the prompt), batched: a ragged prefill (chunked by token count), then
-    one token per live sequence per step, over a padded K/V (bench.batch_kv: one attention call per layer).
-    An answer ends after a stop token (kept: the drafter must learn to predict it)
-    or at max_new_tokens. Sampling uses each prompt's own seeded generator, so the data is reproducible."""
+             batch_size: int = HARNESS_BATCH, progress: bool = True) -> list[list[int]]:
+    """The harness: the target's answers (without the prompt), batched: a ragged prefill (chunked by
+    token count), then one token per live sequence per step, over a padded K/V (bench.batch_kv: one
+    attention call per layer). An answer ends after a stop token (kept: the drafter must learn to
+    predict it) or at max_new_tokens. Sampling uses each prompt's own seeded generator, so the data is reproducible."""
     device = next(model.parameters()).device
     out: list[list[int]] = []
     batches = range(0, len(prompts), batch_size)
@@ -131,53 +163,56 @@ def _step(model: DecoderModel, kv, feed: dict[int, list[int]], params: list[Samp
 
 
 def session_sequences(model: DecoderModel, tokenizer: Tokenizer, sessions_path: str | Path, split: str, seed: int,
-                      max_len: int, max_new_tokens: int | None = None, batch_size: int = 32) -> list[TrainSequence]:
+                      max_len: int, max_new_tokens: int | None = None, batch_size: int | None = None,
+                      answers: str = "harness") -> list[TrainSequence]:
     """Every turn of every `split` session of a file, answered by the target (see `answer_sessions`)."""
     from bench.workloads.format import read_sessions  # bench owns the session format
 
     sessions = [s for s in read_sessions(sessions_path) if s.split == split]
     if not sessions:
         raise DataError(f"{sessions_path} has no {split!r} sessions")
-    pairs = answer_sessions(model, tokenizer, sessions, seed, max_len, max_new_tokens, batch_size)
+    pairs = answer_sessions(model, tokenizer, sessions, seed, max_len, max_new_tokens, batch_size, answers=answers)
     return _nonempty([seq for _, seq in pairs])
 
 
 def answer_sessions(model: DecoderModel, tokenizer: Tokenizer, sessions: Sequence, seed: int, max_len: int,
-                    max_new_tokens: int | None = None, batch_size: int = 32,
-                    progress: bool = True) -> list[tuple[int, TrainSequence]]:
+                    max_new_tokens: int | None = None, batch_size: int | None = None,
+                    progress: bool = True, answers: str = "harness") -> list[tuple[int, TrainSequence]]:
     """(session index, sequence) for every turn of every session, answered by the target turn after
     turn at the session's own sampling (turn k's prompt holds the target's answers to the earlier turns,
     as a replay would). Sessions whose prompt outgrows max_len stop there. All sessions of a turn share
-    the batches, whatever workload they come from; sequences with under 2 answer tokens are dropped."""
+    the batches, whatever workload they come from; sequences with under 2 answer tokens are dropped.
+    `answers`: the generator (``ANSWERS``), built once for all turns."""
     from bench.workloads.format import prompt_messages
 
-    answers: list[list[str]] = [[] for _ in sessions]
+    generate_answers = answerer(answers, model, max_len, batch_size)
+    texts: list[list[str]] = [[] for _ in sessions]
     out: list[tuple[int, TrainSequence]] = []
     for turn in range(max((len(s.turns) for s in sessions), default=0)):
         todo, prompts = [], []
         for i, s in enumerate(sessions):
-            if turn >= len(s.turns) or len(answers[i]) < turn:
+            if turn >= len(s.turns) or len(texts[i]) < turn:
                 continue
             extra = {"tools": s.tools} if s.tools else {}
-            ids = tokenizer.encode_chat(prompt_messages(s, turn, answers[i]), **extra)
+            ids = tokenizer.encode_chat(prompt_messages(s, turn, texts[i]), **extra)
             new = max_new_tokens or s.turns[turn].max_tokens
             if len(ids) + new > max_len:
                 continue
             todo.append(i)
             prompts.append(Prompt(ids, s.sampling.temperature, s.sampling.top_p, s.sampling.top_k, new))
-        gen = generate(model, prompts, seed + 100_000 * turn, tokenizer.stop_ids, batch_size, progress)
+        gen = generate_answers(prompts, seed + 100_000 * turn, tokenizer.stop_ids, progress)
         for i, p, a in zip(todo, prompts, gen):
-            answers[i].append(tokenizer.decode(a))
+            texts[i].append(tokenizer.decode(a))
             if len(a) >= 2:
                 out.append((i, TrainSequence(p.ids + a, len(p.ids))))
     return out
 
 
 def prompt_sequences(model: DecoderModel, prompts: Sequence[Prompt], seed: int, stop_ids: frozenset[int],
-                     max_len: int, batch_size: int = 32) -> list[TrainSequence]:
+                     max_len: int, batch_size: int | None = None, answers: str = "harness") -> list[TrainSequence]:
     """Plain prompts answered by the target (prompts longer than max_len − answer are dropped)."""
     kept = [p for p in prompts if len(p.ids) + p.max_new_tokens <= max_len]
-    gen = generate(model, kept, seed, stop_ids, batch_size)
+    gen = answerer(answers, model, max_len, batch_size)(kept, seed, stop_ids)
     return _nonempty([TrainSequence(p.ids + a, len(p.ids)) for p, a in zip(kept, gen)])
 
 
