@@ -9,10 +9,9 @@
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
 # most 64 MiB (the 491 MB GGUF goes in nine 56 MB pieces made with `split -b 56000000 -d -a 2 GGUF .carry/q.`),
 # and at most 8 files come back: each phase packs its results into one tarball under $OUT.
-# Run it from a clean export of a commit, so the results name the code that made them:
-#   rm -rf .carry/clean && mkdir -p .carry/clean && git archive HEAD | tar -x -C .carry/clean \
-#     && git rev-parse HEAD > .carry/clean/COMMIT            # read by bench/provenance.py
-# and on the device: ln -sfn $PWD/.carry .carry/clean/.carry; ln -sfn $PWD/.whl .carry/clean/.whl; cd .carry/clean
+# Run it from a clean export of a commit, so the results name the code that made them: `bash bench/gpu/export.sh`
+# here (writes .carry/clean and its COMMIT file, read by bench/provenance.py), carry .carry/clean, and on the
+# device: ln -sfn $PWD/.carry .carry/clean/.carry; ln -sfn $PWD/.whl .carry/clean/.whl; cd .carry/clean
 # Inputs prepared on the CPU machine (the corpora do not travel), carried with the call:
 #   .carry/qwen-sessions  python -m bench drafter-pipeline --prepare --sessions .carry/qwen-sessions \
 #                             --out .carry/qwen-sessions --train-sessions 48 --eval-sessions 16 --turns 2 \
