@@ -10,7 +10,9 @@
 
 Stages (a marker WORK/stages/<stage>.json each; a stage with a marker is skipped on the next run):
 1. data: the target answers every turn of the *train* sessions of all five workloads, in shared batches
-   (one data.jsonl for all three methods: same data, same steps, same target);
+   (one data.jsonl for all three methods: same data, same steps, same target), through the serving engine
+   (``--answers engine``, the default on CUDA: continuous batching, CUDA graphs) or the eager harness
+   (``--answers harness``, the default on the CPU); the marker records which;
 2. train-dspark / train-dflash / train-eagle3: the same steps on that data, STS calibration for dspark;
 3. tune-<workload>: the generic dspark fine-tuned (`--init`) on that workload's train sequences;
 4. eval-<row>: chain verification on every workload's *eval* sessions at T = 0 and T = 1 in one batched
@@ -78,7 +80,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "system prompt is ~95k characters) to this many characters")
     p.add_argument("--scale", default="full", help="--prepare: workload scale preset (tiny fits stories260K)")
     # stage sizes
-    p.add_argument("--gen-batch", type=int, default=128, help="sequences per answer-generation batch")
+    p.add_argument("--answers", choices=("engine", "harness"), default=None,
+                   help="answer generator of the data stage (specd.drafter.data.ANSWERS): engine (serving engine, "
+                        "CUDA graphs) or harness (eager); default: engine on CUDA, harness on the CPU")
+    p.add_argument("--gen-batch", type=int, default=128, help="sequences per answer-generation batch (the "
+                   "engine's max_num_seqs)")
     p.add_argument("--max-len", type=int, default=3072, help="prompt + answer tokens at most (longer turns dropped)")
     p.add_argument("--steps", type=int, default=400, help="training steps of each generic drafter")
     p.add_argument("--tune-steps", type=int, default=80, help="tuning steps per workload")
@@ -268,10 +274,11 @@ def stage_data(r: Run) -> dict:
     from specd.drafter import data
 
     model, tok = r.target()
+    answers = r.args.answers or data.default_answers(next(model.parameters()).device)
     per_w = read_workload_sessions(r.args.sessions, "train", r.args.train_sessions)
     sessions = [s for w in WORKLOADS for s in per_w[w]]
     pairs = data.answer_sessions(model, tok, sessions, r.args.seed, r.args.max_len, None, r.args.gen_batch,
-                                 progress=False)
+                                 progress=False, answers=answers)
     ddir = r.work / "data"
     ddir.mkdir(exist_ok=True)
     data.save_sequences(ddir / "all.jsonl", [seq for _, seq in pairs])
@@ -281,7 +288,7 @@ def stage_data(r: Run) -> dict:
         data.save_sequences(ddir / f"{w}.jsonl", mine)
         counts[w] = {"sequences": len(mine), "answer_tokens": sum(len(s.tokens) - s.prompt_len for s in mine)}
     sources = "".join(file_sha256(r.args.sessions / f"{w}.train.jsonl") for w in WORKLOADS)
-    return {"status": "done", "sequences": len(pairs), "per_workload": counts,
+    return {"status": "done", "answers": answers, "sequences": len(pairs), "per_workload": counts,
             "answer_tokens": sum(c["answer_tokens"] for c in counts.values()),
             "answers_sha256": file_sha256(ddir / "all.jsonl"), "sessions_sha256": _sha(sources)}
 
@@ -306,8 +313,9 @@ def _fit(r: Run, args: argparse.Namespace, seq_file: Path, deadline: float) -> d
 
     model, _ = r.target()
     seqs = data.load_sequences(seq_file)
-    prov = {"source_sha256": r.stages.done("data")["sessions_sha256"], "answers_sha256": file_sha256(seq_file),
-            "data_s": r.stages.done("data")["wall_s"]}
+    done = r.stages.done("data")
+    prov = {"source_sha256": done["sessions_sha256"], "answers_sha256": file_sha256(seq_file),
+            "data_s": done["wall_s"], "answers": done.get("answers")}
     rep = cli.fit(args, model, seqs, prov, "python -m bench drafter-pipeline (stage of)", deadline=deadline)
     curves = rep["loss_curves"]
     return {"status": "done" if rep["steps_done"] >= args.steps else "truncated",
@@ -385,7 +393,7 @@ def build_report(r: Run) -> dict:
         "tf32": not r.args.no_tf32, "settings": {k: str(v) if isinstance(v, Path) else v
                                                   for k, v in vars(r.args).items() if k != "run"},
         "stages": stages, "stage_wall_s": {k: v.get("wall_s") for k, v in stages.items()},
-        "model_load_s": r.load_s,
+        "model_load_s": r.load_s, "answers": stages.get("data", {}).get("answers"),
         "skipped": list(r.skipped),
         "truncated": [f"{k}: {v['steps_done']} of {v['steps']} steps" for k, v in stages.items()
                       if v.get("status") == "truncated"],
@@ -424,7 +432,8 @@ def _fmt(x, pct: bool = False) -> str:
 def render_markdown(rep: dict) -> str:
     lines = [f"# Drafter acceptance: {Path(rep['target']).name}", "",
              f"Device {rep['device']}, commit {rep['commit']}, γ = {rep['gamma']}, "
-             f"{rep['elapsed_s']:.0f} s of a {rep['budget_s']:.0f} s budget.", ""]
+             f"{rep['elapsed_s']:.0f} s of a {rep['budget_s']:.0f} s budget; training data answered by the "
+             f"{rep.get('answers') or 'unrecorded'} generator.", ""]
     for t in ("1", "0"):
         lines += [f"## τ at T = {t}", "", "| drafter | " + " | ".join(WORKLOADS) + " | mean |",
                   "|---" * (len(WORKLOADS) + 2) + "|"]

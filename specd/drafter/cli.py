@@ -6,10 +6,14 @@
         --init runs/generic --device cuda
 
 Output directory: ``drafter.safetensors`` + ``drafter.json`` (specd.drafter.base.save_drafter),
-``calibration.json`` (STS temperatures, dspark only), ``training.json`` (command, data hashes, loss curves,
-wall times, weight sha256, ECE before/after STS), and the run's working files ``data.jsonl`` (the target's
-answers, reused by ``--resume``), ``prompts.txt`` (self-sampled openings) and ``checkpoint.pt``; only the
-first four are meant to be committed.
+``calibration.json`` (STS temperatures, dspark only), ``training.json`` (command, data hashes and
+generator, loss curves, wall times, weight sha256, ECE before/after STS), and the run's working files
+``data.jsonl`` (the target's answers, reused by ``--resume``), ``data.json`` (which generator wrote them),
+``prompts.txt`` (self-sampled openings) and ``checkpoint.pt``; only the first four are meant to be committed.
+
+``--answers``: which generator answers the prompts (specd.drafter.data.ANSWERS): ``engine`` (the serving
+engine: continuous batching, CUDA graphs; the default on CUDA) or ``harness`` (eager padded-K/V
+forwards; the default on the CPU, where it is the faster one).
 """
 from __future__ import annotations
 
@@ -59,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(sessions carry their own sampling)")
     p.add_argument("--opening-tokens", type=int, default=8, help="tokens per self-sampled opening")
     p.add_argument("--max-len", type=int, default=512, help="prompt + answer tokens at most")
+    p.add_argument("--answers", choices=data.ANSWERS, default=None,
+                   help="answer generator: engine (serving engine, CUDA graphs) or harness (eager); "
+                        "default: engine on CUDA, harness on the CPU")
     p.add_argument("--holdout", type=float, default=0.1, help="fraction of sequences kept for STS calibration")
     p.add_argument("--sts-temperature", type=float, default=0.0,
                    help="sampling temperature at which STS observes survival (0 = greedy)")
@@ -78,18 +85,20 @@ def main(argv: list[str]) -> int:
 
     target, tokenizer = load_model(args.target, args.dtype, args.device)
     target.requires_grad_(False)
+    args.answers = args.answers or data.default_answers(next(target.parameters()).device)
     t0 = time.perf_counter()
-    seqs, source_sha = training_data(args, target, tokenizer)
+    seqs, source_sha, answers = training_data(args, target, tokenizer)
     data_s = time.perf_counter() - t0
     fit(args, target, seqs, {"source_sha256": source_sha, "answers_sha256": file_sha256(args.out / "data.jsonl"),
-                             "data_s": data_s}, "specd train-drafter " + shlex.join(argv))
+                             "data_s": data_s, "answers": answers}, "specd train-drafter " + shlex.join(argv))
     return 0
 
 
 def fit(args: argparse.Namespace, target, seqs: list[data.TrainSequence], provenance: dict, command: str,
         deadline: float | None = None) -> dict:
     """Train (resuming from OUT/checkpoint.pt when --resume), calibrate, write the drafter and its
-    training.json; returns that report. `provenance`: source_sha256, answers_sha256, data_s.
+    training.json; returns that report. `provenance`: source_sha256, answers_sha256, data_s, answers
+    (the generator that wrote the data, ``data.ANSWERS``).
     `deadline` (time.perf_counter() value) stops training early; the report says at which step."""
     torch.manual_seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -115,6 +124,7 @@ def fit(args: argparse.Namespace, target, seqs: list[data.TrainSequence], proven
                  "source_sha256": provenance["source_sha256"], "answers_sha256": provenance["answers_sha256"],
                  "sequences": len(seqs), "train_sequences": len(train_seqs), "heldout_sequences": len(held),
                  "answer_tokens": sum(len(s.tokens) - s.prompt_len for s in seqs),
+                 "answers": provenance.get("answers"),
                  "data_temperature": None if args.data else args.data_temperature},
         "train": asdict(cfg), "steps_done": trainer.step, "loss_curves": asdict(curves),
         "wall_s": {"data": provenance["data_s"], "train": trainer.train_s},
@@ -128,27 +138,33 @@ def fit(args: argparse.Namespace, target, seqs: list[data.TrainSequence], proven
     return report
 
 
-def training_data(args: argparse.Namespace, target, tokenizer) -> tuple[list[data.TrainSequence], str]:
-    """(sequences, sha256 of the prompt source). The target's answers are reused from OUT/data.jsonl on
-    --resume, so a resumed run trains on exactly the same data."""
-    path = args.out / "data.jsonl"
+def training_data(args: argparse.Namespace, target, tokenizer) -> tuple[list[data.TrainSequence], str, str | None]:
+    """(sequences, sha256 of the prompt source, the generator that wrote the answers). The target's
+    answers are reused from OUT/data.jsonl on --resume, so a resumed run trains on exactly the same
+    data (its generator read back from OUT/data.json; None when an older run did not write it)."""
+    path, meta = args.out / "data.jsonl", args.out / "data.json"
     max_new = args.max_new_tokens or (None if args.data else 128)
     if args.self_prompts:
         prompt_file = args.out / "prompts.txt"
         if not (args.resume and prompt_file.exists()):
-            openings = data.self_openings(target, tokenizer, args.self_prompts, args.opening_tokens, args.seed)
+            openings = data.self_openings(target, tokenizer, args.self_prompts, args.opening_tokens, args.seed,
+                                          answers=args.answers)
             data.write_text_prompts(prompt_file, tokenizer, openings)
         args.prompts = prompt_file
     source = args.data or args.prompts
     if args.resume and path.exists():
-        return data.load_sequences(path), file_sha256(source)
+        written = json.loads(meta.read_text()).get("answers") if meta.exists() else None
+        return data.load_sequences(path), file_sha256(source), written
     if args.data:
-        seqs = data.session_sequences(target, tokenizer, args.data, "train", args.seed, args.max_len, max_new)
+        seqs = data.session_sequences(target, tokenizer, args.data, "train", args.seed, args.max_len, max_new,
+                                      answers=args.answers)
     else:
         prompts = data.text_prompts(args.prompts, tokenizer, args.data_temperature, max_new)
-        seqs = data.prompt_sequences(target, prompts, args.seed, tokenizer.stop_ids, args.max_len)
+        seqs = data.prompt_sequences(target, prompts, args.seed, tokenizer.stop_ids, args.max_len,
+                                     answers=args.answers)
     data.save_sequences(path, seqs)
-    return seqs, file_sha256(source)
+    meta.write_text(json.dumps({"answers": args.answers}) + "\n")
+    return seqs, file_sha256(source), args.answers
 
 
 def make_drafter(args: argparse.Namespace, target):

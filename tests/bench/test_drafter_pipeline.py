@@ -56,6 +56,9 @@ def test_pipeline_runs_every_stage_then_resumes(sessions, tmp_path, capsys):
     shas = {json.loads((work / "drafters" / m / "training.json").read_text())["data"]["answers_sha256"]
             for m in METHODS}
     assert len(shas) == 1
+    assert rep["answers"] == rep["stages"]["data"]["answers"] == "harness"       # the CPU default, recorded
+    assert {json.loads((work / "drafters" / m / "training.json").read_text())["data"]["answers"]
+            for m in METHODS} == {"harness"}
     assert {rep["stages"][f"train-{m}"]["steps_done"] for m in METHODS} == {2}
     assert "| dspark-tuned |" in (out / "acceptance-qwen.md").read_text()
     assert (out / "acceptance-by-position-t0.png").stat().st_size > 0
@@ -70,6 +73,17 @@ def test_pipeline_runs_every_stage_then_resumes(sessions, tmp_path, capsys):
     assert "load:" not in second                      # nothing left to do: the target is never loaded
     assert weights.stat().st_mtime_ns == before
     assert json.loads((out / "acceptance-qwen.json").read_text())["results"] == rep["results"]
+
+
+def test_engine_data_stage_writes_the_harness_data(sessions, tmp_path):
+    """--answers engine: same seeds, same sampler, fp32 CPU logits that round alike -> the same data.jsonl."""
+    markers = {}
+    for kind in ("engine", "harness"):
+        work = tmp_path / kind
+        assert _pipeline(sessions, work, tmp_path / f"out-{kind}", "--answers", kind, "--stop-after", "data") == 0
+        markers[kind] = json.loads((work / "stages" / "data.json").read_text())
+        assert markers[kind]["answers"] == kind and markers[kind]["sequences"] > 0
+    assert markers["engine"]["answers_sha256"] == markers["harness"]["answers_sha256"]
 
 
 def test_spent_budget_truncates_training_and_skips_the_rest(sessions, tmp_path, capsys):

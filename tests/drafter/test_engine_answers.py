@@ -5,6 +5,7 @@ equality, and a two-sample chi-square test that its sampled tokens follow the ha
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 
 import pytest
 from scipy.stats import chi2_contingency
@@ -14,6 +15,7 @@ from specd.drafter.engine_answers import EngineAnswers, engine_generate
 
 ALPHA = 1e-3           # a correct generator fails the two-sample test 0.1% of the time
 STORY = "Once upon a time, there was a"
+STORIES = Path(__file__).resolve().parents[2] / "models" / "stories260K.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +104,24 @@ def test_sampled_tokens_follow_the_harness_distribution(target, harness_samples,
     got = engine_generate(model, prompts, N, frozenset(), progress=False)
     p = min(_p_value([a[pos] for a in harness_samples], [a[pos] for a in got]) for pos in (0, 1))
     assert (p > ALPHA / 2) == same, f"p = {p:.2e}"          # Bonferroni over the two positions
+
+
+def test_train_drafter_answers_flag_is_recorded_and_kept_on_resume(tmp_path, one_thread):
+    """`specd train-drafter --answers`: both generators write the same data here (fp32 CPU, equal seeds),
+    training.json names the one used, and --resume reports the generator of the reused data."""
+    import json
+
+    from specd.drafter.cli import main
+
+    reports = {}
+    for kind in ("engine", "harness"):
+        out = tmp_path / kind
+        argv = ["--target", str(STORIES), "--self-prompts", "6", "--method", "dspark", "--out", str(out),
+                "--steps", "1", "--layers", "1", "--markov-rank", "8", "--max-new-tokens", "16", "--batch-size", "2",
+                "--anchors", "2", "--holdout", "0.34", "--answers", kind]
+        assert main(argv) == 0
+        reports[kind] = json.loads((out / "training.json").read_text())["data"]
+        assert reports[kind]["answers"] == kind
+    assert reports["engine"]["answers_sha256"] == reports["harness"]["answers_sha256"]
+    assert main(argv[:-1] + ["engine", "--resume"]) == 0      # the harness's data reused: still says harness
+    assert json.loads((tmp_path / "harness" / "training.json").read_text())["data"]["answers"] == "harness"
