@@ -296,12 +296,18 @@ class KvdCore:
     def _publish(
         self, g: CacheGroup, lease: Lease, bid: int, h: BlockHash, parent: BlockHash | None, now: float
     ) -> BlockId:
-        lease.writes.discard(bid)
         old = g.index.get(h)
-        if old is not None and (old.tier == Tier.GPU or old.moving):
+        if old is not None and old.moving:
+            # A duplicate of a block whose promotion has not landed: its destination slot holds no bytes
+            # yet, and the writer would read it in its next forward. The writer keeps its own identical
+            # copy, private to its lease (still a write slot, freed with the lease); the promotion stays
+            # the canonical block for everyone else.
+            return BlockId(bid)
+        lease.writes.discard(bid)
+        if old is not None and old.tier == Tier.GPU:
             g.gpu.free(bid)  # a duplicate: the published block stays canonical
             self._hold(g, lease, old, now)
-            return BlockId(old.dest if old.moving else old.slot)
+            return BlockId(old.slot)
         pinned = False
         if old is not None:  # published in a lower tier (unleased): the fresh GPU copy replaces it
             pinned = old.pinned
