@@ -23,6 +23,8 @@ from kvd.leases import Lease, LeaseTable
 from kvd.mover import Mover, MoveJob
 from kvd.prefetch_budget import best_cut
 from kvd.temperature import bump, decayed
+from kvd.tiers import pool_files
+from kvd.tiers.base import shm_dir
 from kvd.tier_rates import TierRates
 from kvd.types import HASH_BYTES, BlockHash, BlockId, BlockKind, LeaseId, Tier
 
@@ -40,6 +42,7 @@ class KvdCore:
         self._sessions: dict[str, SessionHint] = {}
         self.counters: Counter[str] = Counter()
         self._tag = f"kvd-{os.getpid()}-{id(self):x}"
+        pool_files.reap_stale(shm_dir(config.run_dir))   # pools of kvd processes that died without cleaning up
         self._lock = threading.RLock()
         self._moved = threading.Condition(self._lock)
         self.rates = TierRates(config.promote_dram_gbps * 1e9, config.promote_nvme_gbps * 1e9)

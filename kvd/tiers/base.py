@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from kvd.tiers import pool_files
 from kvd.types import BlockHash, Tier
 
 
@@ -74,6 +75,7 @@ class MemoryPool(BlockPool):
         self.tier = tier
         self.tensor = tensor  # [blocks, block_bytes] uint8
         self.path = path
+        self._lock_fd = pool_files.hold(path) if path is not None else None   # ownership: kvd/tiers/pool_files.py
 
     def view(self, slot: int) -> torch.Tensor:
         return self.tensor[slot]  # [block_bytes]
@@ -90,6 +92,9 @@ class MemoryPool(BlockPool):
                 self.path.unlink()
             except FileNotFoundError:
                 pass
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
