@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from specd.drafter import data
-from specd.drafter.engine_answers import EngineAnswers, engine_generate
+from specd.drafter.engine_answers import AnswerError, EngineAnswers, engine_generate
 
 ALPHA = 1e-3           # a correct generator fails the two-sample test 0.1% of the time
 STORY = "Once upon a time, there was a"
@@ -54,6 +54,13 @@ def test_same_seeds_reproduce_and_other_seeds_differ(target, openings):
     assert engine_generate(model, prompts, 11, frozenset(), progress=False) == first   # a fresh one, other batch
     other = answers(prompts, 12, frozenset(), progress=False)
     assert sum(a != b for a, b in zip(first, other)) >= len(prompts) // 2
+
+
+def test_a_prompt_the_pool_cannot_hold_is_an_error(target, openings):
+    model, _ = target
+    too_small = EngineAnswers(model, capacity=16, max_num_seqs=1)      # 2 blocks of 16 tokens
+    with pytest.raises(AnswerError, match="too small"):
+        too_small([data.Prompt(openings[0] * 5, 1.0, max_new_tokens=4)], 0, frozenset(), progress=False)
 
 
 def test_greedy_answers_equal_the_harness(target, openings):
