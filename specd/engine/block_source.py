@@ -52,16 +52,10 @@ class BlockSource(Protocol):
         """Counters of the source for engine.stats() (kvd round trips); empty for a private pool."""
 
 
-class LocalBlockSource:
-    """A private pool with a free list; ``lookup`` never hits, ``commit`` publishes nothing."""
+class _NeverHits:
+    """What every private pool answers: not connected to a shared cache, so a lookup never hits."""
 
-    def __init__(self, num_blocks: int, block_bytes: int, device: torch.device, first_lease: int = 1):
-        self.pool = torch.zeros(num_blocks, block_bytes, dtype=torch.uint8, device=device)
-        self.pools = {"full": self.pool}
-        self.num_blocks = num_blocks
-        self._free: list[BlockId] = [BlockId(i) for i in reversed(range(num_blocks))]
-        self._leases: dict[LeaseId, list[BlockId]] = {}
-        self._next_lease = first_lease
+    pools: dict
 
     @property
     def connected(self) -> bool:
@@ -72,6 +66,18 @@ class LocalBlockSource:
 
     def lookup_groups(self, hashes, session=None):
         return 0, {g: (None, 0, []) for g in self.pools}
+
+
+class LocalBlockSource(_NeverHits):
+    """A private pool with a free list; ``lookup`` never hits, ``commit`` publishes nothing."""
+
+    def __init__(self, num_blocks: int, block_bytes: int, device: torch.device, first_lease: int = 1):
+        self.pool = torch.zeros(num_blocks, block_bytes, dtype=torch.uint8, device=device)
+        self.pools = {"full": self.pool}
+        self.num_blocks = num_blocks
+        self._free: list[BlockId] = [BlockId(i) for i in reversed(range(num_blocks))]
+        self._leases: dict[LeaseId, list[BlockId]] = {}
+        self._next_lease = first_lease
 
     def allocate(self, n: int, group: str | None = None) -> tuple[LeaseId, list[BlockId]]:
         if n > len(self._free):
@@ -113,7 +119,7 @@ class LocalBlockSource:
 LEASE_SPAN = 1 << 40   # lease ids of the groups of a LocalGroupsSource never collide
 
 
-class LocalGroupsSource:
+class LocalGroupsSource(_NeverHits):
     """One private LocalBlockSource per cache group (a hybrid model served without kvd)."""
 
     def __init__(self, num_blocks: int, layout: KVLayout, device: torch.device):
@@ -123,16 +129,6 @@ class LocalGroupsSource:
         self.pools = {g: p.pool for g, p in self.parts.items()}
         self.pool = self.pools[self.primary]
         self.num_blocks = num_blocks
-
-    @property
-    def connected(self) -> bool:
-        return False
-
-    def lookup(self, hashes, session=None):
-        return None, []
-
-    def lookup_groups(self, hashes, session=None):
-        return 0, {g: (None, 0, []) for g in self.parts}
 
     def allocate(self, n: int, group: str | None = None) -> tuple[LeaseId, list[BlockId]]:
         return self.parts[group or self.primary].allocate(n)

@@ -8,10 +8,10 @@ import collections
 from pathlib import Path
 
 import pytest
-from scipy.stats import chi2_contingency
 
 from specd.drafter import data
 from specd.drafter.engine_answers import AnswerError, EngineAnswers, engine_generate
+from tests.token_stats import token_p_value
 
 ALPHA = 1e-3           # a correct generator fails the two-sample test 0.1% of the time
 STORY = "Once upon a time, there was a"
@@ -80,17 +80,6 @@ def test_sampled_answers_equal_the_harness_at_equal_seeds(target, openings):
     assert sum(a == b for a, b in zip(got, want)) >= 0.9 * len(prompts)
 
 
-def _p_value(a: list[int], b: list[int]) -> float:
-    """Two-sample chi-square on token counts; rare tokens pooled so every cell expects >= 5."""
-    ca, cb = collections.Counter(a), collections.Counter(b)
-    keep = [t for t in set(ca) | set(cb) if ca[t] + cb[t] >= 20]
-    rows = [[ca[t] for t in keep] + [sum(v for t, v in ca.items() if t not in keep)],
-            [cb[t] for t in keep] + [sum(v for t, v in cb.items() if t not in keep)]]
-    if rows[0][-1] + rows[1][-1] == 0:
-        rows = [r[:-1] for r in rows]
-    return chi2_contingency(rows)[1]
-
-
 N = 400
 
 
@@ -109,7 +98,7 @@ def test_sampled_tokens_follow_the_harness_distribution(target, harness_samples,
     model, tok = target
     prompts = [data.Prompt(tok.encode(STORY), temperature, max_new_tokens=2)] * N
     got = engine_generate(model, prompts, N, frozenset(), progress=False)
-    p = min(_p_value([a[pos] for a in harness_samples], [a[pos] for a in got]) for pos in (0, 1))
+    p = min(token_p_value([a[pos] for a in harness_samples], [a[pos] for a in got]) for pos in (0, 1))
     assert (p > ALPHA / 2) == same, f"p = {p:.2e}"          # Bonferroni over the two positions
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from scipy.stats import chi2_contingency
 
 from specd.engine.config import EngineConfig
 from specd.engine.engine import SpecEngine
 from specd.engine.request import Request
 from specd.engine.speculation import Draft
 from specd.sampling_params import SamplingParams
+from tests.token_stats import token_p_value
 
 ALPHA = 1e-3          # significance of the two-sample test; a correct engine fails it 0.1% of the time
 PROMPTS = ["Once upon a time, there was a", "Tom had a big dog. The dog", "One day, Lily went to the"]
@@ -94,17 +94,6 @@ def _sample_runs(engine, n, params, proposer):
     return generate(engine, prompts, per, proposer)
 
 
-def _p_value(a: list[int], b: list[int]) -> float:
-    """Two-sample chi-square on token counts; rare tokens pooled so every cell expects >= 5."""
-    ca, cb = collections.Counter(a), collections.Counter(b)
-    keep = [t for t in set(ca) | set(cb) if ca[t] + cb[t] >= 20]
-    rows = [[ca[t] for t in keep] + [sum(v for t, v in ca.items() if t not in keep)],
-            [cb[t] for t in keep] + [sum(v for t, v in cb.items() if t not in keep)]]
-    if rows[0][-1] + rows[1][-1] == 0:
-        rows = [r[:-1] for r in rows]
-    return chi2_contingency(rows)[1]
-
-
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True),
                                     SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_tokens=3, ignore_eos=True)],
                          ids=["T1", "T0.7-p0.9-k20"])
@@ -113,7 +102,7 @@ def test_sampled_tokens_follow_the_target_distribution(engine, params):
     plain = _sample_runs(engine, n, params, None)
     spec = _sample_runs(engine, n, params, NoisyProposer(engine.model.config.vocab_size))
     for pos in (1, 2):                # position 0 comes from the prefill; 1 and 2 went through verification
-        p = _p_value([r[pos] for r in plain], [r[pos] for r in spec])
+        p = token_p_value([r[pos] for r in plain], [r[pos] for r in spec])
         assert p > ALPHA, f"position {pos}: distributions differ (p={p:.2e})"
 
 
@@ -130,7 +119,7 @@ def test_the_statistical_test_catches_a_planted_bug(engine, monkeypatch):
     n = 1500
     plain = _sample_runs(engine, n, params, None)
     buggy = _sample_runs(engine, n, params, NoisyProposer(engine.model.config.vocab_size))
-    assert min(_p_value([r[pos] for r in plain], [r[pos] for r in buggy]) for pos in (1, 2)) < ALPHA
+    assert min(token_p_value([r[pos] for r in plain], [r[pos] for r in buggy]) for pos in (1, 2)) < ALPHA
 
 
 def test_usage_reports_speculation_counts(engine):
@@ -221,5 +210,5 @@ def test_dspark_sampling_follows_the_target_distribution(dspark_engine, params):
                 got[out.id] += out.token_ids
         runs[method] = [got[f"{method}{i}"] for i in range(n)]
     for pos in (1, 2):
-        p = _p_value([r[pos] for r in runs["none"]], [r[pos] for r in runs["dspark"]])
+        p = token_p_value([r[pos] for r in runs["none"]], [r[pos] for r in runs["dspark"]])
         assert p > ALPHA, f"position {pos}: distributions differ (p={p:.2e})"
