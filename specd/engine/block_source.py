@@ -53,7 +53,8 @@ class BlockSource(Protocol):
 
 
 class _NeverHits:
-    """What every private pool answers: not connected to a shared cache, so a lookup never hits."""
+    """What every private pool answers: not connected to a shared cache, so a lookup never hits, and
+    there is no kvd to heartbeat, settle with, or report on."""
 
     pools: dict
 
@@ -66,6 +67,18 @@ class _NeverHits:
 
     def lookup_groups(self, hashes, session=None):
         return 0, {g: (None, 0, []) for g in self.pools}
+
+    def heartbeat(self) -> None:
+        pass
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def settle(self) -> None:
+        pass
+
+    def stats(self) -> dict[str, float]:
+        return {}
 
 
 class LocalBlockSource(_NeverHits):
@@ -103,18 +116,6 @@ class LocalBlockSource(_NeverHits):
     def num_free(self) -> int:
         return len(self._free)
 
-    def heartbeat(self) -> None:
-        pass
-
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
-        pass
-
-    def settle(self) -> None:
-        pass
-
-    def stats(self) -> dict[str, float]:
-        return {}
-
 
 LEASE_SPAN = 1 << 40   # lease ids of the groups of a LocalGroupsSource never collide
 
@@ -148,18 +149,6 @@ class LocalGroupsSource(_NeverHits):
 
     def num_free(self) -> int:
         return self.parts[self.primary].num_free()
-
-    def heartbeat(self) -> None:
-        pass
-
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
-        pass
-
-    def settle(self) -> None:
-        pass
-
-    def stats(self) -> dict[str, float]:
-        return {}
 
 
 def local_source(num_blocks: int, layout: KVLayout, device: torch.device) -> LocalBlockSource | LocalGroupsSource:

@@ -94,10 +94,6 @@ class ModelRunner:
             self.graphs.warm([graph_key(b, b, 1, max_batch, max_tokens, ())
                               for b in (1, 2, 4, 8, 16, 32, 64, 128, max_batch) if b <= max_batch])
 
-    def prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
-        step, sample_rows = host_step(batch, self.layout.block_size)
-        return device_inputs(step, sample_rows, self.device)
-
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq], capture_layers: tuple[int, ...] = ()):
         """Returns (logits, captured). logits: fp32, for the sampling sequences in batch order: one
