@@ -5,6 +5,9 @@
 #   bash bench/gpu/session.sh train-serve  # GPU0: drafter pipeline (issue 5) | GPU1: tier-bandwidth (issue 7: kvd's
 #                                          #   tier copies, side-stream overlap), then serve-plan gpu-all (issues 4, 7)
 #   bash bench/gpu/session.sh speed        # GPU0: bench speedup (issue 6)    | GPU1: sps-projection (Qwen3-8B shape)
+#   bash bench/gpu/session.sh train-kv     # GPU0: one dspark drafter, 10x the data (issue 6's drafter; resumable:
+#                                          #   run it again until it reports) | GPU1: serve-plan gpu-kv (issue 7)
+#   bash bench/gpu/session.sh drafter-out N  # part N (0, 1) of the trained dspark drafter in bf16, to carry later
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
 # most 64 MiB (the 491 MB GGUF goes in nine 56 MB pieces made with `split -b 56000000 -d -a 2 GGUF .carry/q.`),
@@ -99,6 +102,45 @@ PY
     tail -n 30 /tmp/logs/speedup.log; tail -n 20 /tmp/logs/sps.log
     pack speed
     ;;
+  train-kv)
+    mkdir -p "$RES/train-kv"
+    nvidia-smi --query-gpu=name,memory.used --format=csv
+    # the drafter: dspark alone, 500 train sessions per workload answered by the serving engine; the whole run
+    # takes ~15 min, so a call is cut by `timeout` and the next call resumes from the stage markers/checkpoint
+    CUDA_VISIBLE_DEVICES=0 timeout "${TRAIN_TIMEOUT:-540}" python -m bench drafter-pipeline --target "$MODEL" \
+      --sessions .carry/qwen-sessions500 --work /tmp/dp --out "$RES/train-kv/acceptance" --methods dspark \
+      --steps "${TRAIN_STEPS:-2500}" --train-sessions 500 --answers engine --budget-s "${TRAIN_BUDGET:-900}" \
+      --gamma 7 --device cuda >> /tmp/logs/drafter-pipeline.log 2>&1 &
+    a=$!
+    if [ ! -f /tmp/kv-started ]; then   # the serving plan runs once, beside the first training call
+      touch /tmp/kv-started
+      CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench serve-plan --plan gpu-kv --model "$MODEL" --device cuda \
+        --sessions .carry/sessions --out "$RES/train-kv/serve" --work /tmp/sp --budget-s "${SERVE_BUDGET:-500}" \
+        --no-progress > /tmp/logs/serve-plan.log 2>&1 &
+      b=$!
+      wait $b; echo "serve-plan rc=$?"; tail -n 25 /tmp/logs/serve-plan.log
+    fi
+    wait $a; echo "drafter-pipeline rc=$?"
+    grep -v "it/s\]" /tmp/logs/drafter-pipeline.log | tail -n 25
+    pack train-kv
+    ;;
+  drafter-out)
+    D=/tmp/dp/drafters/dspark
+    if [ ! -f /tmp/dspark-bf16.tgz ]; then
+      python - "$D" <<'PY'
+import sys, torch
+from safetensors.torch import load_file, save_file
+d = sys.argv[1]
+state = load_file(f"{d}/drafter.safetensors")
+save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, "/tmp/dspark-bf16.safetensors")
+PY
+      mkdir -p /tmp/dsp && cp /tmp/dspark-bf16.safetensors /tmp/dsp/drafter.safetensors
+      cp "$D"/*.json /tmp/dsp/ && tar czf /tmp/dspark-bf16.tgz -C /tmp dsp && rm -f /tmp/dsp-part.*
+      split -n 2 -d -a 1 /tmp/dspark-bf16.tgz /tmp/dsp-part.
+      ls -la /tmp/dsp /tmp/dsp-part.*
+    fi
+    cp "/tmp/dsp-part.$2" "$OUT/"
+    ;;
   *)
-    sed -n 2,20p "$0"; exit 2 ;;
+    sed -n 2,24p "$0"; exit 2 ;;
 esac
