@@ -19,7 +19,7 @@ from typing import Protocol, Sequence as Seq
 import torch
 
 import kernels
-from specd.engine.sampler import draw_uniforms, sampling_probs
+from specd.engine.sampler import RowSettings, draw_uniforms, rows_probs
 from specd.sampling_params import SamplingParams
 
 METHODS = ("none", "ngram", "dspark", "dflash", "eagle3")
@@ -27,16 +27,23 @@ METHODS = ("none", "ngram", "dspark", "dflash", "eagle3")
 
 @dataclass
 class Draft:
-    """One sequence's proposal for this step."""
+    """One sequence's proposal for this step.
+
+    Its distribution is ``probs`` when given, else row ``origin[1]`` of the proposal's batched
+    ``origin[0]`` (the first k slots), else one-hot at the tokens (deterministic proposals). A drafter
+    hands over the batched form, so ``verify`` stacks every draft of one proposal with one gather (or
+    none) instead of one copy per sequence. ``origin[0]`` may be a CUDA graph's output buffer: valid
+    until the proposer's next proposal, i.e. for this step."""
 
     tokens: list[int]                   # k draft tokens, k may be 0
-    probs: torch.Tensor | None = None   # [k, V] fp32 the tokens were sampled from; None = one-hot (deterministic)
+    probs: torch.Tensor | None = None   # [k, V] fp32 the tokens were sampled from
     confidence: list[float] | None = None   # [k] raw conditional survival c_j (DSpark's head); None = no head
+    origin: tuple[torch.Tensor, int] | None = None   # ([B, γ, V] fp32 probs of the whole proposal, this row)
 
     def truncated(self, k: int) -> "Draft":
         """The first k drafts: still lossless, a prefix of the block is verified exactly like the block."""
         return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k],
-                     None if self.confidence is None else self.confidence[:k])
+                     None if self.confidence is None else self.confidence[:k], self.origin)
 
 
 class Proposer(Protocol):
@@ -51,45 +58,99 @@ class Proposer(Protocol):
         """Captured target layer outputs ([n, d] each) -> the features the proposer keeps per token."""
 
 
-def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """logits: [n, V] -> the distribution a plain step would sample from at each row, fp32 [n, V]."""
-    if params.greedy:
-        return torch.zeros_like(logits, dtype=torch.float32).scatter_(1, logits.argmax(1, keepdim=True), 1.0)
-    n = logits.shape[0]
-    dev = logits.device
-    return sampling_probs(logits, torch.full((n,), params.temperature, device=dev),
-                          torch.full((n,), params.top_k, dtype=torch.int64, device=dev),
-                          torch.full((n,), params.top_p, device=dev))
+def target_probs(logits: torch.Tensor, params: SamplingParams | Seq[SamplingParams]) -> torch.Tensor:
+    """logits: [n, V]; params: one request's settings, or one per row -> the distribution a plain step
+    would sample from at each row, fp32 [n, V] (greedy rows: one-hot at the argmax)."""
+    rows = [params] * logits.shape[0] if isinstance(params, SamplingParams) else params
+    return rows_probs(logits, RowSettings.of(rows, logits.shape[1], logits.device))
 
 
-def draft_probs(draft: Draft, vocab: int, device: torch.device) -> torch.Tensor:
-    """[k, V]: the draft's own probabilities, or one-hot rows for a deterministic proposal."""
-    if draft.probs is not None:
-        return draft.probs.to(device=device, dtype=torch.float32)
-    rows = torch.zeros(len(draft.tokens), vocab, device=device)
-    if draft.tokens:
-        rows[torch.arange(len(draft.tokens)), torch.tensor(draft.tokens, device=device)] = 1.0
-    return rows
-
-
-def verify(logits: Seq[torch.Tensor], drafts: Seq[Draft], params: Seq[SamplingParams],
+def verify(logits: torch.Tensor, starts: Seq[int], drafts: Seq[Draft], params: Seq[SamplingParams],
            generators: Seq[torch.Generator | None]) -> list[list[int]]:
-    """logits[i]: [k_i + 1, V] target logits at the last known token and each draft position.
-    Returns, per sequence, the accepted drafts followed by one target-sampled token."""
-    s = len(drafts)
-    k_max = max(len(d.tokens) for d in drafts)
-    vocab = logits[0].shape[1]
-    dev = logits[0].device
-    p_t = torch.zeros(s, k_max + 1, vocab, device=dev)
-    p_d = torch.zeros(s, k_max, vocab, device=dev)
-    toks = torch.zeros(s, k_max, dtype=torch.int64, device=dev)
-    for i, (lg, d, p) in enumerate(zip(logits, drafts, params)):
-        k = len(d.tokens)
-        p_t[i, : k + 1] = target_probs(lg, p)
-        if k:
-            p_d[i, :k] = draft_probs(d, vocab, dev)
-            toks[i, :k] = torch.tensor(d.tokens, device=dev)
-    num = torch.tensor([len(d.tokens) for d in drafts], dtype=torch.int32, device=dev)
-    u = draw_uniforms(generators, k_max + 1).to(dev)                   # [S, K+1]: K accept draws + 1 for the last token
-    accepted, out = kernels.rejection_sample(p_t, p_d, toks, num, u[:, :k_max].contiguous(), u[:, k_max].contiguous())
-    return [row[: a + 1] for row, a in zip(out.tolist(), accepted.tolist())]
+    """logits: [R, V] target logits; sequence i's rows are ``starts[i] .. starts[i] + k_i``: its last
+    known token, then each draft position. Returns, per sequence, the accepted drafts followed by one
+    target-sampled token.
+
+    No per-sequence device work: one ``target_probs`` over every verified row, the draft rows stacked
+    per proposal, token ids and indices in one upload, one rejection-sampling launch, one download."""
+    plan = VerifyPlan.of(starts, drafts, logits.shape[1])
+    dev = logits.device
+    ints = torch.tensor(plan.ints, dtype=torch.int64).to(dev, non_blocking=True)
+    rows, gather, toks, num, one_hot, sources = plan.split(ints)
+    row_params = [p for p, d in zip(params, drafts) for _ in range(len(d.tokens) + 1)]
+    p_t = target_probs(logits.index_select(0, rows), row_params)
+    p_t = p_t.index_select(0, gather).view(len(drafts), plan.k_max + 1, -1)     # [S, K+1, V]
+    p_d = draft_rows(drafts, plan, one_hot, sources, p_t)                         # [S, K, V]
+    u = draw_uniforms(generators, plan.k_max + 1).to(dev)                   # [S, K+1]: K accept draws + 1 for the last token
+    accepted, out = kernels.rejection_sample(p_t, p_d, toks.view(len(drafts), plan.k_max), num.int(),
+                                             u[:, :plan.k_max].contiguous(), u[:, plan.k_max].contiguous())
+    both = torch.cat([accepted.long()[:, None], out], dim=1).tolist()          # one device-to-host copy
+    return [row[1: row[0] + 2] for row in both]
+
+
+@dataclass
+class VerifyPlan:
+    """Everything ``verify`` indexes with, built on the host and uploaded as one int64 tensor.
+
+    Segments of ``ints``: the verified logits rows [n]; for each padded (sequence, position) of
+    [S, K+1], its row among those n (positions past a draft repeat a real row: the kernel reads only
+    positions <= k_i); the draft tokens [S, K] (0-padded); k_i [S]; the flat indices of one-hot draft
+    entries in [S, K, V]; then per batched proposal (``Draft.origin``) its destination and source rows."""
+
+    ints: list[int]
+    sizes: list[int]
+    k_max: int
+    groups: list[tuple[torch.Tensor, bool]]    # per proposal: (its [B, γ, V] probs, rows are 0..B-1 in order)
+    explicit: list[int]                        # sequences whose draft carries its own [k, V] probs
+
+    @classmethod
+    def of(cls, starts: Seq[int], drafts: Seq[Draft], vocab: int) -> "VerifyPlan":
+        ks = [len(d.tokens) for d in drafts]
+        k_max = max(ks, default=0)
+        rows, gather, toks, one_hot = [], [], [], []
+        for i, (start, d, k) in enumerate(zip(starts, drafts, ks)):
+            first = len(rows)
+            rows += range(start, start + k + 1)
+            gather += [first + min(j, k) for j in range(k_max + 1)]
+            toks += d.tokens + [0] * (k_max - k)
+            if d.probs is None and d.origin is None:
+                one_hot += [(i * k_max + j) * vocab + t for j, t in enumerate(d.tokens)]
+        by_block: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
+        for i, d in enumerate(drafts):
+            if d.probs is None and d.origin is not None:
+                block, dst, src = by_block.setdefault(id(d.origin[0]), (d.origin[0], [], []))
+                dst.append(i)
+                src.append(d.origin[1])
+        ints, sizes = rows + gather + toks + ks + one_hot, [len(rows), len(gather), len(toks), len(ks), len(one_hot)]
+        groups = []
+        for block, dst, src in by_block.values():
+            ints += dst + src
+            sizes += [len(dst), len(src)]
+            groups.append((block, dst == src == list(range(block.shape[0]))))
+        return cls(ints, sizes, k_max, groups, [i for i, d in enumerate(drafts) if d.probs is not None])
+
+    def split(self, ints: torch.Tensor) -> tuple:
+        """The uploaded tensor -> (rows, gather, toks, num, one_hot, [(dst, src) per proposal])."""
+        parts = list(ints.split(self.sizes))
+        pairs = parts[5:]
+        return (*parts[:5], [(pairs[2 * g], pairs[2 * g + 1]) for g in range(len(self.groups))])
+
+
+def draft_rows(drafts: Seq[Draft], plan: VerifyPlan, one_hot: torch.Tensor, sources: list, like: torch.Tensor
+               ) -> torch.Tensor:
+    """[S, K, V] fp32: each draft's distribution at its k positions (anything the kernel never reads past
+    them). One proposal covering every sequence in order is used as it is (a view, no copy)."""
+    s, k_max, vocab = len(drafts), plan.k_max, like.shape[2]
+    if len(plan.groups) == 1 and plan.groups[0][1] and not plan.explicit and one_hot.numel() == 0 \
+            and plan.groups[0][0].shape[1] >= k_max:
+        return plan.groups[0][0][:, :k_max]
+    p_d = torch.zeros(s, k_max, vocab, device=like.device)
+    for (block, _), (dst, src) in zip(plan.groups, sources):
+        width = min(k_max, block.shape[1])
+        p_d[dst, :width] = block.index_select(0, src)[:, :width].to(p_d.device, torch.float32)
+    for i in plan.explicit:
+        d = drafts[i]
+        p_d[i, : len(d.tokens)] = d.probs.to(device=like.device, dtype=torch.float32)
+    if one_hot.numel():
+        p_d.view(-1).index_fill_(0, one_hot, 1.0)
+    return p_d
