@@ -440,9 +440,8 @@ class SpecEngine:
                                   [s.seq.generator for s in plain]).tolist()
             out += [(s, [t]) for s, t in zip(plain, toks)]
         if spec:
-            chains = verify([logits[starts[id(s)] : starts[id(s)] + s.num_draft + 1] for s in spec],
-                            [s.draft for s in spec], [s.seq.request.params for s in spec],
-                            [s.seq.generator for s in spec])
+            chains = verify(logits, [starts[id(s)] for s in spec], [s.draft for s in spec],
+                            [s.seq.request.params for s in spec], [s.seq.generator for s in spec])
             for s, toks in zip(spec, chains):
                 s.seq.spec_verifications += 1
                 s.seq.spec_drafted += s.num_draft
