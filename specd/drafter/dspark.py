@@ -176,8 +176,8 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
             context.append([(k[0], v[0]) for k, v in kvs])
         return feats[:0]
 
-    def draft_block(self, contexts: Sequence[DraftContext], last_tokens: Sequence[int]) -> BlockOut:
-        """One padded, batched block forward for B requests (no Markov bias, no sampling).
+    def draft_hidden(self, contexts: Sequence[DraftContext], last_tokens: Sequence[int]) -> Tensor:
+        """One padded, batched block forward for B requests -> final-normed hidden [B, γ, d] (no LM head).
 
         contexts[i] holds the context K/V of positions 0..n_i-1; last_tokens[i] sits at n_i.
         """
@@ -192,16 +192,30 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
         positions = lens[:, None] + torch.arange(g, device=dev)
         valid = (torch.arange(s, device=dev)[None, :] < lens[:, None])[:, None, :].expand(b, g, s)
         mask = torch.cat([valid, torch.ones(b, g, g, dtype=torch.bool, device=dev)], dim=2)
-        hidden = self.block_hidden(ids, positions, ctx_kv, mask)
+        return self.block_hidden(ids, positions, ctx_kv, mask)
+
+    def draft_block(self, contexts: Sequence[DraftContext], last_tokens: Sequence[int]) -> BlockOut:
+        """``draft_hidden`` and the LM head on it (no Markov bias, no sampling)."""
+        hidden = self.draft_hidden(contexts, last_tokens)
         return BlockOut(base_logits=self.heads.logits(hidden), hidden=hidden)
 
     @torch.no_grad()
     def draft_contexts(self, contexts: Sequence[DraftContext], tails: Sequence[Tensor], last_tokens: Sequence[int],
-                       params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]) -> DraftOutput:
+                       params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+                       rounds=None) -> DraftOutput:
         """γ proposals per request from cached contexts: one batched block forward, then the Markov
-        loop with each request's own sampling. ``tails`` (what ``absorb`` left over) is empty here."""
+        loop with each request's own sampling. ``tails`` (what ``absorb`` left over) is empty here.
+        ``rounds``: a specd.engine.draft_graphs.DraftGraphs that replays the LM head's consumers, the
+        Markov loop, the sampling and the confidence head from a CUDA graph; None runs them eagerly."""
         del tails
-        out = self.draft_block(contexts, last_tokens)
+        hidden = self.draft_hidden(contexts, last_tokens)
+        if rounds is not None:
+            return rounds.run(self, hidden, last_tokens, params, generators)
+        return self.sample_drafts(BlockOut(self.heads.logits(hidden), hidden), last_tokens, params, generators)
+
+    def sample_drafts(self, out: BlockOut, last_tokens: Sequence[int], params: Sequence[SamplingParams],
+                      generators: Sequence[torch.Generator | None]) -> DraftOutput:
+        """The eager Markov loop, sampling and confidence head: the reference the graphs must match."""
         anchors = torch.tensor(list(last_tokens), dtype=torch.int64, device=out.hidden.device)
         sampler = SlotSampler(params, generators, self.config.gamma, out.hidden.device)
         tokens, probs = sample_block(out.base_logits, anchors, self.markov_head, sampler)

@@ -36,10 +36,16 @@ class FeatureProposer:
     first computed token. The context of the cached prefix then comes from kvd's draft group when it
     holds every hit block (``prefix_cache``, specd/engine/draft_cache.py); otherwise the context is
     shifted to start at position 0, which RoPE makes exact for every distance the drafter attends over
-    (only the cached context itself is missing to it), and ``DraftContext.offset`` records the gap."""
+    (only the cached context itself is missing to it), and ``DraftContext.offset`` records the gap.
 
-    def __init__(self, drafter, method: str, temperatures: list[float] | None = None, weights_sha256: str = ""):
+    Drafts travel as rows of the proposal's batched probabilities (``Draft.origin``), so verification
+    stacks them without a copy per sequence; on CUDA the Markov loop, sampling and confidence head
+    replay from a graph (``rounds``)."""
+
+    def __init__(self, drafter, method: str, temperatures: list[float] | None = None, weights_sha256: str = "",
+                 rounds=None):
         self.drafter = drafter
+        self.rounds = rounds                # a DraftGraphs (CUDA, block drafters): the sampling round replayed
         self.method = method
         self.temperatures = temperatures    # STS per-position temperatures of the confidence head, if fitted
         self.weights_sha256 = weights_sha256    # of the checkpoint: part of the draft group's namespace
@@ -61,13 +67,15 @@ class FeatureProposer:
         chosen = [seqs[i] for i in ready]
         for s in chosen:
             self._absorb(s)
+        extra = {"rounds": self.rounds} if self.rounds is not None else {}
         out = self.drafter.draft_contexts([s.draft_ctx for s in chosen], [s.draft_feats for s in chosen],
                                           [s.all_ids[-1] for s in chosen], [s.request.params for s in chosen],
-                                          [s.generator for s in chosen])
+                                          [s.generator for s in chosen], **extra)
+        tokens = out.tokens.tolist()                                  # the round's one device-to-host copy
+        conf = None if out.confidence is None else out.confidence.float().tolist()
         for j, i in enumerate(ready):
-            k = max(0, min(limits[i], out.tokens.shape[1]))
-            conf = None if out.confidence is None else out.confidence[j, :k].float().tolist()
-            drafts[i] = Draft(out.tokens[j, :k].tolist(), out.probs[j, :k].float(), conf)
+            k = max(0, min(limits[i], len(tokens[j])))
+            drafts[i] = Draft(tokens[j][:k], None, None if conf is None else conf[j][:k], origin=(out.probs, j))
         return drafts
 
     def _ready(self, seq) -> bool:
@@ -130,4 +138,15 @@ def load_proposer(method: str, config, model) -> Proposer:
     weights_sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
     calibration = path.parent / "calibration.json"
     temps = json.loads(calibration.read_text())["temperatures"] if calibration.is_file() else None
-    return FeatureProposer(drafter, method, temps, weights_sha256)
+    return FeatureProposer(drafter, method, temps, weights_sha256, draft_rounds(drafter, config))
+
+
+def draft_rounds(drafter, config):
+    """CUDA graphs for a block drafter's sampling round (specd/engine/draft_graphs.py) on the GPU, when
+    the deployment keeps CUDA graphs on; None elsewhere (the eager reference runs: the CPU path)."""
+    device = drafter.fc.weight.device
+    if device.type != "cuda" or not config.cuda_graphs or not hasattr(drafter, "sample_drafts"):
+        return None
+    from specd.engine.draft_graphs import DraftGraphs
+
+    return DraftGraphs(drafter, config.max_num_seqs, device)

@@ -1,0 +1,213 @@
+"""CUDA graphs for a block drafter's sampling round: Markov loop, per-slot sampling, confidence head.
+
+Why: on the H200 an eager op costs ~7 us of host time whatever its size. The Markov loop of γ = 7
+slots (Markov bias, the sampling transform, inverse CDF, one-hot) is 100-200 ops: it took 27-41% of a
+round on a Qwen3-8B shape (docs/results/speedup.md), the paper's loop ≤ 1.3%. Replayed, it is one launch.
+
+What runs where, per round of B requests:
+- eager, at the exact batch: the drafter's block forward (``draft_hidden``) and the LM head, written by
+  ``torch.mm(out=)`` straight into the static logits buffer (cuBLAS and MKL pick kernels by the row
+  count, so a padded LM head would round differently from the eager reference; one launch);
+- host: the uniforms, drawn from each request's own generator exactly as ``SlotSampler`` draws them,
+  and the per-row settings, packed into two host buffers and copied in two copies;
+- the graph (``markov_round`` on the static buffers): for each slot the Markov bias of the token drawn
+  at the slot before, ``sampler.static_probs`` (every transform the key's ``SamplingPath`` names, on
+  every row, chosen per row by ``where``), inverse CDF, and at the end the confidence head's logits;
+- eager, at the exact batch: the confidence's sigmoid (one launch: CPU vector kernels round the tail of
+  a tensor differently from its body, so a sigmoid over 16 padded rows changed the confidences of 12
+  real ones in the last bit).
+
+A graph is captured per ``DraftGraphKey``: the batch bucket (a power of two up to the engine's batch)
+and the sampling path, which the host decides from the requests' settings (all greedy, top-k with its
+largest k, plain softmax, top-p, or any mix of them). Padding rows are inert: greedy-coded, temperature
+1, their outputs are never read. Outputs (tokens [B, γ], probs [B, γ, V], confidence [B, γ]) are views
+of buffers shared by every graph of the instance: valid until the next round, i.e. through this step's
+verification (``Draft.origin``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from specd.drafter.base import BlockOut, DraftOutput
+from specd.engine.sampler import GREEDY_ROW, SamplingPath, draw_uniforms, inverse_cdf, row_kind_codes, static_probs
+from specd.sampling_params import SamplingParams
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+MAX_DRAFT_GRAPHS = 48     # beyond this, odd paths run eagerly rather than pile up graph memory
+
+
+@dataclass(frozen=True)
+class DraftGraphKey:
+    batch: int                 # padded row count
+    path: SamplingPath         # which sampling transforms the graph computes
+
+
+@dataclass
+class RoundInputs:
+    """The static inputs of one round, [Bp] rows each (views of the packed device buffers)."""
+
+    logits: Tensor             # [Bp, γ, V] LM-head output in the model dtype (upcast inside)
+    hidden: Tensor             # [Bp, γ, d] final-normed draft hidden states (confidence head)
+    anchors: Tensor            # [Bp] int64: the last known token of each request
+    top_k: Tensor              # [Bp] int64
+    kind: Tensor               # [Bp] int64 row kind codes (sampler.row_kind_codes)
+    temperature: Tensor        # [Bp] fp32, 1.0 on greedy and padding rows
+    top_p: Tensor              # [Bp] fp32
+    uniforms: Tensor           # [Bp, γ] fp32, 0 on greedy and padding rows
+
+
+def bucket(batch: int, max_batch: int) -> int | None:
+    """The smallest captured batch that holds ``batch`` rows, or None (run eagerly)."""
+    return next((b for b in (*BATCH_BUCKETS, max_batch) if batch <= b <= max_batch), None)
+
+
+def markov_round(x: RoundInputs, path: SamplingPath, markov_head, confidence: Callable | None,
+                 probs_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The Markov loop, per-slot sampling and confidence head on fixed-shape inputs: what is captured.
+
+    Row for row the same computation as ``BlockDrafter.sample_drafts`` (``sample_block`` with a
+    ``SlotSampler``): slot k's logits get the bias of the token drawn at slot k-1 (slot 0: the anchor),
+    a greedy row takes the argmax and a one-hot, a sampled row its own ``sampling_probs`` row and the
+    inverse CDF at its uniform for slot k. ``confidence(hidden, prev)`` returns pre-sigmoid logits.
+    Returns tokens [Bp, γ] int64, probs [Bp, γ, V] fp32 (written into ``probs_out`` when given),
+    pre-sigmoid confidence logits [Bp, γ] fp32 or None."""
+    base = x.logits.float()
+    gamma = base.shape[1]
+    probs_out = probs_out if probs_out is not None else torch.empty_like(base)
+    prev, tokens = x.anchors, []
+    greedy = x.kind == GREEDY_ROW
+    for k in range(gamma):
+        logits = base[:, k] if markov_head is None else markov_head(base[:, k], prev)
+        probs, argmax = static_probs(logits, x.temperature, x.top_k, x.top_p, x.kind, path)
+        if path.plain or path.max_k or path.top_p:
+            drawn = inverse_cdf(probs, x.uniforms[:, k])
+            prev = torch.where(greedy, argmax, drawn) if path.greedy else drawn
+        else:
+            prev = argmax
+        probs_out[:, k] = probs
+        tokens.append(prev)
+    tokens = torch.stack(tokens, dim=1)
+    conf = None
+    if confidence is not None:
+        conf = confidence(x.hidden, torch.cat([x.anchors[:, None], tokens[:, :-1]], dim=1))
+    return tokens, probs_out, conf
+
+
+class DraftGraphs:
+    """Static buffers, captured rounds and their shared outputs; one instance per block drafter.
+
+    ``replay_eagerly``: run ``markov_round`` on the same padded static buffers without a CUDA graph, so
+    the CPU tests check the padding and the packing (CUDA graphs need a GPU)."""
+
+    def __init__(self, drafter, max_batch: int, device: torch.device, replay_eagerly: bool = False):
+        cfg = drafter.config
+        self.max_batch, self.gamma, self.vocab = max_batch, cfg.gamma, cfg.vocab_size
+        self.device, self.replay_eagerly = device, replay_eagerly
+        dtype = drafter.fc.weight.dtype
+        b, g = max_batch, cfg.gamma
+        self.logits = torch.zeros(b * g, cfg.vocab_size, dtype=dtype, device=device)     # [Bmax·γ, V]
+        self.hidden = torch.zeros(b, g, cfg.hidden_size, dtype=dtype, device=device)
+        self._ints = torch.zeros(3 * b, dtype=torch.int64, device=device)     # anchors, top_k, kind
+        self._floats = torch.zeros(2 * b + b * g, dtype=torch.float32, device=device)   # temperature, top_p, u
+        pin = device.type == "cuda"
+        self._h_ints = torch.zeros(3 * b, dtype=torch.int64, pin_memory=pin)
+        self._h_floats = torch.zeros(2 * b + b * g, dtype=torch.float32, pin_memory=pin)
+        self.tokens = torch.zeros(b, g, dtype=torch.int64, device=device)
+        self.probs = torch.zeros(b, g, cfg.vocab_size, dtype=torch.float32, device=device)
+        self.confidence = torch.zeros(b, g, dtype=torch.float32, device=device)     # pre-sigmoid
+        self.graphs: dict[DraftGraphKey, torch.cuda.CUDAGraph | None] = {}
+        self.pool = None if replay_eagerly else torch.cuda.graph_pool_handle()
+        self.replays = 0
+        self.eager_rounds = 0
+
+    def key(self, params: Sequence[SamplingParams]) -> DraftGraphKey | None:
+        b = bucket(len(params), self.max_batch)
+        return None if b is None else DraftGraphKey(b, SamplingPath.of(params, self.vocab))
+
+    def inputs(self, batch: int) -> RoundInputs:
+        b, g, bm = batch, self.gamma, self.max_batch
+        i, f = self._ints, self._floats
+        return RoundInputs(self.logits[: b * g].view(b, g, -1), self.hidden[:b], i[:b], i[bm:bm + b],
+                           i[2 * bm:2 * bm + b], f[:b], f[bm:bm + b], f[2 * bm:2 * bm + b * g].view(b, g))
+
+    # -- inputs ----------------------------------------------------------------------------------------
+    def load(self, drafter, hidden: Tensor, last_tokens: Sequence[int], params: Sequence[SamplingParams],
+             generators: Sequence[torch.Generator | None], key: DraftGraphKey) -> None:
+        """hidden: [B, γ, d]. The LM head at the exact batch into the logits buffer, the hidden states
+        beside it, the settings and uniforms packed on the host and copied in two copies."""
+        n, g, bm, bp = len(params), self.gamma, self.max_batch, key.batch
+        torch.mm(hidden.reshape(n * g, -1), drafter.heads.lm_head.weight.detach().t(), out=self.logits[: n * g])
+        self.hidden[:n].copy_(hidden)
+        hi, hf = self._h_ints, self._h_floats
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        kinds = row_kind_codes(params, self.vocab)
+        hi[:n] = torch.tensor(list(last_tokens), dtype=torch.int64)
+        hi[bm:bm + n] = torch.tensor([p.top_k for p in params], dtype=torch.int64)
+        hi[2 * bm:2 * bm + n] = torch.tensor(kinds, dtype=torch.int64)
+        hi[2 * bm + n:2 * bm + bp] = GREEDY_ROW                                 # padding rows: inert
+        hf[:bp] = 1.0
+        hf[bm:bm + bp] = 1.0
+        hf[:n] = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
+        hf[bm:bm + n] = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+        u = hf[2 * bm:2 * bm + bp * g].view(bp, g)
+        u.zero_()
+        if sampled:      # the same draws, in the same order, as SlotSampler
+            u[sampled] = draw_uniforms([generators[i] for i in sampled], g)
+        self._ints.copy_(hi, non_blocking=True)
+        self._floats[: 2 * bm + bp * g].copy_(hf[: 2 * bm + bp * g], non_blocking=True)
+
+    # -- capture and replay ----------------------------------------------------------------------------
+    def _round(self, drafter, key: DraftGraphKey) -> None:
+        conf = drafter.confidence_logits if drafter.confidence_head is not None else None
+        tokens, _, c = markov_round(self.inputs(key.batch), key.path, drafter.markov_head, conf,
+                                    self.probs[: key.batch])
+        self.tokens[: key.batch].copy_(tokens)
+        if c is not None:
+            self.confidence[: key.batch].copy_(c)
+
+    @torch.inference_mode()
+    def capture(self, drafter, key: DraftGraphKey) -> None:
+        if self.replay_eagerly:
+            self.graphs[key] = None
+            return
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):                     # warm up: allocator settles
+                self._round(drafter, key)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._round(drafter, key)
+        self.graphs[key] = graph
+
+    def can_run(self, key: DraftGraphKey | None) -> bool:
+        return key is not None and (key in self.graphs or len(self.graphs) < MAX_DRAFT_GRAPHS)
+
+    @torch.inference_mode()
+    def run(self, drafter, hidden: Tensor, last_tokens: Sequence[int], params: Sequence[SamplingParams],
+            generators: Sequence[torch.Generator | None]) -> DraftOutput:
+        """hidden: [B, γ, d] from ``draft_hidden`` -> the round's DraftOutput (views of the shared
+        output buffers, valid until the next round). Shapes no graph holds run the eager reference."""
+        key = self.key(params)
+        if not self.can_run(key):
+            self.eager_rounds += 1
+            return drafter.sample_drafts(BlockOut(drafter.heads.logits(hidden), hidden), last_tokens, params,
+                                         generators)
+        self.load(drafter, hidden, last_tokens, params, generators, key)
+        if key not in self.graphs:
+            self.capture(drafter, key)             # warm-up rounds read the loaded inputs; outputs rewritten below
+        graph = self.graphs[key]
+        if graph is None:
+            self._round(drafter, key)
+        else:
+            graph.replay()
+        self.replays += 1
+        n = len(params)
+        conf = torch.sigmoid(self.confidence[:n]) if drafter.confidence_head is not None else None
+        return DraftOutput(tokens=self.tokens[:n], probs=self.probs[:n], confidence=conf)
+
