@@ -1,6 +1,8 @@
 """Where the time of an eager (non-graph) forward goes, on a random-weight model of a real shape.
 
     python -m bench.gpu_profile --shape qwen2.5-0.5b --out DIR
+    python -m bench.gpu_profile --draft-round --out DIR          # one speculative round's pieces
+    python -m bench.gpu_profile --draft-round --tiny --out DIR   # the same at toy sizes (CPU smoke test)
 
 Why: on the H200 an eager forward of Qwen2.5-0.5B cost ~30 ms whatever the token count (13 or 4,096),
 while a decode step replayed from a CUDA graph cost 2.8 ms. This separates host launch time from GPU
@@ -20,11 +22,14 @@ import torch
 from specd.engine.paged_backend import PagedAttentionBackend, StepMetadata
 from specd.models.config import ModelConfig
 from specd.models.decoder import DecoderModel
+from specd.sampling_params import SamplingParams
 
 SHAPES = {
     "qwen2.5-0.5b": dict(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
                           num_heads=14, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6, rope_theta=1e6,
                           qkv_bias=True, max_position_embeddings=32768),
+    "tiny": dict(arch="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
+                 num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=2048),
     "qwen3-8b": dict(arch="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
                       num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
                       qk_norm=True, max_position_embeddings=40960),
@@ -80,8 +85,15 @@ def main() -> int:
     ap.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--graphs-only", action="store_true", help="only check and time the CUDA-graph step path")
+    ap.add_argument("--draft-round", action="store_true",
+                    help="time a speculative round's pieces (block forward, Markov loop eager vs graph, verify)")
+    ap.add_argument("--tiny", action="store_true", help="--draft-round at toy sizes; runs on the CPU")
+    ap.add_argument("--batches", default="1,8,32", help="--draft-round batch sizes")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.draft_round:
+        profile_draft_round("tiny" if args.tiny else args.shape, [int(b) for b in args.batches.split(",")], args.out)
+        return 0
     dev = "cuda"
     model = random_model(args.shape, dev)
     cfg = model.config
@@ -208,6 +220,115 @@ def graph_check(model, pool, out: Path) -> dict:
         print(name, res[name], flush=True)
     (out / "graphs.json").write_text(json.dumps(res, indent=1))
     return res
+
+
+# -- one speculative round's pieces (issue 6 item 4) -----------------------------------------------------
+
+def profile_draft_round(shape: str, batches: list[int], out: Path, gamma: int = 7, context: int = 512) -> dict:
+    """Host and device ms of a round's pieces on a random target of ``shape`` with a random dspark
+    drafter: the block forward, the Markov loop + sampling + confidence head eager and from the draft
+    graph (specd/engine/draft_graphs.py; on the CPU the same static function without a graph), and
+    verification, the former per-sequence loop against the vectorized one. Also checks the graph
+    against the eager reference (equal tokens, largest probability difference). Writes
+    ``draft_round-<shape>.json``; runs on the CPU (``tiny``: the CI smoke test)."""
+    from specd.drafter import DrafterConfig, build_drafter
+    from specd.drafter.base import BlockOut
+    from specd.engine.draft_graphs import DraftGraphs
+    from specd.engine.speculation import verify
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    if shape == "tiny":
+        context = min(context, 32)
+    model = random_model(shape, str(dev), dtype)
+    torch.manual_seed(0)
+    rank = 16 if shape == "tiny" else 256
+    drafter = build_drafter(DrafterConfig.for_target(model.config, "dspark", gamma=gamma, num_layers=1,
+                                                     markov_rank=rank), model).to(dev, dtype).eval()
+    for p in drafter.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    graphs = DraftGraphs(drafter, max(batches), dev, replay_eagerly=dev.type != "cuda")
+    settings = {"greedy": SamplingParams(temperature=0.0),
+                "T0.7-k20-p0.9": SamplingParams(temperature=0.7, top_k=20, top_p=0.9)}
+    res: dict = {"shape": shape, "device": str(dev) if dev.type != "cuda" else torch.cuda.get_device_name(),
+                 "gamma": gamma, "context": context, "markov_rank": rank, "graphs": dev.type == "cuda"}
+    with torch.inference_mode():
+        for b in batches:
+            contexts = drafter.contexts_of([torch.randn(context, model.config.hidden_size, device=dev, dtype=dtype)
+                                            for _ in range(b)])
+            last = [(7 * i) % model.config.vocab_size for i in range(b)]
+            for name, sp in settings.items():
+                params = [sp] * b
+                gens = lambda: [torch.Generator().manual_seed(i) for i in range(b)]   # noqa: E731
+                hidden = drafter.draft_hidden(contexts, last)
+                eager = lambda: drafter.sample_drafts(BlockOut(drafter.heads.logits(hidden), hidden), last,  # noqa: E731
+                                                      params, gens())
+                graph = lambda: graphs.run(drafter, hidden, last, params, gens())   # noqa: E731
+                row = {"block_forward": _timed(lambda: drafter.draft_hidden(contexts, last), dev),
+                       "markov_eager": _timed(eager, dev), "markov_graph": _timed(graph, dev)}
+                want, got = eager(), graph()
+                row["graph_tokens_equal_fraction"] = (want.tokens == got.tokens).float().mean().item()
+                row["graph_max_abs_probs_diff"] = (want.probs - got.probs).abs().max().item()
+                row["graph_max_abs_confidence_diff"] = (want.confidence - got.confidence).abs().max().item()
+                logits = torch.randn(b * (gamma + 1), model.config.vocab_size, device=dev) * 2
+                drafts = _drafts_of(got)
+                starts = [i * (gamma + 1) for i in range(b)]
+                row["verify_per_sequence"] = _timed(lambda: verify_per_sequence(
+                    [logits[s: s + gamma + 1] for s in starts], drafts, params, gens()), dev)
+                row["verify_vectorized"] = _timed(lambda: verify(logits, starts, drafts, params, gens()), dev)
+                res[f"b{b}_{name}"] = row
+                print(b, name, {k: (v["host_ms_p50"], v["total_ms_p50"]) if isinstance(v, dict) else v
+                                for k, v in row.items()}, flush=True)
+    (out / f"draft_round-{shape}.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def _timed(fn, dev: torch.device, repeats: int = 10) -> dict:
+    """host_ms: until ``fn`` returns (launch time on CUDA); total_ms: until the device is done too."""
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for _ in range(2):
+        fn()
+    sync()
+    host, total = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) * 1e3)
+        total.append((t2 - t0) * 1e3)
+    return {"host_ms_p50": statistics.median(host), "total_ms_p50": statistics.median(total)}
+
+
+def _drafts_of(out) -> list:
+    from specd.engine.speculation import Draft
+
+    tokens = out.tokens.tolist()
+    return [Draft(t, origin=(out.probs, j)) for j, t in enumerate(tokens)]
+
+
+def verify_per_sequence(logits, drafts, params, generators):
+    """The verification this repository had before the vectorized one (the baseline of the timing):
+    per sequence a target_probs call, a draft-row copy and a token upload, then one kernel."""
+    import kernels
+    from specd.engine.sampler import draw_uniforms
+    from specd.engine.speculation import target_probs
+
+    s, k_max = len(drafts), max(len(d.tokens) for d in drafts)
+    vocab, dev = logits[0].shape[1], logits[0].device
+    p_t = torch.zeros(s, k_max + 1, vocab, device=dev)
+    p_d = torch.zeros(s, k_max, vocab, device=dev)
+    toks = torch.zeros(s, k_max, dtype=torch.int64, device=dev)
+    for i, (lg, d, p) in enumerate(zip(logits, drafts, params)):
+        k = len(d.tokens)
+        p_t[i, : k + 1] = target_probs(lg, p)
+        p_d[i, :k] = d.origin[0][d.origin[1], :k]
+        toks[i, :k] = torch.tensor(d.tokens, device=dev)
+    num = torch.tensor([len(d.tokens) for d in drafts], dtype=torch.int32, device=dev)
+    u = draw_uniforms(generators, k_max + 1).to(dev)
+    accepted, out = kernels.rejection_sample(p_t, p_d, toks, num, u[:, :k_max].contiguous(), u[:, k_max].contiguous())
+    return [row[: a + 1] for row, a in zip(out.tolist(), accepted.tolist())]
 
 
 if __name__ == "__main__":

@@ -161,3 +161,18 @@ def test_cuda_graph_replay_equals_the_static_round_and_eager():
         assert torch.equal(got[0], static.tokens) and torch.equal(got[1], static.probs)
         assert (got[1] - want.probs).abs().max() <= 1e-4
         assert (got[0] == want.tokens).float().mean() >= 0.9
+
+
+def test_the_draft_round_profile_runs_at_tiny_sizes(tmp_path):
+    """The lead's GPU entry point (python -m bench.gpu_profile --draft-round) as a CPU smoke test."""
+    import json
+
+    from bench.gpu_profile import profile_draft_round
+
+    profile_draft_round("tiny", [1, 3], tmp_path)
+    res = json.loads((tmp_path / "draft_round-tiny.json").read_text())
+    for name in ("b1_greedy", "b3_T0.7-k20-p0.9"):
+        row = res[name]
+        assert row["graph_tokens_equal_fraction"] >= 0.9 and row["graph_max_abs_probs_diff"] <= 1e-5
+        assert all(row[k]["total_ms_p50"] > 0 for k in ("block_forward", "markov_eager", "markov_graph",
+                                                        "verify_per_sequence", "verify_vectorized"))
