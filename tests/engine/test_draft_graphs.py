@@ -176,3 +176,31 @@ def test_the_draft_round_profile_runs_at_tiny_sizes(tmp_path):
         assert row["graph_tokens_equal_fraction"] >= 0.9 and row["graph_max_abs_probs_diff"] <= 1e-5
         assert all(row[k]["total_ms_p50"] > 0 for k in ("block_forward", "markov_eager", "markov_graph",
                                                         "verify_per_sequence", "verify_vectorized"))
+
+
+def test_the_engine_serves_through_the_draft_rounds():
+    """The committed stories260K DSpark drafter in the engine, its rounds through DraftGraphs (the
+    static function, as on CUDA) and eagerly: the same greedy output, the rounds replayed."""
+    from specd.engine.config import EngineConfig
+    from specd.engine.engine import SpecEngine
+    from specd.engine.request import Request
+
+    drafter_dir = STORIES.parent / "drafters" / "stories260K-dspark"
+    engine = SpecEngine.from_config(EngineConfig(max_num_seqs=8, num_local_blocks=512, spec_schedule="fixed",
+                                                 drafter=drafter_dir, speculation="dspark"))
+    proposer = engine._proposer("dspark")
+    prompts = ["Once upon a time, there was a", "Tom had a big dog. The dog", "One day, Lily went to the"]
+    outputs = []
+    for rounds in (None, DraftGraphs(proposer.drafter, 8, torch.device("cpu"), replay_eagerly=True)):
+        proposer.rounds = rounds
+        before = engine.stats()["spec_accepted_tokens_total"]
+        for i, p in enumerate(prompts):
+            engine.add_request(Request(f"{rounds is None}{i}", engine.tokenizer.encode(p),
+                                       SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)))
+        got = {}
+        while engine.has_work():
+            for out in engine.step():
+                got.setdefault(out.id[-1], []).extend(out.token_ids)
+        outputs.append(got)
+        assert engine.stats()["spec_accepted_tokens_total"] > before
+    assert outputs[0] == outputs[1] and rounds.replays > 0
