@@ -1,7 +1,9 @@
 """The block index of one cache group: hash -> BlockRecord, and prefix lookup.
 
 Invariant: a record is in the index iff its block's bytes sit in exactly one tier slot
-(``tier``, ``slot``), or are being promoted to the GPU slot ``dest`` (``moving``). Only the core
+(``tier``, ``slot``), or are being promoted to the GPU slot ``dest`` (``moving``). A record being
+demoted by the cleaner (``demoting``) still owns its ``tier``/``slot``; the copy's destination belongs
+to the cleaner's job until it lands (kvd/demotion.py). Only the core
 (kvd/core.py, kvd/cache_group.py) mutates records; policies read them and keep their own state in
 ``policy_state``.
 """
@@ -28,6 +30,7 @@ class BlockRecord:
     pinned: bool = False  # admin pin; never evicted
     moving: bool = False  # a promotion to the GPU slot ``dest`` is in flight
     dest: int = -1
+    demoting: bool = False  # the cleaner is copying it one tier down; its slot must not be freed meanwhile
     kind: BlockKind = BlockKind.UNKNOWN
     session: str | None = None
     protect_until: float = 0.0  # live-session tail: expected back before this time
@@ -39,8 +42,8 @@ class BlockRecord:
 
     @property
     def evictable(self) -> bool:
-        """May a policy pick it: not leased, not pinned, not mid-move."""
-        return self.refs == 0 and not self.pinned and not self.moving
+        """May a policy pick it: not leased, not pinned, not mid-move (either direction)."""
+        return self.refs == 0 and not self.pinned and not self.moving and not self.demoting
 
 
 class BlockIndex:

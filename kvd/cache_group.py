@@ -4,27 +4,32 @@ attention); an int k: only its last k blocks (sliding window, state snapshot; kv
 where bytes live.
 
 Invariants: a GPU slot is free, holds a published block (``rec.tier == GPU``), is the target of a
-promotion (``rec.dest``), or is a write slot of a lease. Only evictable records (no lease, no pin,
-not moving) are ever demoted or dropped; demotion copies first, then frees the source.
+promotion (``rec.dest``), is a write slot of a lease, or is the destination of a demotion in flight.
+Only evictable records (no lease, no pin, not moving either way) are ever demoted or dropped; a
+demotion copies first, then frees the source. The request path never copies: demotions are the
+background cleaner's (kvd/cleaner.py, kvd/demotion.py); under pressure a request drops a victim.
 """
 from __future__ import annotations
 
 import errno
 import logging
-import time
 from collections import Counter
 from pathlib import Path
+
+from typing import Callable
 
 from kvd.admission import GATES, admit_all
 from kvd.block_index import BlockIndex, BlockRecord
 from kvd.config import KvdConfig
+from kvd.demotion import Demotion
 from kvd.eviction import POLICIES, policy_tiers
 from kvd.mover import MoveJob
-from kvd.tiers import BlockMeta, BlockPool, move
+from kvd.tiers import BlockPool
 from kvd.tiers.dram import DramPool
 from kvd.tiers.gpu import GpuPool
 from kvd.tiers.nvme import NvmePool
 from kvd.types import Tier
+from kvd.watermarks import Watermarks
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,11 @@ class CacheGroup:
                 self.counters["dram_unavailable"] += 1
         if Tier.NVME in tiers:
             self.pools[Tier.NVME] = NvmePool(Path(cfg.nvme_dir), name, nvme_n, block_bytes)
+        # free-slot reserves of the tiers that have a tier below them (kvd/watermarks.py)
+        self.marks = {t: Watermarks(self.pools[t].blocks, cfg.clean_low, cfg.clean_high) for t in list(self.pools)[:-1]}
+        self.inflight: Counter[Tier] = Counter()   # per source tier: demotions planned, not yet finished
+        self.wake: Callable[[], None] = lambda: None                     # the core's cleaner.wake
+        self.wait_for_room: Callable[[CacheGroup, Tier], None] = lambda g, t: None   # the core's pressure wait
         cls = POLICIES[cfg.policy]
         self.policy = cls(tuple(self.pools), cfg.half_life_s, GATES[cfg.admission] if cls.gated else admit_all)
         if Tier.NVME in self.pools:
@@ -62,9 +72,9 @@ class CacheGroup:
     def gpu(self) -> GpuPool:
         return self.pools[Tier.GPU]  # type: ignore[return-value]
 
-    # --- slots ----------------------------------------------------------------------------------
+    # --- slots (the request path: never copies) ------------------------------------------------
     def take_gpu_slots(self, n: int, now: float) -> list[int] | None:
-        """``n`` free GPU slots, evicting/demoting as needed; None (nothing taken) if impossible."""
+        """``n`` free GPU slots, dropping victims under pressure; None (nothing taken) if impossible."""
         out: list[int] = []
         for _ in range(n):
             slot = self.free_slot(Tier.GPU, now)
@@ -76,52 +86,109 @@ class CacheGroup:
         return out
 
     def free_slot(self, tier: Tier, now: float) -> int | None:
-        """One free slot of ``tier``, making room by moving a victim one tier down."""
+        """One free slot of ``tier`` for a request. Never copies: with none free it wakes the cleaner,
+        optionally waits for it (``wait_for_room``, KvdConfig.pressure_wait_ms), then drops the policy's
+        victim (a cache may always forget; ``pressure_drops`` counts victims a lower tier would have kept)."""
         pool = self.pools[tier]
+        if pool.free_count == 0:
+            self.wake()
+            self.wait_for_room(self, tier)
         while pool.free_count == 0:
             victims = self.policy.victims(tier, 1)
             if not victims:
                 return None
             self.policy.on_removed(victims[0])
-            self.evict(victims[0], now)
-        return pool.alloc()
+            self._pressure_drop(victims[0])
+        slot = pool.alloc()
+        marks = self.marks.get(tier)
+        if marks is not None and pool.free_count < marks.low:
+            self.wake()
+        return slot
 
-    # --- movement -------------------------------------------------------------------------------
-    def evict(self, rec: BlockRecord, now: float) -> None:
-        """Demote ``rec`` to the next admitting tier, or drop it (already removed from the policy)."""
-        lower = self._next_tier(rec)
-        if lower is not None and self.policy.admits(rec, lower):
-            slot = self.free_slot(lower, now)
-            if slot is not None and self._copy_down(rec, lower, slot):
-                self.counters["demotions"] += 1
-                self.policy.on_created(rec, now)
-                return
-        elif lower is not None:
-            self.counters["admission_rejects"] += 1
+    def _pressure_drop(self, rec: BlockRecord) -> None:
+        lower = self._lower(rec.tier)
+        if lower is not None:
+            self.counters["pressure_drops" if self.policy.admits(rec, lower) else "admission_rejects"] += 1
         self.drop(rec)
 
-    def _next_tier(self, rec: BlockRecord) -> Tier | None:
+    # --- background demotion (kvd/demotion.py has the protocol) -----------------------------------
+    def clean_want(self, tier: Tier) -> int:
+        """Slots the cleaner should free in ``tier`` now (0 for a tier with nothing below it)."""
+        marks = self.marks.get(tier)
+        if marks is None or self._lower(tier) is None:
+            return 0
+        return marks.want(self.pools[tier].free_count + self.inflight[tier])   # in flight = freed soon
+
+    def plan_demotions(self, tier: Tier, n: int) -> list[Demotion]:
+        """Under kvd's lock: free up to ``n`` slots of ``tier``. Victims the lower tier refuses are dropped
+        now (no copy); the others get a reserved destination slot and are marked ``demoting``."""
+        lower = self._lower(tier)
+        jobs: list[Demotion] = []
+        freed = 0
+        while lower is not None and freed < n:
+            victims = self.policy.victims(tier, 1)
+            if not victims:
+                break
+            rec = victims[0]
+            if not self.policy.admits(rec, lower):
+                self.policy.on_removed(rec)
+                self.counters["admission_rejects"] += 1
+                self.drop(rec)
+                freed += 1
+                continue
+            slot = self._reserve(lower)
+            if slot is None:
+                break   # the lower tier is full of blocks it cannot let go of yet: try again next pass
+            self.policy.on_removed(rec)
+            rec.demoting = True
+            self.inflight[tier] += 1
+            jobs.append(Demotion(rec, self.pools[tier], rec.slot, self.pools[lower], slot, rec.sightings))
+            freed += 1
+        return jobs
+
+    def _reserve(self, tier: Tier) -> int | None:
+        """A free slot of ``tier`` for a demotion; the last tier makes room by dropping (no copy), a
+        middle tier waits for its own cleaning (the cleaner works bottom-up)."""
+        pool = self.pools[tier]
+        if pool.free_count == 0 and self._lower(tier) is None:
+            victims = self.policy.victims(tier, 1)
+            if victims:
+                self.policy.on_removed(victims[0])
+                self.drop(victims[0])
+        return pool.alloc()
+
+    def finish_demotions(self, jobs: list[Demotion], error: BaseException | None, seconds: float) -> None:
+        """Under kvd's lock, after the copy: land each move or cancel it (see kvd/demotion.py). The
+        caller re-enters the records into the policy."""
+        dst = jobs[0].dst
+        name = dst.tier.name.lower()
+        self.counters[f"demote_{name}_seconds"] += seconds
+        self.counters["clean_batches"] += 1
+        self.inflight[jobs[0].src.tier] -= len(jobs)
+        for job in jobs:
+            rec = job.rec
+            rec.demoting = False
+            if error is None and job.still_wanted() and self.index.get(rec.hash) is rec:
+                job.src.free(job.src_slot)
+                rec.tier, rec.slot = dst.tier, job.dst_slot
+                self.counters["demotions"] += 1
+                self.counters[f"demote_{name}_blocks"] += 1
+            else:
+                dst.free(job.dst_slot)
+                self.counters["demote_cancels" if error is None else "demote_errors"] += 1
+        if isinstance(error, OSError):
+            self._degrade(dst.tier, error)
+        elif error is not None:
+            log.warning("group %s: a demotion batch to %s failed (%s); blocks kept where they were", self.name,
+                        name, error)
+
+    def _lower(self, tier: Tier) -> Tier | None:
+        """The tier a victim of ``tier`` moves to: the next configured one, unless that is a degraded NVMe."""
         tiers = list(self.pools)
-        i = tiers.index(rec.tier) + 1
+        i = tiers.index(tier) + 1
         if i < len(tiers) and not (tiers[i] == Tier.NVME and self.nvme_degraded):
             return tiers[i]
         return None
-
-    def _copy_down(self, rec: BlockRecord, lower: Tier, slot: int) -> bool:
-        src, dst = self.pools[rec.tier], self.pools[lower]
-        t0 = time.perf_counter()
-        try:
-            move(src, rec.slot, dst, slot, BlockMeta(rec.hash, rec.parent, rec.depth))
-        except OSError as e:
-            dst.free(slot)
-            self._degrade(lower, e)
-            return False
-        finally:   # seconds the caller (the request that needed a slot) waited for copies into each tier
-            self.counters[f"demote_{lower.name.lower()}_seconds"] += time.perf_counter() - t0
-        self.counters[f"demote_{lower.name.lower()}_blocks"] += 1
-        src.free(rec.slot)
-        rec.tier, rec.slot = lower, slot
-        return True
 
     def _degrade(self, tier: Tier, e: OSError) -> None:
         """Disk full (or failing): stop admitting to NVMe, warn once, keep serving from the rest."""

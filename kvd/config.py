@@ -83,13 +83,35 @@ class KvdConfig(BaseModel):
     move_workers: int = Field(
         default=1,
         ge=0,
-        description="Threads that run promotions (tier copies); 0 runs them inside tick()/wait_ready().",
+        description="Threads that run promotions (tier copies); 0 runs them, and the cleaner's demotions, inside "
+        "tick()/wait_ready() (deterministic tests); > 0 also starts the cleaner thread.",
+    )
+    clean_low: float = Field(
+        default=0.03, ge=0, lt=1,
+        description="Low watermark of the background cleaner, as a fraction of a tier's blocks (at least one block): "
+        "when fewer slots are free, the cleaner demotes policy victims one tier down, off the request path.",
+    )
+    clean_high: float = Field(
+        default=0.06, ge=0, lt=1,
+        description="High watermark: the cleaner stops once this fraction of the tier is free (the reserve that "
+        "absorbs a burst of allocations without any request waiting for a copy).",
+    )
+    clean_batch: int = Field(
+        default=32, ge=1,
+        description="Blocks the cleaner copies per batch (one lock round trip, one NVMe index append per batch).",
+    )
+    pressure_wait_ms: float = Field(
+        default=0.0, ge=0,
+        description="When a request needs a GPU slot and none is free: 0 drops a victim at once (a pressure drop); "
+        "> 0 first waits up to this long, lock released, for the cleaner to free one (docs/design/kvd.md).",
     )
 
     @model_validator(mode="after")
     def _heartbeat_below_ttl(self) -> "KvdConfig":
         if self.heartbeat_s >= self.lease_ttl_s:
             raise ValueError(f"heartbeat_s ({self.heartbeat_s}) must be below lease_ttl_s ({self.lease_ttl_s})")
+        if self.clean_low > self.clean_high:
+            raise ValueError(f"clean_low ({self.clean_low}) must not exceed clean_high ({self.clean_high})")
         return self
 
     @classmethod

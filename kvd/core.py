@@ -1,8 +1,9 @@
 """KvdCore: the whole of kvd's logic, with no sockets and injected time (docs/design/interfaces.md).
 
 The server (kvd/server.py) owns sockets and threads and calls these methods; tests drive them
-directly with a fake clock. Every public method takes the lock, so the server and the promotion
-workers (kvd/mover.py) may call in from different threads. Bad input raises KvdError(code).
+directly with a fake clock. Every public method takes the lock, so the server, the promotion
+workers (kvd/mover.py) and the cleaner (kvd/cleaner.py) may call in from different threads; no copy
+ever runs under it. Bad input raises KvdError(code).
 """
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ import os
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 from kvd.block_index import BlockRecord
 from kvd.cache_group import CacheGroup
+from kvd.cleaner import Cleaner
 from kvd.config import KvdConfig
 from kvd.core_types import JointLookup, KvdError, LookupResult, PoolInfo, ReleaseHints, SessionHint
+from kvd.demotion import Demotion
 from kvd.hybrid_hits import needed_from, valid_ends
+from kvd.latency import LatencyStat
 from kvd.leases import Lease, LeaseTable
 from kvd.mover import Mover, MoveJob
 from kvd.prefetch_budget import best_cut
@@ -27,10 +32,15 @@ from kvd.tiers import pool_files
 from kvd.tiers.base import shm_dir
 from kvd.tier_rates import TierRates
 from kvd.types import HASH_BYTES, BlockHash, BlockId, BlockKind, LeaseId, Tier
+from kvd.watermarks import Watermarks
 
 log = logging.getLogger(__name__)
 BATCH_OPS = ("lookup", "allocate", "commit", "release", "heartbeat")
 DEMOTE_COUNTERS = tuple(f"demote_{t}_{what}" for t in ("dram", "nvme") for what in ("blocks", "seconds"))
+# per-group counters of the background cleaner and of the request path under pressure (also summed globally)
+CLEAN_COUNTERS = ("clean_passes", "clean_batches", "clean_seconds", "demote_cancels", "demote_errors",
+                  "pressure_drops", "pressure_waits", "pressure_wait_seconds")
+MAX_BATCHES_PER_PASS = 256   # a pass yields (and re-reads the marks) after this many batches per group
 
 
 class KvdCore:
@@ -47,6 +57,8 @@ class KvdCore:
         self._moved = threading.Condition(self._lock)
         self.rates = TierRates(config.promote_dram_gbps * 1e9, config.promote_nvme_gbps * 1e9)
         self.mover = Mover(config.move_workers, self._on_moved)
+        self.cleaner = Cleaner(config.move_workers > 0, self.clean)
+        self.lock_wait = LatencyStat()   # how long request-path calls waited for the lock (recorded under it)
 
     # --- data plane setup -----------------------------------------------------------------------
     def attach(self, client: str, group: str, block_bytes: int, tail_blocks: int | None = None) -> PoolInfo:
@@ -68,6 +80,7 @@ class KvdCore:
                     g = CacheGroup(group, block_bytes, self.config, self._tag, self.clock(), tail_blocks)
                 except ValueError as e:
                     raise KvdError("no_capacity", str(e)) from e
+                g.wake, g.wait_for_room = self.cleaner.wake, self._wait_for_room
                 self.groups[group] = g
             elif g.block_bytes != block_bytes or g.tail_blocks != tail_blocks:
                 raise KvdError("group_mismatch",
@@ -120,7 +133,7 @@ class KvdCore:
             raise KvdError("bad_request", "groups must be a non-empty list of distinct names")
         if recompute_s is not None and not (isinstance(recompute_s, (int, float)) and recompute_s >= 0):
             raise KvdError("bad_request", f"recompute_s must be a non-negative number, got {recompute_s!r}")
-        with self._lock:
+        with self._request_lock():
             gs = [self._group(name) for name in groups]
             now = self.clock()
             recs, candidates = self._servable(gs, hashes)
@@ -243,7 +256,9 @@ class KvdCore:
         for i, rec in enumerate(lease.held):
             if rec.tier == Tier.GPU or rec.moving:
                 continue
-            job = g.start_promotion(rec, now)
+            # a lower-tier block the cleaner is copying further down: its source slot must stay put until
+            # the copy lands, so it is not promoted now; the hit is cut before it (shorter, never wrong)
+            job = None if rec.demoting else g.start_promotion(rec, now)
             if job is None:
                 for r in reversed(lease.held[i:]):
                     self._unhold(g, r, now)
@@ -256,7 +271,7 @@ class KvdCore:
         """A write lease on ``n`` free GPU blocks (evicting/demoting unleased blocks as needed)."""
         if not isinstance(n, int) or n < 0:
             raise KvdError("bad_request", f"n must be a non-negative int, got {n!r}")
-        with self._lock:
+        with self._request_lock():
             g = self._group(group)
             if n > g.gpu.blocks:
                 raise KvdError("out_of_blocks", f"{n} blocks asked, pool has {g.gpu.blocks}")
@@ -272,7 +287,7 @@ class KvdCore:
         self, client: str, lease_id: int, blocks: Sequence[tuple[int, BlockHash, BlockHash | None]]
     ) -> list[BlockId]:
         """Publish written blocks in chain order; validated in full before anything changes."""
-        with self._lock:
+        with self._request_lock():
             lease = self._leases.get(client, lease_id)
             g = self._group(lease.group)
             self._validate_commit(g, lease, blocks)
@@ -300,11 +315,12 @@ class KvdCore:
         self, g: CacheGroup, lease: Lease, bid: int, h: BlockHash, parent: BlockHash | None, now: float
     ) -> BlockId:
         old = g.index.get(h)
-        if old is not None and old.moving:
+        if old is not None and (old.moving or (old.demoting and old.tier != Tier.GPU)):
             # A duplicate of a block whose promotion has not landed: its destination slot holds no bytes
             # yet, and the writer would read it in its next forward. The writer keeps its own identical
             # copy, private to its lease (still a write slot, freed with the lease); the promotion stays
-            # the canonical block for everyone else.
+            # the canonical block for everyone else. Likewise for a lower-tier copy the cleaner is moving
+            # down: dropping it would free the slot its copy still reads.
             return BlockId(bid)
         lease.writes.discard(bid)
         if old is not None and old.tier == Tier.GPU:
@@ -361,7 +377,7 @@ class KvdCore:
         """Unpin the lease's blocks (tail first, as vLLM frees); uncommitted blocks return to free."""
         if isinstance(hints, dict) or hints is None:
             hints = ReleaseHints.from_dict(hints)
-        with self._lock:
+        with self._request_lock():
             if lease_id == 0:
                 self._hint_named(hints, self.clock())
                 return
@@ -373,7 +389,7 @@ class KvdCore:
         unpinned once per listed id (a lease can hold a block twice, for two sequences that committed the
         same hash). Why: a sliding-window sequence is done with its blocks behind the window long before
         its write lease ends. Unknown ids are refused before anything changes (``bad_block``)."""
-        with self._lock:
+        with self._request_lock():
             lease = self._leases.get(client, lease_id)
             g = self.groups[lease.group]
             now = self.clock()
@@ -446,13 +462,14 @@ class KvdCore:
 
     def heartbeat(self, client: str) -> int:
         """Renew every lease of ``client``; returns how many it holds."""
-        with self._lock:
+        with self._request_lock():
             return self._leases.heartbeat(client, self.clock())
 
     def wait_ready(self, lease_id: int, timeout: float | None = None) -> bool:
         """Block until the lease's promotions have landed; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self.mover.run_pending()
+        self.cleaner.run_pending()
         with self._moved:
             while self._moving(lease_id):
                 left = None if deadline is None else deadline - time.monotonic()
@@ -468,8 +485,9 @@ class KvdCore:
         return any(r.moving for r in self._leases.find(lease_id).held)
 
     def tick(self, now: float | None = None) -> dict[str, int]:
-        """Reclaim leases of silent clients, run inline promotions, expire old sessions."""
+        """Reclaim leases of silent clients, run inline promotions and cleaning, expire old sessions."""
         self.mover.run_pending()
+        self.cleaner.run_pending()
         with self._lock:
             now = self.clock() if now is None else now
             dead = self._leases.expired(now)
@@ -497,6 +515,88 @@ class KvdCore:
             except TypeError as e:
                 out.append(KvdError("bad_request", str(e)))
         return out
+
+    # --- background cleaning (kvd/cleaner.py runs ``clean``; kvd/demotion.py has the protocol) ---------
+    def clean(self) -> int:
+        """One cleaning pass over every group; returns the blocks it moved. Takes the lock only to plan
+        and to finish each batch: the copies run without it."""
+        with self._lock:
+            groups = list(self.groups.values())
+        return sum(self._clean_group(g) for g in groups)
+
+    def _clean_group(self, g: CacheGroup) -> int:
+        moved = 0
+        for _ in range(MAX_BATCHES_PER_PASS):
+            batch = self._plan_batch(g)
+            if batch is None:
+                break
+            if batch:
+                error: BaseException | None = None
+                try:
+                    seconds = Demotion.run_batch(batch)
+                except Exception as e:  # noqa: BLE001 - reported per block by finish_demotions
+                    error, seconds = e, 0.0
+                self._finish_batch(g, batch, error, seconds)
+                moved += len(batch)
+        if moved:
+            with self._lock:
+                g.counters["clean_passes"] += 1
+        return moved
+
+    def _plan_batch(self, g: CacheGroup) -> list[Demotion] | None:
+        """The next batch to copy: tiers bottom-up, so a middle tier (DRAM) makes room before the tier above
+        demotes into it. [] when only drops were needed (progress, nothing to copy); None when nothing more
+        can be done now."""
+        with self._lock:
+            if self.groups.get(g.name) is not g:
+                return None   # closed meanwhile
+            for tier in reversed(list(g.marks)):
+                want = g.clean_want(tier)
+                if not want:
+                    continue
+                free = g.pools[tier].free_count
+                jobs = g.plan_demotions(tier, min(want, self.config.clean_batch))
+                if jobs:
+                    return jobs
+                if g.pools[tier].free_count > free:
+                    return []
+            return None
+
+    def _finish_batch(self, g: CacheGroup, batch: list[Demotion], error: BaseException | None,
+                      seconds: float) -> None:
+        with self._moved:
+            g.finish_demotions(batch, error, seconds)
+            g.counters["clean_seconds"] += seconds
+            now = self.clock()
+            for job in batch:
+                rec = job.rec
+                if rec.passed:
+                    self._drop_if_passed(g, rec)
+                elif rec.evictable and g.index.get(rec.hash) is rec:
+                    g.policy.on_created(rec, now)
+            self._moved.notify_all()   # a request waiting for room (pressure_wait_ms) looks again
+
+    def _wait_for_room(self, g: CacheGroup, tier: Tier) -> None:
+        """A request found ``tier`` full: wait up to ``pressure_wait_ms`` (lock released) for the cleaner
+        to free a slot. Only with a cleaner thread; inline, nothing would free one."""
+        wait_s = self.config.pressure_wait_ms / 1000
+        if wait_s <= 0 or not self.cleaner.threaded:
+            return
+        t0 = time.perf_counter()
+        deadline = t0 + wait_s
+        pool = g.pools[tier]
+        while pool.free_count == 0 and (left := deadline - time.perf_counter()) > 0:
+            self._moved.wait(left)
+        g.counters["pressure_waits"] += 1
+        g.counters["pressure_wait_seconds"] += time.perf_counter() - t0
+
+    @contextmanager
+    def _request_lock(self) -> Iterator[None]:
+        """The lock, timing how long a request-path call waited for it (``stats()["lock_wait"]``)."""
+        t0 = time.perf_counter()
+        with self._lock:
+            self.lock_wait.record(time.perf_counter() - t0)
+            yield
 
     # --- block bookkeeping ----------------------------------------------------------------------
     def _hold(self, g: CacheGroup, lease: Lease, rec: BlockRecord, now: float) -> None:
@@ -598,7 +698,7 @@ class KvdCore:
         with self._lock:
             n = 0
             for g, rec in self._find(hashes, group):
-                if rec.refs == 0 and not rec.moving:
+                if rec.refs == 0 and not rec.moving and not rec.demoting:
                     if rec.evictable:
                         g.policy.on_removed(rec)
                     g.drop(rec)
@@ -633,7 +733,8 @@ class KvdCore:
             for name, g in self.groups.items():
                 occ = g.occupancy()
                 groups[name] = {"block_bytes": g.block_bytes, "tail_blocks": g.tail_blocks, "blocks": len(g.index), "tiers": occ,
-                                "nvme_degraded": g.nvme_degraded, **dict(g.counters)}
+                                "nvme_degraded": g.nvme_degraded, **{k: g.counters[k] for k in CLEAN_COUNTERS},
+                                **dict(g.counters), "watermarks": _marks(g.marks)}
                 agg.update(g.counters)
                 for t, o in occ.items():
                     tot = totals.setdefault(t, Counter())
@@ -656,6 +757,8 @@ class KvdCore:
                 "promotions": agg["promotions"],
                 "demotions": agg["demotions"],
                 **{k: agg[k] for k in DEMOTE_COUNTERS},
+                **{k: agg[k] for k in CLEAN_COUNTERS},
+                "lock_wait": self.lock_wait.to_dict(),
                 "admission_rejects": agg["admission_rejects"],
                 "nvme_enospc": agg["nvme_enospc"],
                 "nvme_degraded": any(g.nvme_degraded for g in self.groups.values()),
@@ -697,11 +800,16 @@ class KvdCore:
     def close(self) -> None:
         """Clean shutdown: stop movers, unlink shared pools, close NVMe files (which persist).
         Idempotent."""
+        self.cleaner.close()
         self.mover.close()
         with self._lock:
             for g in self.groups.values():
                 g.close()
             self.groups.clear()
+
+
+def _marks(marks: dict[Tier, Watermarks]) -> dict[str, dict[str, int]]:
+    return {t.name.lower(): {"low_blocks": m.low, "high_blocks": m.high} for t, m in marks.items()}
 
 
 def _check_hashes(hashes: Any) -> None:

@@ -163,7 +163,7 @@ class KvdServer:
         self._bound = False  # only a server that bound may unlink the sockets and pid file
         self._parked: list[_Parked] = []
         self.counters = {"requests": 0, "errors": 0}
-        # op type (and "tick") -> [count, seconds] the loop spent on it: kvd's serving time by verb
+        # op type (and "tick") -> [count, seconds, max seconds] the loop spent on it: kvd's serving time by verb
         self.busy: dict[str, list[float]] = {}
 
     # ---- lifecycle ----
@@ -251,9 +251,11 @@ class KvdServer:
         self._busy("tick", t0)
 
     def _busy(self, kind: str, t0: float) -> None:
-        seen = self.busy.setdefault(kind, [0, 0.0])
+        seen = self.busy.setdefault(kind, [0, 0.0, 0.0])
+        took = time.perf_counter() - t0
         seen[0] += 1
-        seen[1] += time.perf_counter() - t0
+        seen[1] += took
+        seen[2] = max(seen[2], took)
 
     def _drain(self, sock: zmq.Socket, admin: bool) -> None:
         for _ in range(DRAIN):
@@ -323,8 +325,10 @@ class KvdServer:
             return envelope + [self._error(req.id, P.ErrorCode.INTERNAL, type(err).__name__)]
 
     def server_stats(self) -> dict[str, Any]:
-        """Request/error counts and, per op type, how many the loop served and its seconds on them."""
-        return {**self.counters, "busy": {k: {"count": int(n), "seconds": s} for k, (n, s) in self.busy.items()}}
+        """Request/error counts and, per op type, how many the loop served, its seconds on them and the
+        longest one (server-side latency per verb: where a GPU run's time goes)."""
+        return {**self.counters, "busy": {k: {"count": int(n), "seconds": s, "max_s": m}
+                                          for k, (n, s, m) in self.busy.items()}}
 
     def _error(self, req_id: Optional[int], code: str, message: str) -> bytes:
         self.counters["errors"] += 1

@@ -8,8 +8,8 @@ Persistence contract (DESIGN.md §3, "a restart must never serve a wrong block")
   checksum if a crash hits between the data write and the new entry;
 - on open, the log is replayed, every surviving entry's bytes are re-hashed, failures are dropped,
   and the index is rewritten compacted (tmp + rename).
-I/O: kvikio (CuFile) when CUDA and kvikio are importable and the destination is on the GPU; POSIX
-os.pread/os.pwrite otherwise. ENOSPC propagates as OSError; the core degrades the tier.
+I/O: reads through kvikio (CuFile) when CUDA and kvikio are importable and the destination is on the
+GPU, POSIX os.pread otherwise; writes are POSIX os.pwrite from host bytes (``write_many`` says why). ENOSPC propagates as OSError; the core degrades the tier.
 """
 from __future__ import annotations
 
@@ -120,14 +120,27 @@ class NvmePool(BlockPool):
     # --- block I/O ------------------------------------------------------------------------------
     def write_from(self, slot: int, src: torch.Tensor, meta: BlockMeta) -> None:
         """Data first, then the index entry (see the module docstring)."""
-        if self._kvikio is not None and src.is_cuda:
-            self._kvikio.pwrite(src, self.block_bytes, slot * self.block_bytes).get()
-            data = src.cpu().numpy().tobytes()
-        else:
+        self.write_many([slot], [src], [meta])
+
+    def write_many(self, slots: list[int], srcs: list[torch.Tensor], metas: list[BlockMeta]) -> None:
+        """Every block's bytes, then one index append for the batch: a crash before the append loses the
+        batch (never serves it), a torn append keeps the entries before the tear, each still checked
+        against its bytes on recovery.
+
+        Why no kvikio write: the box has no GPUDirect Storage, so kvikio's compatibility mode bounces
+        through host memory anyway, and the checksum needs the bytes on the host: the old path copied a
+        GPU block to the host twice (kvikio's bounce, then ``.cpu()``). One host copy serves both now.
+        Measured per 192 KiB block on the CPU box: blake2b 0.14 ms, pwrite to the page cache 0.04 ms,
+        an index append 1 µs; hashlib and pwrite release the GIL, so the cleaner thread's writes do not
+        stall kvd's loop."""
+        entries = []
+        for slot, src, meta in zip(slots, srcs, metas):
             data = memoryview(src.contiguous().cpu().numpy()).cast("B")  # [block_bytes]; GPU source: bounce
             self._pwrite(self._fd, data, slot * self.block_bytes)
-        self._index.write(_entry(_PUT, slot, meta, data_checksum(meta.hash, data)))
-        self._meta[slot] = meta
+            entries.append(_entry(_PUT, slot, meta, data_checksum(meta.hash, data)))
+        self._index.write(b"".join(entries))
+        for slot, meta in zip(slots, metas):
+            self._meta[slot] = meta
 
     def read_into(self, slot: int, dst: torch.Tensor) -> None:
         if self._kvikio is not None and dst.is_cuda:

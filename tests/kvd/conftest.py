@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 
 import pytest
 import torch
@@ -65,3 +66,12 @@ def put_chain(core: KvdCore, ids: list[int], client: str = "c", parent: bytes | 
     out = core.commit(client, lease, items)
     core.release(client, lease)
     return out
+
+
+def settle(core: KvdCore) -> None:
+    """Let the background cleaner reach its watermarks: inline (move_workers=0) through tick(); with a
+    cleaner thread, passes from this thread are safe too (in-flight demotions count toward the reserve),
+    and we also wait for the thread's batches to land."""
+    core.tick()
+    while core.clean() or any(sum(g.inflight.values()) for g in core.groups.values()):
+        time.sleep(0.001)

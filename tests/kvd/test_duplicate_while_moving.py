@@ -4,7 +4,7 @@ import torch
 
 from kvd.types import Tier
 
-from tests.kvd.conftest import BB, h, put_chain
+from tests.kvd.conftest import BB, h, put_chain, settle
 
 
 def test_duplicate_of_a_moving_block_keeps_the_writers_own_copy(make_core):
@@ -13,8 +13,7 @@ def test_duplicate_of_a_moving_block_keeps_the_writers_own_copy(make_core):
     put_chain(core, [0], fill=lambda i: 7)
     put_chain(core, [1], fill=lambda i: 1)
     put_chain(core, [2], fill=lambda i: 2)
-    lease, (scratch,) = core.allocate("c", "full", 1)      # GPU full: the oldest block (0) goes down to DRAM
-    core.release("c", lease)
+    settle(core)                                           # GPU full: the cleaner moves the oldest (0) to DRAM
     assert g.index.get(h(0)).tier == Tier.DRAM
     res = core.lookup("c", "full", [h(0)])                 # promotion queued (no mover threads): in flight
     rec = g.index.get(h(0))

@@ -1,7 +1,7 @@
 """Each policy's victim order on a small pool, exactly."""
 from kvd.types import Tier
 
-from tests.kvd.conftest import h, put_chain
+from tests.kvd.conftest import h, put_chain, settle
 
 
 def resident(core, tier=Tier.GPU):
@@ -22,11 +22,13 @@ def test_lru_evicts_least_recently_released_tail_first(make_core, clock):
 
 
 def test_lru_offload_demotes_to_dram_then_drops_by_lru(make_core):
-    core = make_core(policy="lru-offload", gpu_blocks=2, dram_blocks=2)
+    # watermarks at 99%: the cleaner empties the GPU tier whenever it runs
+    core = make_core(policy="lru-offload", gpu_blocks=2, dram_blocks=2, clean_low=0.99, clean_high=0.99)
     put_chain(core, [0, 1])
-    put_chain(core, [2, 3])  # 1 then 0 demoted (no admission gate)
-    assert resident(core, Tier.DRAM) == {h(0), h(1)}
-    core.allocate("c", "full", 2)  # 3 then 2 demoted; DRAM drops 1 then 0
+    settle(core)  # 1 then 0 demoted (no admission gate)
+    assert resident(core, Tier.DRAM) == {h(0), h(1)} and resident(core) == set()
+    put_chain(core, [2, 3])
+    settle(core)  # 3 then 2 demoted; DRAM drops 1 then 0 to make room
     assert resident(core, Tier.DRAM) == {h(2), h(3)}
     s = core.stats()
     assert s["demotions"] == 4 and s["evictions"] == 2
@@ -65,8 +67,10 @@ def test_reuse_admission_gate_keeps_one_offs_out_of_dram(make_core):
     core = make_core(policy="reuse", admission="seen-twice", gpu_blocks=1, dram_blocks=2)
     put_chain(core, [0])
     core.release("c", core.lookup("c", "full", [h(0)]).lease)  # seen twice
-    put_chain(core, [1])  # 0 demoted
-    put_chain(core, [2])  # 1 seen once: rejected, dropped
+    settle(core)  # 0 demoted
+    put_chain(core, [1])
+    settle(core)  # 1 seen once: rejected, dropped
+    put_chain(core, [2])
     assert resident(core, Tier.DRAM) == {h(0)}
     s = core.stats()
     assert s["demotions"] == 1 and s["admission_rejects"] == 1

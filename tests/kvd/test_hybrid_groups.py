@@ -8,7 +8,7 @@ from kvd.core_types import KvdError
 from kvd.hybrid_hits import needed_from, tail_blocks, valid_ends
 from kvd.types import Tier
 
-from tests.kvd.conftest import BB, h
+from tests.kvd.conftest import BB, h, settle
 
 
 def test_tail_blocks_cover_the_first_query_after_a_hit():
@@ -50,15 +50,17 @@ def present(core, group, n):
 
 
 def test_passed_blocks_are_dropped_once_unleased_and_never_demoted(make_core):
-    core = make_core(gpu_blocks=16, dram_blocks=16, policy="lru-offload")
+    core = make_core(gpu_blocks=16, dram_blocks=16, policy="lru-offload", clean_low=0.99, clean_high=0.99)
     attach_swa(core, k=2)
     for g in ("full", "swa"):
         core.release("c", commit_chain(core, g, 10))
     assert present(core, "full", 10) == [True] * 10
     assert present(core, "swa", 10) == [False] * 8 + [True, True]   # only the last end's window
     assert core.stats()["window_drops"] == 8
-    # 16 more blocks need the whole GPU pool: blocks 8, 9 (still needed) are demoted to DRAM, then the
-    # new chain passes them and they are dropped from DRAM too; nothing passed is ever kept below
+    # the cleaner (watermarks at 99%) demotes blocks 8, 9 (still needed) to DRAM; then a new chain passes
+    # them and they are dropped from DRAM too; nothing passed is ever kept below
+    settle(core)
+    assert core.groups["swa"].pools[Tier.DRAM].used_count == 2
     core.release("c", commit_chain(core, "swa", 16 + 10, start=10))
     swa = core.groups["swa"]
     assert present(core, "swa", 26) == [False] * 24 + [True, True]

@@ -8,7 +8,7 @@ from kvd.prefetch_budget import best_cut
 from kvd.tier_rates import RATE_EWMA, TierRates
 from kvd.types import Tier
 
-from tests.kvd.conftest import BB, h, put_chain
+from tests.kvd.conftest import BB, h, put_chain, settle
 
 
 def test_best_cut_rule():
@@ -28,14 +28,17 @@ def test_rates_are_an_ewma_of_observed_copies():
 
 
 def fill(core):
-    """The chain 0..5 through a 4-block GPU pool: the oldest part, 0 and 1, is demoted to NVMe."""
+    """The chain 0..5 through a 4-block GPU pool: the oldest part, 0 and 1, is demoted to NVMe (the
+    cleaner keeps 2 of the 4 GPU slots free)."""
     put_chain(core, [0, 1])
     put_chain(core, [2, 3], parent=h(1))
+    settle(core)
     put_chain(core, [4, 5], parent=h(3))
 
 
 def test_slow_nvme_is_recomputed_fast_nvme_is_promoted(make_core, tmp_path):
-    core = make_core(policy="lru-offload", gpu_blocks=4, dram_blocks=0, nvme_blocks=8, nvme_dir=tmp_path / "nvme")
+    core = make_core(policy="lru-offload", gpu_blocks=4, dram_blocks=0, nvme_blocks=8, nvme_dir=tmp_path / "nvme",
+                     clean_low=0.5, clean_high=0.5)
     fill(core)
     full = core.groups["full"]
     assert [full.index.get(h(i)).tier for i in range(6)] == [Tier.NVME] * 2 + [Tier.GPU] * 4
@@ -57,7 +60,8 @@ def test_slow_nvme_is_recomputed_fast_nvme_is_promoted(make_core, tmp_path):
 
 
 def test_no_budget_keeps_the_old_behaviour(make_core, tmp_path):
-    core = make_core(policy="lru-offload", gpu_blocks=4, dram_blocks=0, nvme_blocks=8, nvme_dir=tmp_path / "nvme")
+    core = make_core(policy="lru-offload", gpu_blocks=4, dram_blocks=0, nvme_blocks=8, nvme_dir=tmp_path / "nvme",
+                     clean_low=0.5, clean_high=0.5)
     fill(core)
     core.rates.bps[Tier.NVME] = 1.0                      # absurdly slow, but no recompute_s was sent
     res = core.lookup("c", "full", [h(i) for i in range(4)])

@@ -7,7 +7,7 @@ import torch
 
 from kvd.types import Tier
 
-from tests.kvd.conftest import BB, h, put_chain
+from tests.kvd.conftest import BB, h, put_chain, settle
 
 
 def data(i: int) -> torch.Tensor:
@@ -27,12 +27,14 @@ def where(core, i):
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_bytes_round_trip_gpu_dram_nvme_gpu(make_core, tmp_path, workers):
-    core = tiered(make_core, tmp_path, move_workers=workers)
+    # DRAM keeps one of its two slots free (a 1-block tier with a reserve would always be empty)
+    core = tiered(make_core, tmp_path, move_workers=workers, dram_blocks=2, clean_low=0.5, clean_high=0.5)
     for i in range(3):
         put_chain(core, [i], fill=None)
         core.groups["full"].gpu.tensor[core.groups["full"].index.get(h(i)).slot].copy_(data(i))
-    assert [where(core, i) for i in range(3)] == [Tier.NVME, Tier.DRAM, Tier.GPU]
-    res = core.lookup("c", "full", [h(0)])  # promote from NVMe: 2 -> DRAM, 1 -> NVMe
+        settle(core)   # the cleaner keeps one free slot per tier: each block moves down in the background
+    assert [where(core, i) for i in range(3)] == [Tier.NVME, Tier.NVME, Tier.DRAM]
+    res = core.lookup("c", "full", [h(0)])  # promote from NVMe into the GPU's free reserve slot
     assert res.tiers == [Tier.NVME]
     if workers == 0:
         assert not res.ready
@@ -41,6 +43,7 @@ def test_bytes_round_trip_gpu_dram_nvme_gpu(make_core, tmp_path, workers):
     assert torch.equal(gpu[res.hits[0]], data(0))
     core.release("c", res.lease)
     for i in (1, 2):  # and the others came back down intact
+        settle(core)
         res = core.lookup("c", "full", [h(i)])
         assert core.wait_ready(res.lease, timeout=10)
         assert torch.equal(gpu[res.hits[0]], data(i))
@@ -52,6 +55,7 @@ def test_bytes_round_trip_gpu_dram_nvme_gpu(make_core, tmp_path, workers):
 def fill_nvme(core, n):
     g = core.groups["full"]
     for i in range(n):
+        settle(core)   # the previous block goes down to NVMe in the background
         put_chain(core, [i])
         g.gpu.tensor[g.index.get(h(i)).slot].copy_(data(i))
 
@@ -103,7 +107,8 @@ def test_disk_full_degrades_nvme(make_core, tmp_path, caplog):
     core.groups["full"].pools[Tier.NVME]._pwrite = full
     with caplog.at_level(logging.WARNING, logger="kvd.cache_group"):
         for i in range(4):
-            put_chain(core, [i])  # every eviction would go to NVMe
+            put_chain(core, [i])
+            settle(core)  # the cleaner would move each block to NVMe
     assert len(calls) == 1  # tried once, then the tier stopped admitting
     s = core.stats()
     assert s["nvme_degraded"] and s["nvme_enospc"] == 1 and s["evictions"] == 3
