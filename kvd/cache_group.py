@@ -105,6 +105,13 @@ class CacheGroup:
             self.wake()
         return slot
 
+    def would_demote(self, tier: Tier) -> bool:
+        """Would the cleaner copy (rather than drop) the next victim of ``tier``? Only then is a request
+        on a full tier worth waiting for it."""
+        lower = self._lower(tier)
+        victims = self.policy.victims(tier, 1) if lower is not None and tier in self.marks else []
+        return bool(victims) and self.policy.admits(victims[0], lower)   # type: ignore[arg-type]
+
     def _pressure_drop(self, rec: BlockRecord) -> None:
         lower = self._lower(rec.tier)
         if lower is not None:

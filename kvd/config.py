@@ -101,9 +101,10 @@ class KvdConfig(BaseModel):
         description="Blocks the cleaner copies per batch (one lock round trip, one NVMe index append per batch).",
     )
     pressure_wait_ms: float = Field(
-        default=0.0, ge=0,
-        description="When a request needs a GPU slot and none is free: 0 drops a victim at once (a pressure drop); "
-        "> 0 first waits up to this long, lock released, for the cleaner to free one (docs/design/kvd.md).",
+        default=50.0, ge=0,
+        description="When a request needs a GPU slot, none is free and the next victim would be demoted: wait up to "
+        "this long (kvd's lock released) for the cleaner to free one, then drop the victim (a pressure drop); 0 "
+        "drops at once. Only with a cleaner thread (move_workers > 0). Why waiting: docs/design/kvd.md.",
     )
 
     @model_validator(mode="after")

@@ -53,14 +53,18 @@ def make_core(tmp_path, clock):
         c.close()
 
 
-def put_chain(core: KvdCore, ids: list[int], client: str = "c", parent: bytes | None = None, fill=None):
-    """Allocate, write (optionally), commit and release a chain of test hashes; returns block ids."""
+def put_chain(core: KvdCore, ids: list[int], client: str = "c", parent: bytes | None = None, fill=None, data=None):
+    """Allocate, write (optionally: ``fill(i)`` a byte value, ``data(i)`` a [BB] tensor), commit and release a
+    chain of test hashes; returns block ids. Bytes go in before the commit: once published and released, a
+    cleaner thread may copy the block down at any time."""
     lease, blocks = core.allocate(client, "full", len(ids))
     pool = core.groups["full"].gpu.tensor
     items = []
     for b, i in zip(blocks, ids):
         if fill is not None:
             pool[b].fill_(fill(i))
+        if data is not None:
+            pool[b].copy_(data(i))
         items.append((b, h(i), parent))
         parent = h(i)
     out = core.commit(client, lease, items)

@@ -30,8 +30,7 @@ def test_bytes_round_trip_gpu_dram_nvme_gpu(make_core, tmp_path, workers):
     # DRAM keeps one of its two slots free (a 1-block tier with a reserve would always be empty)
     core = tiered(make_core, tmp_path, move_workers=workers, dram_blocks=2, clean_low=0.5, clean_high=0.5)
     for i in range(3):
-        put_chain(core, [i], fill=None)
-        core.groups["full"].gpu.tensor[core.groups["full"].index.get(h(i)).slot].copy_(data(i))
+        put_chain(core, [i], data=data)
         settle(core)   # the cleaner keeps one free slot per tier: each block moves down in the background
     assert [where(core, i) for i in range(3)] == [Tier.NVME, Tier.NVME, Tier.DRAM]
     res = core.lookup("c", "full", [h(0)])  # promote from NVMe into the GPU's free reserve slot
@@ -53,11 +52,9 @@ def test_bytes_round_trip_gpu_dram_nvme_gpu(make_core, tmp_path, workers):
 
 
 def fill_nvme(core, n):
-    g = core.groups["full"]
     for i in range(n):
         settle(core)   # the previous block goes down to NVMe in the background
-        put_chain(core, [i])
-        g.gpu.tensor[g.index.get(h(i)).slot].copy_(data(i))
+        put_chain(core, [i], data=data)
 
 
 def test_persistence_survives_crash_and_drops_corrupt_entry(make_core, tmp_path):
