@@ -102,7 +102,10 @@ def test_client_round_trip_and_batch(served):
         assert isinstance(results[0], BadChain)
         assert results[1] == [1]
         assert results[2].code == "internal"
-        assert c.stats()["server"]["requests"] >= 4
+        server_stats = c.stats()["server"]
+        assert server_stats["requests"] >= 4
+        lookups = server_stats["busy"]["lookup"]   # server-side latency per verb: count, total, longest
+        assert lookups["count"] == 1 and 0 < lookups["max_s"] <= lookups["seconds"]
         with pytest.raises(KvdClientError, match="internal"):
             c.top()
         c.heartbeat()  # still serving
