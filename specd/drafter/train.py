@@ -249,7 +249,7 @@ class Trainer:
         self.drafter.load_state_dict(state["drafter"])
         self.optim.load_state_dict(state["optim"])
         self.sched.load_state_dict(state["sched"])
-        self.gen.set_state(state["gen"])
+        self.gen.set_state(state["gen"].cpu())   # map_location moved it to the device; a CPU generator needs it back
         self.curves = LossCurves(**state["curves"])
         self.train_s = state["train_s"]
         self._window = [LossParts(torch.tensor(t), ce, l1, bce) for t, ce, l1, bce in state["window"]]
