@@ -250,6 +250,8 @@ def render_markdown(result: dict) -> str:
              "Per-user tok/s: median over requests of tokens / (finish − first token).", ""]
     if result["skipped_rows"]:
         lines += [f"Rows skipped (no drafter given): {', '.join(result['skipped_rows'])}.", ""]
+    if result.get("cut"):
+        lines += [f"Cells not run (past --budget-s): {', '.join(result['cut'])}.", ""]
     for wl, cells in result["workloads"].items():
         lines += [f"## {wl}", "", "| conc. | row | tok/s | ratio | per-user tok/s | ratio | τ | verified/step | "
                   "sched. ms/step | admit ms/step |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -323,6 +325,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="wall-time budget: no (workload, concurrency) cell starts after it (the cells left are "
+                        "listed under 'cut'), so a device call with a hard limit still writes its results")
     p.add_argument("--out", type=Path, required=True, help="directory for speedup.json and speedup.md")
 
 
@@ -358,10 +363,15 @@ def _available_rows(engine, rows: list[str]) -> tuple[list[str], list[str], dict
 def measure(engine, args: argparse.Namespace, progress=print) -> dict:
     rows, skipped, cap = _available_rows(engine, args.rows)
     workloads: dict = {}
+    cut: list[str] = []
+    deadline = None if getattr(args, "budget_s", None) is None else time.perf_counter() + args.budget_s
     for wl_path in [Path(w.strip()) for w in args.workloads.split(",") if w.strip()]:
         name = wl_path.stem
         workloads[name] = {}
         for level in args.concurrency:
+            if deadline is not None and time.perf_counter() > deadline:
+                cut.append(f"{name} c={level}")
+                continue
             n = max(args.requests, level)
             prompts = workload_prompts(wl_path, engine.tokenizer, n, args.max_tokens, args.ignore_eos,
                                        engine.max_model_len, args.gamma, args.seed)
@@ -375,7 +385,7 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                     runs[row].append(r)
                     progress(f"{name} c={level} {row} rep {rep}: {r.throughput_tok_s:.1f} tok/s, tau {_num(r.tau)}")
             workloads[name][str(level)] = summarize_cell(runs, args.tolerance)
-    return {"rows": rows, "skipped_rows": skipped,
+    return {"rows": rows, "skipped_rows": skipped, "cut": cut,
             "row_settings": {row: row_fields(row, cap) for row in rows}, "workloads": workloads,
             "summary": summary_across(workloads)}
 

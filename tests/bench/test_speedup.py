@@ -97,3 +97,17 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     assert "## stories-greedy" in md and "## Summary across workloads" in md
     assert md.count("never slower than none at concurrency") == 4
     assert "Timed runs that captured CUDA graphs: 0 of 32" in md          # CPU: no graphs at all
+
+
+def test_budget_cuts_cells_and_still_writes(tmp_path):
+    """--budget-s 0: no cell starts, every one is listed as cut, and the report is still written."""
+    greedy = _sessions(tmp_path / "stories-greedy.jsonl", "greedy", 0.0)
+    out = tmp_path / "out"
+    rc = bench_main(["speedup", "--model", str(MODEL), "--workloads", str(greedy), "--concurrency", "1,3",
+                     "--rows", "none,ngram", "--requests", "2", "--max-tokens", "4", "--repeats", "1",
+                     "--budget-s", "0", "--out", str(out)])
+    assert rc == 0
+    result = json.loads((out / "speedup.json").read_text())
+    assert result["cut"] == ["stories-greedy c=1", "stories-greedy c=3"]
+    assert result["workloads"] == {"stories-greedy": {}}
+    assert "Cells not run (past --budget-s): stories-greedy c=1, stories-greedy c=3." in (out / "speedup.md").read_text()
