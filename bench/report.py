@@ -17,7 +17,11 @@ Input schema (what a bench run collects; JSON object keys are strings, Python ca
              "drafted": int,            # draft tokens proposed for verification
              "accepted": int,           # draft tokens accepted (the bonus token is not a draft token)
              "acceptance_by_position": [float]},  # [k]: share of verifications accepting >= k+1 drafts
-         "quality": {name: float}}}}}   # optional, e.g. extraction field accuracy
+         "quality": {name: float},      # optional, e.g. extraction field accuracy
+         "stats": {                     # optional: what specd and kvd counted during the cell(s)
+             "specd": {"counters": {...}, "gauges": {...}},   # counters: after - before; gauges: after
+             "kvd": {"counters": {...}, "gauges": {...}},     # only for configs with kvd
+             "errors": [str]}}}}}       # stats that could not be fetched (bench/cell_stats.py)
 
 Derived here, in one place: output tokens/s per GPU, requests/s, TTFT and ITL p50/p95/p99/mean, the share of
 prompt tokens from cache, tau = accepted / verifications + 1 (the bonus token counts), cost per 1M output
@@ -227,6 +231,90 @@ def quality_table(summary: dict) -> str | None:
     return "\n".join(rows)
 
 
+ENGINE_PHASES = ("schedule", "forward", "output", "commit")
+
+
+def _per(total: float, n: float, scale: float = 1.0, fmt: str = ".2f") -> str:
+    return "-" if not n else f"{total / n * scale:{fmt}}"
+
+
+def _verbs(table: dict[str, tuple[float, float]], requests: int) -> str:
+    """'lookup 1.0×/0.32 ms' per verb: calls and milliseconds per request, busiest first."""
+    if not requests or not table:
+        return "-"
+    rows = sorted(table.items(), key=lambda kv: -kv[1][1])
+    return ", ".join(f"{verb} {n / requests:.1f}×/{s / requests * 1000:.2f} ms" for verb, (n, s) in rows)
+
+
+def _specd_kvd_calls(c: dict, kind: str) -> dict[str, tuple[float, float]]:
+    """specd's kvd round trips (kind 'rpc') or posts ('post') per verb: (count, seconds)."""
+    prefix = f"kvd_{kind}_"
+    verbs = {k[len(prefix):-len("_total")] for k in c if k.startswith(prefix) and not k.endswith("_seconds_total")}
+    return {v: (c[f"{prefix}{v}_total"], c.get(f"{prefix}{v}_seconds_total", 0.0)) for v in verbs
+            if c[f"{prefix}{v}_total"]}
+
+
+def engine_time_table(results: dict) -> str | None:
+    """Per engine step ms by phase, and specd's kvd round trips and posts per request by verb."""
+    rows = ["| config | conc | steps | ms/step: schedule | forward | output | commit | kvd round trips per request "
+            "(calls×/ms) | kvd posts per request |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, conc, m, st in _stats_cells(results):
+        c = st.get("specd", {}).get("counters")
+        if c is None:
+            continue
+        steps = c.get("steps_total", 0)
+        phases = " | ".join(_per(c.get(f"{p}_seconds_total", 0.0), steps, 1000) for p in ENGINE_PHASES)
+        rows.append(f"| {name} | {conc} | {steps} | {phases} | {_verbs(_specd_kvd_calls(c, 'rpc'), m['requests'])} "
+                    f"| {_verbs(_specd_kvd_calls(c, 'post'), m['requests'])} |")
+    return "\n".join(rows) if len(rows) > 2 else None
+
+
+def kvd_time_table(results: dict) -> str | None:
+    """kvd's side: server time per verb (ms in the cell), lock wait, tier moves, pressure drops, hits."""
+    rows = ["| config | conc | server busy ms by verb | lock wait ms (n) | promotions | demotions DRAM/NVMe "
+            "| pressure drops | evictions | hit/lookup blocks |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, conc, _, st in _stats_cells(results):
+        c = st.get("kvd", {}).get("counters")
+        if c is None:
+            continue
+        busy = {v: b.get("seconds", 0.0) for v, b in c.get("server", {}).get("busy", {}).items()
+                if v != "stats" and b.get("count")}   # 'stats' is the snapshot itself
+        busy_s = ", ".join(f"{v} {s * 1000:.1f}" for v, s in sorted(busy.items(), key=lambda kv: -kv[1])) or "-"
+        lock = c.get("lock_wait", {})
+        rows.append(f"| {name} | {conc} | {busy_s} | {lock.get('total_s', 0.0) * 1000:.1f} ({lock.get('count', 0)}) "
+                    f"| {c.get('promotions', 0)} | {c.get('demote_dram_blocks', 0)}/{c.get('demote_nvme_blocks', 0)} "
+                    f"| {c.get('pressure_drops', 0)} | {c.get('evictions', 0)} "
+                    f"| {c.get('hit_blocks', 0)}/{c.get('lookup_blocks', 0)} |")
+    return "\n".join(rows) if len(rows) > 2 else None
+
+
+def _stats_cells(results: dict):
+    """(config, concurrency, metrics, stats) of every cell that recorded stats, by level then config."""
+    cells = [(name, str(conc), m) for name, per in results["configs"].items() for conc, m in per.items()]
+    for name, conc, m in sorted(cells, key=lambda t: int(t[1])):
+        if m.get("stats"):
+            yield name, conc, m, m["stats"]
+
+
+def stats_errors(results: dict) -> list[str]:
+    return [f"{name}@{conc}: {e}" for name, conc, _, st in _stats_cells(results) for e in st.get("errors", [])]
+
+
+def time_section(results: dict) -> list[str]:
+    """'Where the time went': the engine and kvd tables (counters over the timed cells only)."""
+    tables = [t for t in (engine_time_table(results), kvd_time_table(results)) if t]
+    errors = stats_errors(results)
+    if not tables and not errors:
+        return []
+    parts = ["## Where the time went", "",
+             "Daemon counters over the timed cells only (after minus before; repeats summed). "
+             "×/ms: calls and milliseconds per request.", ""]
+    for table in tables:
+        parts += [table, ""]
+    parts += [f"- stats not fetched: {e}" for e in errors]
+    return parts + ([""] if errors else [])
+
+
 def markdown_report(results: dict, summary: dict, baseline: str, plots: list[str], problems: list[str]) -> str:
     meta = results.get("meta", {})
     parts = ["# Benchmark report", ""]
@@ -237,6 +325,7 @@ def markdown_report(results: dict, summary: dict, baseline: str, plots: list[str
     for title, table in (("Acceptance by position", acceptance_table(summary)), ("Quality", quality_table(summary))):
         if table:
             parts += [f"## {title}", "", table, ""]
+    parts += time_section(results)
     if problems:
         parts += ["## Consistency problems", ""] + [f"- {p}" for p in problems] + [""]
     parts += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]

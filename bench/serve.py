@@ -29,10 +29,11 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import cell_stats
 from bench.loadgen import HttpTransport, IpcTransport, LoadResult, RequestRecord, Script, SessionScript, run_load
 from bench.report import baseline_name, write_report
 from bench.stack import CONFIGS, Stack, StackOptions, StackPool
@@ -223,11 +224,24 @@ def cell_tag(cell: Cell) -> str:
     return f"r{cell.repeat}c{cell.concurrency}{cell.config}/"
 
 
+@dataclass
+class CellRun(LoadResult):
+    """A cell's replay plus what its daemons counted during it (bench/cell_stats.py ``cell_stats``)."""
+
+    stats: dict = field(default_factory=dict)
+
+
 def measure_cell(cell: Cell, stack: Stack, args: argparse.Namespace,
                  scripts_for: Callable[[dict, int], list[Script]], on_request: Callable[[RequestRecord], None],
-                 timeout_s: float | None = None) -> LoadResult:
-    """One configuration at one level on a ready stack (fresh or reset): the replay."""
-    return asyncio.run(_drive(stack, scripts_for(stack.info, cell.repeat), cell, args, on_request, timeout_s))
+                 timeout_s: float | None = None) -> CellRun:
+    """One configuration at one level on a ready stack (fresh or reset): the replay, between two
+    snapshots of the daemons' stats (taken outside the timed part)."""
+    scripts = scripts_for(stack.info, cell.repeat)
+    before, errors_before = cell_stats.take(stack.stats_sources())
+    load = asyncio.run(_drive(stack, scripts, cell, args, on_request, timeout_s))
+    after, errors_after = cell_stats.take(stack.stats_sources())
+    errors = [f"before, {e}" for e in errors_before] + [f"after, {e}" for e in errors_after]
+    return CellRun(load.records, load.wall_time_s, cell_stats.cell_stats(before, after, errors))
 
 
 class FreshStacks:
@@ -295,7 +309,8 @@ def _log_records(log: Any, cell: Cell, records: list[RequestRecord]) -> None:
 
 def cell_metrics(runs: list[LoadResult], quality: Callable[[list[RequestRecord]], dict[str, float]]) -> dict:
     """The report's input for one (config, level): repeats pooled (samples joined, tokens and wall time
-    summed), plus each repeat's own throughput and TTFT for paired ratios."""
+    summed), plus each repeat's own throughput and TTFT for paired ratios, and (measured cells) the
+    daemons' counters during the cells, summed over repeats (bench/cell_stats.py ``pool``)."""
     done = [r for run in runs for r in run.completed]
     m: dict[str, Any] = {
         "gpus": 1, "wall_time_s": sum(run.wall_time_s for run in runs), "requests": len(done),
@@ -303,6 +318,9 @@ def cell_metrics(runs: list[LoadResult], quality: Callable[[list[RequestRecord]]
         "completion_tokens": sum(r.completion_tokens for r in done), "ttft_s": [r.ttft_s for r in done],
         "itl_s": [x for r in done for x in r.itl_s], "failed_requests": sum(len(run.failed) for run in runs),
         "repeats": [_repeat_summary(run) for run in runs]}
+    stats = [run.stats for run in runs if isinstance(run, CellRun)]
+    if stats:
+        m["stats"] = cell_stats.pool(stats)
     scores = quality(done)
     if scores:
         m["quality"] = scores

@@ -197,6 +197,17 @@ class Stack:
         with SpecdClient(self.run_dir, timeout_s=10.0) as client:
             return client.stats()
 
+    def kvd_stats(self) -> dict[str, Any]:
+        """kvd's own stats (core counters plus ``server``: time per verb), over the admin socket."""
+        if self.kvd is None:
+            raise StackError(f"{self.name}: no kvd in this configuration")
+        with KvdClient(self.kvd.run_dir, admin=True, timeout_s=10.0) as admin:
+            return admin.stats()
+
+    def stats_sources(self) -> dict[str, Any]:
+        """Name -> fetch of every daemon's stats in this stack (bench/cell_stats.py snapshots them)."""
+        return {"specd": self.stats, **({"kvd": self.kvd_stats} if self.kvd is not None else {})}
+
     def warm_up(self, timeout_s: float = 300.0) -> None:
         """One short request, so the first measured request does not pay for lazy initialization."""
         with SpecdClient(self.run_dir, timeout_s=timeout_s) as client:
