@@ -65,6 +65,24 @@ def test_persistent_and_fresh_runs_get_the_same_prompt_tokens_from_cache(tmp_pat
         shares = [r["cache_share"] for r in persistent["configs"][name]["1"]["repeats"]]
         assert shares[0] == shares[1] > 0
     assert (tmp_path / "persistent" / "logs" / "ours" / "kvd.log").exists()
+    for results in (fresh, persistent):
+        _assert_daemon_stats(results, ("prefix-lru", "ours"))
+
+
+def _assert_daemon_stats(results: dict, kvd_configs: tuple[str, ...]) -> None:
+    """Each cell recorded what specd and kvd did during it (bench/cell_stats.py): the engine's steps
+    and kvd lookups, as differences (the warm-up and the reset sweeps happened before the snapshot)."""
+    for name, per in results["configs"].items():
+        for cell in per.values():
+            stats = cell["stats"]
+            assert stats["errors"] == []
+            specd = stats["specd"]["counters"]
+            assert specd["steps_total"] > 0 and specd["forward_seconds_total"] > 0
+            assert specd["requests_total"] == cell["requests"]  # only the cell's own requests
+            if name in kvd_configs:
+                kvd = stats["kvd"]["counters"]
+                assert kvd["lookups"] > 0 and kvd["server"]["busy"]["lookup"]["count"] > 0
+                assert specd["kvd_rpc_lookup_total"] > 0 and "tiers" in stats["kvd"]["gauges"]
 
 
 @pytest.mark.slow

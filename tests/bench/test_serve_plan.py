@@ -51,6 +51,10 @@ def test_tiny_plan_end_to_end(sessions, tmp_path):
     assert steps["trace"]["results"]["configs"]["ours"]["2"]["cached_prompt_tokens"] > 0  # shared hash ids hit
     report = (out / "report.md").read_text()
     assert "| coding | issue4 | done | ok |" in report and "# Step `trace`" in report
+    assert "## Where the time went" in report  # the daemons' stats reach the plan's report and its JSON
+    assert coding["ours"]["2"]["stats"]["kvd"]["counters"]["lookups"] > 0
+    assert coding["standard"]["2"]["stats"]["specd"]["counters"]["steps_total"] > 0
+    assert "kvd" not in coding["standard"]["2"]["stats"]
 
 
 @pytest.mark.slow
