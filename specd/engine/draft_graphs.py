@@ -26,6 +26,7 @@ verification (``Draft.origin``).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -35,6 +36,8 @@ from torch import Tensor
 from specd.drafter.base import BlockOut, DraftOutput
 from specd.engine.sampler import GREEDY_ROW, SamplingPath, draw_uniforms, inverse_cdf, row_kind_codes, static_probs
 from specd.sampling_params import SamplingParams
+
+log = logging.getLogger("specd.draft_graphs")
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MAX_DRAFT_GRAPHS = 48     # beyond this, odd paths run eagerly rather than pile up graph memory
@@ -123,6 +126,7 @@ class DraftGraphs:
         self.pool = None if replay_eagerly else torch.cuda.graph_pool_handle()
         self.replays = 0
         self.eager_rounds = 0
+        self.capture_failures = 0     # keys whose capture raised: they run the static round eagerly
 
     def key(self, params: Sequence[SamplingParams]) -> DraftGraphKey | None:
         b = bucket(len(params), self.max_batch)
@@ -181,8 +185,15 @@ class DraftGraphs:
                 self._round(drafter, key)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self._round(drafter, key)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._round(drafter, key)
+        except RuntimeError as exc:   # an op that cannot be captured here: serve this key eagerly, never fail
+            self.capture_failures += 1
+            log.warning("draft graph capture failed for %s (%s); this key runs the static round eagerly", key, exc)
+            torch.cuda.synchronize()
+            self.graphs[key] = None
+            return
         self.graphs[key] = graph
 
     def can_run(self, key: DraftGraphKey | None) -> bool:
