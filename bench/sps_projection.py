@@ -116,7 +116,8 @@ def median_seconds(fn, device: torch.device, repeats: int, warmup: int = 2) -> f
 
 
 def time_markov_loop(vocab: int, b: int, gamma: int, device: torch.device, dtype: torch.dtype, repeats: int) -> float:
-    """The DSpark Markov sampling loop alone, at T=1 (the sampling path, not the greedy shortcut)."""
+    """The DSpark Markov sampling loop alone, eagerly (sample_block + SlotSampler: the CPU path and the
+    reference), at T=1 (the sampling path, not the greedy shortcut)."""
     from specd.drafter.base import SlotSampler
     from specd.drafter.markov_head import MarkovHead, sample_block
     from specd.sampling_params import SamplingParams
@@ -131,6 +132,38 @@ def time_markov_loop(vocab: int, b: int, gamma: int, device: torch.device, dtype
     def loop():
         sample_block(base, anchors, head, SlotSampler(params, gens, gamma, device))
     return median_seconds(loop, device, repeats)
+
+
+class GraphRound:
+    """The engine's sampling round as served: specd/engine/draft_graphs.py (Markov loop, per-slot sampling
+    and confidence head replayed from a CUDA graph; the LM head eager at the exact batch), on a random
+    1-layer dspark drafter of the model's shape. On the CPU the same static round runs without a graph."""
+
+    def __init__(self, model, gamma: int, max_batch: int, device: torch.device, dtype: torch.dtype):
+        from specd.drafter import DrafterConfig, build_drafter
+        from specd.engine.draft_graphs import DraftGraphs
+
+        cfg = DrafterConfig.for_target(model.config, "dspark", gamma=gamma, num_layers=1, markov_rank=MARKOV_RANK)
+        self.drafter = build_drafter(cfg, model).to(device, dtype).eval()
+        self.graphs = DraftGraphs(self.drafter, max_batch, device, replay_eagerly=device.type != "cuda")
+        self.gamma, self.device, self.dtype = gamma, device, dtype
+
+    def time(self, b: int, repeats: int) -> tuple[float, float]:
+        """(seconds of the whole round: LM head + graph, seconds of the LM head alone) at T=1."""
+        from specd.sampling_params import SamplingParams
+
+        hidden = torch.randn(b, self.gamma, self.drafter.config.hidden_size, device=self.device, dtype=self.dtype)
+        last = [0] * b
+        params = [SamplingParams(temperature=1.0)] * b
+
+        @torch.inference_mode()
+        def round_():
+            self.graphs.run(self.drafter, hidden, last, params, [torch.Generator().manual_seed(i) for i in range(b)])
+
+        @torch.inference_mode()
+        def head():
+            self.drafter.heads.logits(hidden)
+        return median_seconds(round_, self.device, repeats), median_seconds(head, self.device, repeats)
 
 
 # ---- projection (pure) -------------------------------------------------------------------------------
@@ -196,13 +229,18 @@ def measure(args: argparse.Namespace, progress=print) -> dict:
     config = shape_config(args.shape)
     model = random_model(config, device, dtype)
     timer = StepTimer(model, device, dtype, max(args.batches), args.context, args.gamma)
+    rounds = GraphRound(model, args.gamma, max(args.batches), device, dtype)
     verify_s: dict[int, list[float]] = {}
-    markov_s: dict[int, float] = {}
+    markov_s: dict[int, float] = {}      # the loop as the engine runs it: graph round minus its eager LM head
+    eager_s: dict[int, float] = {}
     for b in args.batches:
         verify_s[b] = [timer.time(b, k, args.repeats) for k in range(args.gamma + 1)]
-        markov_s[b] = time_markov_loop(config["vocab_size"], b, args.gamma, device, dtype, args.repeats)
+        eager_s[b] = time_markov_loop(config["vocab_size"], b, args.gamma, device, dtype, args.repeats)
+        whole, head = rounds.time(b, args.repeats)
+        markov_s[b] = max(whole - head, 0.0)
         progress(f"B={b}: decode {1e3 * verify_s[b][0]:.2f} ms, verify k={args.gamma} "
-                 f"{1e3 * verify_s[b][-1]:.2f} ms, Markov loop {1e3 * markov_s[b]:.3f} ms")
+                 f"{1e3 * verify_s[b][-1]:.2f} ms, Markov loop {1e3 * markov_s[b]:.3f} ms (graph; eager "
+                 f"{1e3 * eager_s[b]:.3f} ms; LM head {1e3 * head:.3f} ms)")
     return {"shape": args.shape, "model_config": config, "device": str(device), "dtype": str(dtype),
             "context": args.context, "gamma": args.gamma, "repeats": args.repeats,
             "graphs": timer.runner.graphs is not None, "eager_steps": timer.runner.eager_steps,
@@ -210,8 +248,11 @@ def measure(args: argparse.Namespace, progress=print) -> dict:
                        for b, t in verify_s.items()},
             "verify_ms": {str(b): [1e3 * x for x in t] for b, t in verify_s.items()},
             "markov": {str(b): {"loop_ms": 1e3 * markov_s[b],
-                                "share_of_round": markov_s[b] / (markov_s[b] + verify_s[b][-1])}
+                                "share_of_round": markov_s[b] / (markov_s[b] + verify_s[b][-1]),
+                                "eager_loop_ms": 1e3 * eager_s[b],
+                                "eager_share_of_round": eager_s[b] / (eager_s[b] + verify_s[b][-1])}
                        for b in verify_s},
+            "markov_graphs": rounds.graphs.replays > 0 and not rounds.graphs.replay_eagerly,
             "_seconds": (verify_s, markov_s)}
 
 
@@ -234,13 +275,17 @@ def render_markdown(result: dict) -> str:
              f"{result['context']} cached tokens per request, CUDA graphs: {result['graphs']} "
              f"(eager steps: {result['eager_steps']}). Median of {result['repeats']} runs.", "",
              "| B | decode ms | SPS tok/s | " + " | ".join(f"verify k={k} ms" for k in range(1, g + 1)) +
-             " | Markov loop ms | loop share |", "|---|---|---|" + "---|" * g + "---|---|"]
+             " | Markov loop ms | loop share | eager loop ms | eager share |", "|---|---|---|" + "---|" * g + "---|---|---|---|"]
     for b, d in result["decode"].items():
         v, m = result["verify_ms"][b], result["markov"][b]
         lines.append(f"| {b} | {d['step_ms']:.2f} | {d['tokens_per_s']:.0f} | " +
-                     " | ".join(f"{x:.2f}" for x in v[1:]) + f" | {m['loop_ms']:.3f} | {100 * m['share_of_round']:.2f}% |")
+                     " | ".join(f"{x:.2f}" for x in v[1:]) + f" | {m['loop_ms']:.3f} | {100 * m['share_of_round']:.2f}% | "
+                     f"{m['eager_loop_ms']:.3f} | {100 * m['eager_share_of_round']:.2f}% |")
     lines += ["", "Loop share = Markov loop / (loop + verify at k = γ); the drafter's block forward is not counted, "
-                  "so the share of a full round is smaller."]
+                  "so the share of a full round is smaller. Markov loop: the engine's round "
+                  "(specd/engine/draft_graphs.py: loop, per-slot sampling and confidence head"
+                  + (" replayed from a CUDA graph" if result.get("markov_graphs") else ", no graph on this device")
+                  + ") minus its eager LM head, at T = 1; eager loop: sample_block + SlotSampler, the reference."]
     proj = result.get("projection")
     if proj is None:
         lines += ["", "No projection: pass --acceptance JSON from `python -m bench acceptance` on the real model."]

@@ -37,6 +37,8 @@ def test_tiny_shape_end_to_end(tmp_path):
         assert d["step_ms"] > 0 and d["tokens_per_s"] == pytest.approx(int(b) * 1e3 / d["step_ms"])
         assert len(result["verify_ms"][b]) == 4 and result["verify_ms"][b][0] == pytest.approx(d["step_ms"])
         assert 0 < result["markov"][b]["share_of_round"] < 1
+        assert result["markov"][b]["eager_loop_ms"] > 0 and 0 < result["markov"][b]["eager_share_of_round"] < 1
+    assert result["markov_graphs"] is False          # the CPU runs the static round without a graph
     proj = result["projection"]
     assert proj["label"] == PROJECTION_LABEL and "PROJECTION" in proj["label"]
     assert set(proj["by_batch"]) == {"1", "3"} and proj["draft_cost_fraction"] == 0.1
