@@ -8,6 +8,9 @@
 #   bash bench/gpu/session.sh train-kv     # GPU0: one dspark drafter, 10x the data (issue 6's drafter; resumable:
 #                                          #   run it again until it reports) | GPU1: serve-plan gpu-kv (issue 7)
 #   bash bench/gpu/session.sh drafter-out N  # part N (0, 1) of the trained dspark drafter in bf16, to carry later
+#   bash bench/gpu/session.sh stash DIR    # copy a carried folder's files to /tmp/stash (the drafter's pieces)
+#   bash bench/gpu/session.sh final        # GPU0: bench speedup with the carried drafter, the draft-round profile,
+#                                          #   sps-projection | GPU1: serve-plan gpu-kv (issue 7, per-cell stats)
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
 # most 64 MiB (the 491 MB GGUF goes in nine 56 MB pieces made with `split -b 56000000 -d -a 2 GGUF .carry/q.`),
@@ -141,6 +144,42 @@ PY
     fi
     cp "/tmp/dsp-part.$2" "$OUT/"
     ;;
+  stash)
+    mkdir -p /tmp/stash && cp "$2"/* /tmp/stash/ && ls -la /tmp/stash
+    ;;
+  final)
+    mkdir -p "$RES/final"
+    nvidia-smi --query-gpu=name,memory.used --format=csv
+    if [ ! -d /tmp/dsp ]; then   # the dspark drafter of train-kv, carried back as bf16 pieces (drafter-out)
+      cat /tmp/stash/dsq.* > /tmp/dsp.tgz && tar xzf /tmp/dsp.tgz -C /tmp && ls -la /tmp/dsp || exit 1
+    fi
+    W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
+    (
+      CUDA_VISIBLE_DEVICES=0 python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
+        --rows none,dspark,dspark-g7,ngram --workloads "$W" --concurrency 1,4,8,16,32 --requests 8 \
+        --max-tokens "${SPEED_TOKENS:-48}" --repeats 2 --device cuda --budget-s "${SPEED_BUDGET:-290}" \
+        --out "$RES/final/speedup" > /tmp/logs/speedup.log 2>&1
+      echo "speedup rc=$?"
+      mkdir -p "$RES/final/draft-round"
+      CUDA_VISIBLE_DEVICES=0 timeout "${PROFILE_TIMEOUT:-50}" python -m bench.gpu_profile --draft-round \
+        --out "$RES/final/draft-round" > /tmp/logs/draft-round.log 2>&1
+      echo "draft-round rc=$?"
+      # the Markov loop's share of a round at real size (issue 6's overheads), and the labelled projection
+      CUDA_VISIBLE_DEVICES=0 timeout "${SPS_TIMEOUT:-70}" python -m bench sps-projection --shape qwen3-8b \
+        --batches 1,8,32,128 --repeats 3 --context 1024 --acceptance .carry/acc-dspark-t0.json --device cuda \
+        --out "$RES/final/sps" > /tmp/logs/sps.log 2>&1
+      echo "sps-projection rc=$?"
+    ) &
+    a=$!
+    CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench serve-plan --plan gpu-kv --model "$MODEL" --device cuda \
+      --sessions .carry/sessions --out "$RES/final/serve" --work /tmp/sp2 --budget-s "${SERVE_BUDGET:-450}" \
+      --no-progress > /tmp/logs/serve-plan.log 2>&1 &
+    b=$!
+    wait $b; echo "serve-plan rc=$?"; wait $a
+    grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 20; tail -n 30 /tmp/logs/speedup.log; tail -n 20 /tmp/logs/draft-round.log
+    tail -n 12 /tmp/logs/sps.log
+    pack final
+    ;;
   *)
-    sed -n 2,24p "$0"; exit 2 ;;
+    sed -n 2,28p "$0"; exit 2 ;;
 esac
