@@ -256,35 +256,38 @@ def _specd_kvd_calls(c: dict, kind: str) -> dict[str, tuple[float, float]]:
 
 def engine_time_table(results: dict) -> str | None:
     """Per engine step ms by phase, and specd's kvd round trips and posts per request by verb."""
-    rows = ["| config | conc | steps | ms/step: schedule | forward | output | commit | kvd round trips per request "
-            "(calls×/ms) | kvd posts per request |", "|---|---|---|---|---|---|---|---|---|"]
-    for name, conc, m, st in _stats_cells(results):
-        c = st.get("specd", {}).get("counters")
-        if c is None:
-            continue
+    def row(c: dict, m: dict) -> str:
         steps = c.get("steps_total", 0)
         phases = " | ".join(_per(c.get(f"{p}_seconds_total", 0.0), steps, 1000) for p in ENGINE_PHASES)
-        rows.append(f"| {name} | {conc} | {steps} | {phases} | {_verbs(_specd_kvd_calls(c, 'rpc'), m['requests'])} "
-                    f"| {_verbs(_specd_kvd_calls(c, 'post'), m['requests'])} |")
-    return "\n".join(rows) if len(rows) > 2 else None
+        return (f"{steps} | {phases} | {_verbs(_specd_kvd_calls(c, 'rpc'), m['requests'])} "
+                f"| {_verbs(_specd_kvd_calls(c, 'post'), m['requests'])} |")
+    return _counter_table(results, "specd", "steps | ms/step: schedule | forward | output | commit | kvd round trips "
+                          "per request (calls×/ms) | kvd posts per request |", 7, row)
 
 
 def kvd_time_table(results: dict) -> str | None:
     """kvd's side: server time per verb (ms in the cell), lock wait, tier moves, pressure drops, hits."""
-    rows = ["| config | conc | server busy ms by verb | lock wait ms (n) | promotions | demotions DRAM/NVMe "
-            "| pressure drops | evictions | hit/lookup blocks |", "|---|---|---|---|---|---|---|---|---|"]
-    for name, conc, _, st in _stats_cells(results):
-        c = st.get("kvd", {}).get("counters")
-        if c is None:
-            continue
+    def row(c: dict, _: dict) -> str:
         busy = {v: b.get("seconds", 0.0) for v, b in c.get("server", {}).get("busy", {}).items()
                 if v != "stats" and b.get("count")}   # 'stats' is the snapshot itself
         busy_s = ", ".join(f"{v} {s * 1000:.1f}" for v, s in sorted(busy.items(), key=lambda kv: -kv[1])) or "-"
         lock = c.get("lock_wait", {})
-        rows.append(f"| {name} | {conc} | {busy_s} | {lock.get('total_s', 0.0) * 1000:.1f} ({lock.get('count', 0)}) "
-                    f"| {c.get('promotions', 0)} | {c.get('demote_dram_blocks', 0)}/{c.get('demote_nvme_blocks', 0)} "
-                    f"| {c.get('pressure_drops', 0)} | {c.get('evictions', 0)} "
-                    f"| {c.get('hit_blocks', 0)}/{c.get('lookup_blocks', 0)} |")
+        return (f"{busy_s} | {lock.get('total_s', 0.0) * 1000:.1f} ({lock.get('count', 0)}) "
+                f"| {c.get('promotions', 0)} | {c.get('demote_dram_blocks', 0)}/{c.get('demote_nvme_blocks', 0)} "
+                f"| {c.get('pressure_drops', 0)} | {c.get('evictions', 0)} "
+                f"| {c.get('hit_blocks', 0)}/{c.get('lookup_blocks', 0)} |")
+    return _counter_table(results, "kvd", "server busy ms by verb | lock wait ms (n) | promotions | demotions "
+                          "DRAM/NVMe | pressure drops | evictions | hit/lookup blocks |", 7, row)
+
+
+def _counter_table(results: dict, side: str, header: str, columns: int, row) -> str | None:
+    """One markdown row per cell that has ``side``'s ('specd' or 'kvd') counters: config, concurrency, then
+    ``row(counters, cell metrics)``; None when no cell has them."""
+    rows = [f"| config | conc | {header}", "|---|---|" + "---|" * columns]
+    for name, conc, m, st in _stats_cells(results):
+        c = st.get(side, {}).get("counters")
+        if c is not None:
+            rows.append(f"| {name} | {conc} | {row(c, m)}")
     return "\n".join(rows) if len(rows) > 2 else None
 
 
