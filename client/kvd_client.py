@@ -46,6 +46,7 @@ class UnknownLease(KvdClientError): ...
 class NotOwner(KvdClientError): ...
 class OutOfBlocks(KvdClientError): ...
 class ReadyTimeout(KvdClientError): ...
+class PromotionFailed(KvdClientError): ...
 class InternalError(KvdClientError): ...
 
 
@@ -55,6 +56,7 @@ ERRORS: dict[str, type[KvdClientError]] = {
     "bad_chain": BadChain, "bad_block": BadBlock, "unknown_group": UnknownGroup,
     "group_mismatch": GroupMismatch, "no_capacity": NoCapacity, "unknown_lease": UnknownLease,
     "not_owner": NotOwner, "out_of_blocks": OutOfBlocks, "timeout": ReadyTimeout,
+    "promotion_failed": PromotionFailed,
     "internal": InternalError,
 }
 
@@ -125,6 +127,9 @@ class KvdClient:
         self.posts: dict[str, list[float]] = {}     # op type -> [posted ops, seconds to send them]
         self._posted: dict[int, tuple[str, Optional[Callable[[Any], None]]]] = {}   # id -> (op type, on_reply)
         self._arrived: dict[int, Optional[dict[str, Any]]] = {}   # posted id -> its reply (None: lost)
+        # posted ops kvd answers out of order (a parked wait_ready): id -> (op type, on_reply, deadline)
+        self._watches: dict[int, tuple[str, Callable[[Any], None], float]] = {}
+        self._watched: dict[int, dict[str, Any]] = {}     # watch id -> its reply, not handed out yet
 
     # ---- transport ----
     def _unreachable(self, why: str) -> KvdUnavailable:
@@ -183,6 +188,56 @@ class KvdClient:
                 on_reply(_outcome(op_type, reply))
         return len(done)
 
+    def watch(self, op: P.WaitReady, on_reply: Callable[[Any], None]) -> int:
+        """Post a ``wait_ready`` that kvd parks until the lease's promotions land (or ``op.timeout_s``
+        passes) and hand its answer to ``on_reply`` at a later ``poll_watches``, which never blocks. Why not
+        ``post``: kvd answers a parked op out of order, and ``settle`` (before every forward) would wait
+        for it. Returns the id, for ``unwatch``."""
+        if not self.path.exists():
+            raise self._unreachable("no socket file")
+        with self._lock:
+            t0 = time.perf_counter()
+            req_id = next(self._ids)
+            self._sock.send(P.encode_op(req_id, op))
+            self._watches[req_id] = (op.type, on_reply, time.monotonic() + op.timeout_s + self.timeout_s)
+            self._count(self.posts, op.type, t0)
+        return req_id
+
+    def unwatch(self, req_id: int) -> None:
+        """Forget a watch: its answer, if one still comes, is dropped."""
+        with self._lock:
+            self._watches.pop(req_id, None)
+            self._watched.pop(req_id, None)
+
+    def poll_watches(self) -> int:
+        """Hand out the answers of watches that have come, without waiting: read what is already on
+        the socket, then call each answered watch's ``on_reply`` (on the caller's thread). A watch past
+        its deadline gets KvdUnavailable: kvd died or restarted, and a new kvd never answers it."""
+        now = time.monotonic()
+        with self._lock:
+            while self._sock.poll(0, zmq.POLLIN):
+                self._keep(P.unpack(self._sock.recv()))
+            answered, self._watched = self._watched, {}
+            expired = {i: None for i, (_, _, deadline) in self._watches.items() if deadline <= now and i not in answered}
+            handlers = [(self._watches.pop(i), reply) for i, reply in sorted({**answered, **expired}.items())]
+        for (op_type, on_reply, _), reply in handlers:
+            on_reply(_outcome(op_type, reply))
+        return len(handlers)
+
+    @property
+    def watching(self) -> int:
+        """Watches whose answers ``poll_watches`` has not handed out yet."""
+        return len(self._watches)
+
+    def _keep(self, reply: Any) -> Any:
+        """File a reply that belongs to a posted op or a watch; returns its id."""
+        rid = reply.get("id") if isinstance(reply, dict) else None
+        if rid in self._posted:
+            self._arrived[rid] = reply
+        elif rid in self._watches:
+            self._watched[rid] = reply
+        return rid
+
     @property
     def unsettled(self) -> int:
         """Posted ops whose replies ``settle()`` has not handed out yet."""
@@ -195,18 +250,17 @@ class KvdClient:
         seen[1] += time.perf_counter() - t0
 
     def _await(self, req_id: int, timeout_ms: int) -> dict[str, Any]:
-        """Wait for the reply with our id. Replies to posted ops are kept for ``settle``; since kvd answers
-        in order, a posted op still unanswered when a later id's reply comes is lost (kvd restarted), and
-        gets None. A late reply to an earlier, timed-out request is dropped."""
+        """Wait for the reply with our id. Replies to posted ops are kept for ``settle`` (to watches, for
+        ``poll_watches``); since kvd answers the others in order, a posted op still unanswered when a later
+        id's reply comes is lost (kvd restarted), and gets None. A late reply to an earlier, timed-out
+        request is dropped."""
         deadline = _now_ms() + timeout_ms
         while True:
             left = deadline - _now_ms()
             if left <= 0 or not self._sock.poll(left, zmq.POLLIN):
                 raise self._unreachable(f"no reply in {timeout_ms / 1000:g}s")
             reply = P.unpack(self._sock.recv())
-            rid = reply.get("id") if isinstance(reply, dict) else None
-            if rid in self._posted:
-                self._arrived[rid] = reply
+            rid = self._keep(reply)
             if rid == req_id:
                 for lost in (i for i in self._posted if i < req_id and i not in self._arrived):
                     self._arrived[lost] = None

@@ -466,7 +466,8 @@ class KvdCore:
             return self._leases.heartbeat(client, self.clock())
 
     def wait_ready(self, lease_id: int, timeout: float | None = None) -> bool:
-        """Block until the lease's promotions have landed; False on timeout."""
+        """Block until the lease's promotions have landed; False on timeout; ``promotion_failed`` when one
+        of them failed (the reader must recompute those tokens)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self.mover.run_pending()
         self.cleaner.run_pending()
@@ -476,7 +477,14 @@ class KvdCore:
                 if left is not None and left <= 0:
                     return False
                 self._moved.wait(left)
+            if self._lost(lease_id):
+                raise KvdError("promotion_failed", f"a promotion of lease {lease_id} failed: its block was dropped")
             return True
+
+    def _lost(self, lease_id: int) -> bool:
+        """A held block whose promotion failed (``finish_promotion`` dropped it; its GPU slot holds nothing):
+        the lease must not be read. A landed promotion is on the GPU, and a leased GPU block never moves."""
+        return lease_id != 0 and any(r.tier != Tier.GPU for r in self._leases.find(lease_id).held)
 
     def _moving(self, lease_id: int) -> bool:
         """Any block of the lease still mid-promotion (an unknown lease raises unknown_lease)."""

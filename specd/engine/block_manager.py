@@ -62,6 +62,28 @@ class BlockManager:
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
         return seq.num_cached_tokens
 
+    def hit_leases(self, seq: Sequence) -> list[LeaseId]:
+        """The lookup leases behind the sequence's hit (every group's, for a hybrid model)."""
+        return list(seq.leases)
+
+    def hit_landed(self, seq: Sequence) -> bool | None:
+        """Whether the hit may be read: True, None (a promotion is in flight), False (it never will be).
+        A source without promotions (a private pool, a test double) has only hits on the GPU."""
+        landed = getattr(self.source, "landed", None)
+        return True if landed is None else landed(self.hit_leases(seq))
+
+    def poll(self) -> None:
+        """Take the promotion answers that have arrived (never waits)."""
+        if hasattr(self.source, "poll"):
+            self.source.poll()
+
+    def drop_hit(self, seq: Sequence) -> None:
+        """Give up the sequence's hit (its promotion did not land in time, failed, or kvd is gone): release
+        its lookup leases and recompute the prompt from the start."""
+        self.free(seq)
+        seq.reset_computed()
+        seq.num_cached_tokens = 0
+
     # -- growth --------------------------------------------------------------------------
     def blocks_needed(self, seq: Sequence, new_tokens: int) -> int:
         need = -(-(seq.num_computed_tokens + new_tokens) // self.block_size)

@@ -32,6 +32,12 @@ class BlockSource(Protocol):
     def lookup_groups(self, hashes: Sequence[BlockHash], session: str | None = None
                       ) -> tuple[int, dict[str, tuple[LeaseId | None, int, list[BlockId]]]]:
         """A joint hit across groups: (hit blocks, {group: (lease, index of its first hit, ids)})."""
+    def landed(self, leases: Sequence[LeaseId]) -> bool | None:
+        """Whether the hits of these lookup leases may be read: True (on the GPU), None (a promotion is
+        still in flight: ask again after ``poll``), False (never: a promotion failed or kvd is gone;
+        release the leases and recompute). A lookup never waits for its promotions."""
+    def poll(self) -> None:
+        """Take the readiness answers that have arrived, without waiting (once per scheduler step)."""
     def allocate(self, n: int, group: str | None = None) -> tuple[LeaseId, list[BlockId]]: ...
     def commit(self, lease: LeaseId, entries: Sequence[tuple[BlockId, BlockHash, BlockHash | None]]
                ) -> list[BlockId] | None:
@@ -67,6 +73,12 @@ class _NeverHits:
 
     def lookup_groups(self, hashes, session=None):
         return 0, {g: (None, 0, []) for g in self.pools}
+
+    def landed(self, leases) -> bool:
+        return True
+
+    def poll(self) -> None:
+        pass
 
     def heartbeat(self) -> None:
         pass

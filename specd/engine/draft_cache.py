@@ -16,7 +16,8 @@ its draft chain reaches as far as its target chain (the next conversation turn t
 
 Reuse (``restore``, at a sequence's first proposal): after a target hit of h blocks the draft group is
 looked up for the same h blocks, separately, so a missing draft block never shortens the target hit (a
-target hit is worth more). Only a draft hit of all h blocks is used: the positions of a shorter one's
+target hit is worth more). A draft hit still being promoted from DRAM/NVMe is not waited for (skipped,
+``draft_not_ready_total``). Only a draft hit of all h blocks is used: the positions of a shorter one's
 missing blocks would need the target's features there, i.e. a target recompute of what was just
 skipped; the context then falls back to the shifted one. EAGLE-3 is not served: its context element
 at position p pairs feature p with token p+1 and its last feature stays raw, so a hit would need the
@@ -110,8 +111,9 @@ class DraftCache:
             return None
         self.counters["draft_lookups_total"] += 1
         lease, hits = self.source.lookup([self.key(h) for h in seq.hashes[:n]], None, group=GROUP)
-        if len(hits) < n:
-            self.counters["draft_short_hits_total"] += 1
+        short = len(hits) < n
+        if short or not self._landed(lease):
+            self.counters["draft_short_hits_total" if short else "draft_not_ready_total"] += 1
             if lease is not None:
                 self.source.release([lease])
             return None
@@ -125,6 +127,13 @@ class DraftCache:
         self.counters["draft_hit_blocks_total"] += n
         self.counters["draft_hit_tokens_total"] += n * bs
         return ctx
+
+    def _landed(self, lease: LeaseId | None) -> bool:
+        """Whether the draft hit is on the GPU now. One still being promoted is not waited for (the engine
+        never blocks on a promotion): the context is then the shifted one, an optimization lost, no more.
+        Its promotion still lands, so the next turn of the conversation finds it on the GPU."""
+        landed = getattr(self.source, "landed", None)
+        return lease is None or landed is None or landed([lease]) is True
 
     # -- publish -------------------------------------------------------------------------------
     def publish(self, seqs: list[Sequence]) -> None:
@@ -184,7 +193,7 @@ class DraftCache:
 
     def stats(self) -> dict[str, int]:
         return {k: self.counters[k] for k in ("draft_lookups_total", "draft_hit_blocks_total",
-                                              "draft_hit_tokens_total", "draft_short_hits_total",
+                                              "draft_hit_tokens_total", "draft_short_hits_total", "draft_not_ready_total",
                                               "draft_published_blocks_total", "draft_publish_skipped_blocks_total")}
 
 

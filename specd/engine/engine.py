@@ -468,13 +468,14 @@ class SpecEngine:
         except (KvdUnavailable, OSError):
             return
         self.blocks.release_reserve()
-        waiting = list(self.scheduler.waiting)
+        waiting = self.scheduler.parked + list(self.scheduler.waiting)
         for seq in waiting:
-            self.blocks.free(seq)
-            seq.reset_computed()
+            self.blocks.drop_hit(seq)
         if hasattr(self.source, "close"):
             self.source.close()
+        counters = self.scheduler.counters
         self._attach(fresh)
+        self.scheduler.counters = counters
         for seq in waiting:
             self.scheduler.add(seq)
         log.info("kvd attached: the shared prefix cache is on")
@@ -526,8 +527,8 @@ class SpecEngine:
 
     def _fail_unschedulable(self, outputs: list[RequestOutput]) -> None:
         """Nothing ran although requests wait: the head one cannot fit in the whole pool."""
-        if self.scheduler.running or not self.scheduler.waiting:
-            return
+        if self.scheduler.running or self.scheduler.parked or not self.scheduler.waiting:
+            return          # parked sequences hold blocks they will give back (or run with)
         seq = self.scheduler.waiting[0]
         self._finish(seq, "error")
         outputs.append(RequestOutput(seq.id, finished=True, finish_reason="error", usage=seq.usage(),
@@ -545,6 +546,7 @@ class SpecEngine:
             **lengths,
             **self.drafts.stats(),
             **self.source.stats(),
+            **self.scheduler.stats(),
             **(self.spec_gate.stats() if self.spec_gate is not None else {}),
             "spec_scheduled_tokens_mean": c["spec_scheduled_tokens_total"] / max(1, c["spec_scheduled_requests_total"]),
             "requests_running": len(self.scheduler.running),

@@ -121,6 +121,9 @@ class HybridBlockManager(BlockManager):
         seq.num_cached_tokens = seq.num_computed_tokens = hit * self.block_size
         return seq.num_cached_tokens
 
+    def hit_leases(self, seq: Sequence) -> list[LeaseId]:
+        return [*seq.leases, *(lease for gs in self.group_seqs(seq).values() for lease in gs.leases)]
+
     # -- growth, commit, free --------------------------------------------------------------
     def ensure_slots(self, seq: Sequence, new_tokens: int) -> None:
         """Secondary groups first: if the primary then runs out, the others only hold a few blocks

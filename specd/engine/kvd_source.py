@@ -23,6 +23,7 @@ import torch
 from client.kvd_client import KvdClient, KvdClientError, map_pool
 from client.kvd_client import KvdUnavailable as _ClientUnavailable
 from client.kvd_client import OutOfBlocks as _KvdOutOfBlocks
+from client.kvd_client import PromotionFailed
 from kvd import protocol as P
 from kvd.types import BlockHash, BlockId, LeaseId
 from specd.engine.block_source import OutOfBlocks
@@ -35,6 +36,7 @@ ATTACH_TIMEOUT_S = 30.0   # a first attach may make kvd allocate (and pin) its p
 PROBE_TIMEOUT_S = 0.5     # probing for a restarted kvd while serving must not delay requests
 CALL_TIMEOUT_S = 2.0      # a dead kvd must not stall a decode step for long
 HEARTBEAT_S = 2.0         # well under kvd's default 30 s lease TTL
+WATCH_TIMEOUT_S = 30.0    # kvd answers a parked wait_ready by then; the engine gives up far sooner
 
 
 class KvdUnavailable(Exception):
@@ -58,6 +60,9 @@ class KvdBlockSource:
         self._held: dict[LeaseId, tuple[str, list[BlockId]]] = {}     # every live lease -> (group, its blocks)
         self._free: dict[str, list[BlockId]] = {}                     # used only when degraded
         self._next_local_lease = -1                        # degraded leases are negative: never sent to kvd
+        # lookup leases whose promotions were in flight: lease -> (watch id, None pending | True landed | False lost)
+        self._landing: dict[LeaseId, tuple[int, bool | None]] = {}
+        self.promotion_failures = 0
         self.lookup_errors = 0
 
     @classmethod
@@ -104,7 +109,8 @@ class KvdBlockSource:
     def lookup(self, hashes: Sequence[BlockHash], session: str | None = None,
                group: str | None = None) -> tuple[LeaseId | None, list[BlockId]]:
         """The longest cached prefix of ``group`` (default: the primary). A side group's lookup sends no
-        recompute time: its hit is only taken after the primary's, so kvd promotes all of it."""
+        recompute time: its hit is only taken after the primary's, so kvd promotes all of it. Never waits
+        for promotions: ``landed`` says when the hit may be read."""
         if not self._connected:
             return None, []
         group = group or self.primary
@@ -113,8 +119,6 @@ class KvdBlockSource:
         try:     # a side lookup names its block size, for kvd's per-group hit-token counter
             res = self.client.lookup(group, list(hashes), session, block_tokens=self.layout.block_size if side else None,
                                      recompute_s=recompute_s)
-            if res.hits and not res.ready:
-                self.client.wait_ready(res.lease)
         except KvdClientError as exc:
             self._degrade(exc)
             return None, []
@@ -123,20 +127,19 @@ class KvdBlockSource:
                 self._release_remote(res.lease)
             return None, []
         self._held[res.lease] = (group, list(res.hits))
+        if not res.ready:
+            self._watch(res.lease)
         return res.lease, list(res.hits)
 
     def lookup_groups(self, hashes: Sequence[BlockHash], session: str | None = None
                       ) -> tuple[int, dict[str, tuple[LeaseId | None, int, list[BlockId]]]]:
-        """One joint hit across every group (kvd's ``lookup_groups``), waited ready."""
+        """One joint hit across every group (kvd's ``lookup_groups``); like ``lookup``, never waits."""
         miss = {g: (None, 0, []) for g in self.layout_groups}
         if not self._connected:
             return 0, miss
         try:
             res = self.client.lookup_groups(self.layout_groups, list(hashes), session,
                                             recompute_s=self.prefill.block_seconds())
-            for r in res.results.values():
-                if r.hits and not r.ready:
-                    self.client.wait_ready(r.lease)
         except KvdClientError as exc:
             self._degrade(exc)
             return 0, miss
@@ -144,8 +147,47 @@ class KvdBlockSource:
         for g, r in res.results.items():
             if r.hits:
                 self._held[r.lease] = (g, list(r.hits))
+                if not r.ready:
+                    self._watch(r.lease)
             out[g] = (r.lease if r.hits else None, r.first, list(r.hits))
         return res.hit, out
+
+    # -- promotions in flight -----------------------------------------------------------------
+    def _watch(self, lease: LeaseId) -> None:
+        """Ask kvd to say when ``lease``'s promotions land (a parked wait_ready), without waiting for it."""
+        def answered(out) -> None:
+            if lease not in self._landing:
+                return                          # released meanwhile (an abort, a give-up)
+            if isinstance(out, _ClientUnavailable):
+                self._degrade(out)
+            elif isinstance(out, PromotionFailed):
+                self.promotion_failures += 1
+                log.warning("kvd lost a promoted block of lease %d: recomputing", lease)
+            self._landing[lease] = (wid, not isinstance(out, KvdClientError))
+        try:
+            wid = self.client.watch(P.WaitReady(lease=lease, timeout_s=WATCH_TIMEOUT_S), answered)
+        except KvdClientError as exc:
+            self._degrade(exc)
+            wid = 0
+        self._landing[lease] = (wid, None)
+
+    def landed(self, leases: Sequence[LeaseId]) -> bool | None:
+        """True when every promotion of these leases has landed (or none was needed), None while one is
+        in flight, False when one never will: it failed, timed out, or kvd is gone (a hit that did not
+        land is never read, even after a degrade adopted its slots)."""
+        states = [self._landing[lease][1] for lease in leases if lease in self._landing]
+        if False in states or (None in states and not self._connected):
+            return False
+        return None if None in states else True
+
+    def poll(self) -> None:
+        """Apply the readiness answers kvd has sent (never waits)."""
+        if not self._connected or not self.client.watching:
+            return
+        try:
+            self.client.poll_watches()
+        except KvdClientError as exc:
+            self._degrade(exc)
 
     def allocate(self, n: int, group: str | None = None) -> tuple[LeaseId, list[BlockId]]:
         group = group or self.primary
@@ -213,11 +255,17 @@ class KvdBlockSource:
             self._release_remote(LeaseId(0), hints)
             hints = {k: v for k, v in hints.items() if k != "kinds"}
         for lease in leases:
+            self._unwatch(lease)
             group, blocks = self._held.pop(lease, (self.primary, []))
             if not self._connected or lease < 0:
                 self._free_unshared(group, blocks)
             else:
                 self._release_remote(lease, hints)
+
+    def _unwatch(self, lease: LeaseId) -> None:
+        wid, _ = self._landing.pop(lease, (0, None))
+        if wid:
+            self.client.unwatch(wid)
 
     def release_blocks(self, lease: LeaseId, blocks: Sequence[BlockId]) -> None:
         group, held = self._held[lease]
@@ -258,6 +306,7 @@ class KvdBlockSource:
             for op, (n, seconds) in sorted(table.items()):
                 out[f"kvd_{kind}_{op}_total"] = n
                 out[f"kvd_{kind}_{op}_seconds_total"] = seconds
+        out["kvd_promotion_failures_total"] = self.promotion_failures
         return out
 
     # -- failure and recovery ---------------------------------------------------------------

@@ -4,10 +4,17 @@ Decoding sequences go first (one token each, so latency stays flat), then prompt
 of the token budget (chunked prefill: a long prompt never stalls the decoders for a whole prefill).
 When blocks run out, the newest running sequence is preempted: its blocks are freed and it is
 recomputed later, usually from the cache, since its full blocks were published.
+
+Promotions never stop the engine: a prompt whose cache hit is still being copied up from DRAM/NVMe
+is *parked* (it keeps its lookup lease, nothing more) while everything else steps on. Each step
+takes the readiness answers that have arrived without waiting; a parked sequence whose promotion
+landed goes back to the head of the queue (its place in FCFS order; later arrivals ran meanwhile),
+one whose promotion failed, or that waited ``park_limit_s``, gives up its hit and recomputes.
 """
 from __future__ import annotations
 
-from collections import deque
+import time
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from specd.engine.speculation import Draft
@@ -33,16 +40,24 @@ class ScheduledSeq:
         return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
 
 
+PARK_LIMIT_S = 2.0   # past this a promotion is slower than recomputing all but the longest prompts
+
+
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 park_limit_s: float = PARK_LIMIT_S):
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.park_limit_s = park_limit_s
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.parked: list[Sequence] = []        # hits whose promotions are in flight, in arrival order
         self.num_preemptions = 0
+        self.counters: Counter[str] = Counter()
 
     def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
@@ -50,11 +65,14 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.parked:
+            self.parked.remove(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.parked)
 
     def schedule(self) -> list[ScheduledSeq]:
+        self._unpark()
         budget = self.max_num_batched_tokens
         out: list[ScheduledSeq] = []
         for seq in sorted(self.running, key=lambda s: s.num_pending):   # decoders (1 pending) first
@@ -69,8 +87,14 @@ class Scheduler:
             budget -= chunk
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not seq.block_table:
+            if not seq.block_table and not seq.skip_lookup:
                 self.blocks.match_prefix(seq)
+                landed = self.blocks.hit_landed(seq)
+                if landed is None:
+                    self._park(self.waiting.popleft())
+                    continue
+                if not landed:
+                    self._give_up(seq)
             chunk = min(seq.num_pending, budget)
             try:
                 self.blocks.ensure_slots(seq, chunk)
@@ -82,6 +106,48 @@ class Scheduler:
             out.append(ScheduledSeq(seq, chunk))
             budget -= chunk
         return out
+
+    def _park(self, seq: Sequence) -> None:
+        seq.status, seq.parked_s = SeqStatus.PARKED, time.monotonic()
+        self.parked.append(seq)
+        self.counters["parked_total"] += 1
+
+    def _unpark(self) -> None:
+        """Requeue, at the head of the queue, the parked sequences whose hits landed (used as they are)
+        or will not land in time (dropped: recomputed)."""
+        if not self.parked:
+            return
+        self.blocks.poll()
+        now = time.monotonic()
+        back = []
+        for seq in self.parked:
+            landed = self.blocks.hit_landed(seq)
+            waited = now - seq.parked_s
+            if landed is None and waited < self.park_limit_s:
+                continue
+            if landed:
+                self.counters["parked_admitted_total"] += 1
+            else:
+                self._give_up(seq)
+            self.counters["parked_seconds_total"] += waited
+            self.counters["parked_seconds_max"] = max(self.counters["parked_seconds_max"], waited)
+            back.append(seq)
+        self.parked = [seq for seq in self.parked if seq not in back]
+        for seq in reversed(back):
+            seq.status = SeqStatus.WAITING
+            self.waiting.appendleft(seq)
+
+    def _give_up(self, seq: Sequence) -> None:
+        """Drop a hit that will not land (in time): the prompt is recomputed, never read from it."""
+        self.blocks.drop_hit(seq)
+        seq.skip_lookup = True
+        self.counters["parked_giveups_total"] += 1
+
+    def stats(self) -> dict[str, float]:
+        """Parked admissions: how many, how they ended, how long they waited (seconds)."""
+        keys = ("parked_total", "parked_admitted_total", "parked_giveups_total", "parked_seconds_total",
+                "parked_seconds_max")
+        return {**{k: self.counters[k] for k in keys}, "requests_parked": len(self.parked)}
 
     def _grow(self, seq: Sequence, chunk: int, scheduled: list[ScheduledSeq]) -> bool:
         """Make room for ``chunk`` tokens, preempting the newest sequences if needed (``seq`` itself
@@ -110,6 +176,6 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.free(seq)
         seq.reset_computed()
-        seq.status = SeqStatus.WAITING
+        seq.status, seq.skip_lookup = SeqStatus.WAITING, False
         self.waiting.appendleft(seq)
         self.num_preemptions += 1

@@ -14,6 +14,7 @@ from specd.engine.request import Request, Usage
 
 class SeqStatus(enum.Enum):
     WAITING = "waiting"      # admitted to the queue, no blocks yet
+    PARKED = "parked"        # holds a cache hit whose promotion to the GPU has not landed yet
     RUNNING = "running"      # holds blocks; prefilling (in chunks) or decoding
     FINISHED = "finished"
 
@@ -44,6 +45,8 @@ class Sequence:
     spec_drafted: int = 0
     spec_accepted: int = 0
     finish_reason: str | None = None
+    parked_s: float | None = None               # when its hit's promotion was found still in flight
+    skip_lookup: bool = False                   # gave up a hit that did not land: recompute the prompt
 
     @property
     def id(self) -> str:
