@@ -33,6 +33,9 @@ ADMIN_SOCKET_NAME = "kvd-admin.sock"
 PID_NAME = "kvd.pid"
 # 50 ms: TTLs are seconds, and a tick costs well under a millisecond on an idle core.
 TICK_S = 0.05
+# While a wait_ready is parked, the loop checks it every 0.5 ms: a promotion's copy takes milliseconds, and an
+# answer delayed to the next tick (up to 50 ms) would sit in the parked request's TTFT.
+PARKED_POLL_S = 0.0005
 # Frames above this are dropped by ZeroMQ itself (memory cap); between MAX_FRAME_BYTES and it they
 # get a typed too_large reply.
 TRANSPORT_MAX_BYTES = 4 * P.MAX_FRAME_BYTES
@@ -231,6 +234,8 @@ class KvdServer:
         next_tick = self.clock()
         while not self._stop:
             timeout_ms = max(0.0, next_tick - self.clock()) * 1000
+            if self._parked:      # a parked wait_ready is answered within PARKED_POLL_S of its copy landing
+                timeout_ms = min(timeout_ms, PARKED_POLL_S * 1000)
             ready = dict(poller.poll(timeout_ms))
             for sock in (self.main, self.admin):
                 if sock in ready:
