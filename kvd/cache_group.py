@@ -23,7 +23,7 @@ from kvd.block_index import BlockIndex, BlockRecord
 from kvd.config import KvdConfig
 from kvd.demotion import Demotion
 from kvd.eviction import POLICIES, policy_tiers
-from kvd.mover import MoveJob
+from kvd.promotion import Promotion
 from kvd.tiers import BlockPool
 from kvd.tiers.dram import DramPool
 from kvd.tiers.gpu import GpuPool
@@ -213,26 +213,27 @@ class CacheGroup:
         if parent is not None and parent.children == 0:
             self.policy.on_touched(parent, 0.0)  # a new leaf: a candidate again
 
-    def start_promotion(self, rec: BlockRecord, now: float) -> MoveJob | None:
-        """Reserve a GPU slot for a leased lower-tier block; the caller queues the returned job."""
+    def start_promotion(self, rec: BlockRecord, now: float) -> Promotion | None:
+        """Reserve a GPU slot for a leased lower-tier block; the caller queues it in its lease's batch."""
         slot = self.free_slot(Tier.GPU, now)
         if slot is None:
             return None
         rec.moving, rec.dest = True, slot
-        return MoveJob(rec, self.name, self.pools[rec.tier], rec.slot, self.gpu, slot)
+        return Promotion(rec, self.pools[rec.tier], rec.slot, slot)
 
-    def finish_promotion(self, job: MoveJob, error: BaseException | None) -> None:
-        rec = job.rec
+    def finish_promotion(self, p: Promotion) -> None:
+        """Under kvd's lock, after the batch's copies: the block is on the GPU now, or (its copy failed)
+        dropped, so its reserved slot, which holds no valid bytes, is never served."""
+        rec = p.rec
         rec.moving = False
-        if error is not None:
-            log.warning("group %s: promotion of %s failed (%s); block dropped", self.name, rec.hash.hex(), error)
-            self.gpu.free(job.dst_slot)
+        p.src.free(p.src_slot)
+        if p.error is not None:
+            log.warning("group %s: promotion of %s failed (%s); block dropped", self.name, rec.hash.hex(), p.error)
+            self.gpu.free(p.dst_slot)
             self.index.remove(rec.hash)
-            job.src.free(job.src_slot)
             self.counters["promotion_errors"] += 1
             return
-        job.src.free(job.src_slot)
-        rec.tier, rec.slot, rec.dest = Tier.GPU, job.dst_slot, -1
+        rec.tier, rec.slot, rec.dest = Tier.GPU, p.dst_slot, -1
         self.counters["promotions"] += 1
 
     # --- persistence ----------------------------------------------------------------------------

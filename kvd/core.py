@@ -25,8 +25,9 @@ from kvd.demotion import Demotion
 from kvd.hybrid_hits import needed_from, valid_ends
 from kvd.latency import LatencyStat
 from kvd.leases import Lease, LeaseTable
-from kvd.mover import Mover, MoveJob
+from kvd.mover import Mover
 from kvd.prefetch_budget import best_cut
+from kvd.promotion import Promotion, PromotionBatch
 from kvd.temperature import bump, decayed
 from kvd.tiers import pool_files
 from kvd.tiers.base import shm_dir
@@ -41,6 +42,9 @@ DEMOTE_COUNTERS = tuple(f"demote_{t}_{what}" for t in ("dram", "nvme") for what 
 CLEAN_COUNTERS = ("clean_passes", "clean_batches", "clean_seconds", "demote_cancels", "demote_errors",
                   "pressure_drops", "pressure_waits", "pressure_wait_seconds")
 MAX_BATCHES_PER_PASS = 256   # a pass yields (and re-reads the marks) after this many batches per group
+# before each batch the cleaner waits this long at most for queued promotions to finish: promotions sit in
+# a parked request's TTFT, demotions only keep a reserve (docs/design/kvd.md, "Promotions")
+PROMOTION_YIELD_S = 0.02
 
 
 class KvdCore:
@@ -56,7 +60,7 @@ class KvdCore:
         self._lock = threading.RLock()
         self._moved = threading.Condition(self._lock)
         self.rates = TierRates(config.promote_dram_gbps * 1e9, config.promote_nvme_gbps * 1e9)
-        self.mover = Mover(config.move_workers, self._on_moved)
+        self.mover = Mover(config.move_workers, self._on_promoted)
         self.cleaner = Cleaner(config.move_workers > 0, self.clean)
         self.lock_wait = LatencyStat()   # how long request-path calls waited for the lock (recorded under it)
 
@@ -154,8 +158,8 @@ class KvdCore:
                 )
                 for g in gs
             }
-        for job in jobs:
-            self.mover.submit(job)
+        for batch in jobs:
+            self.mover.submit(batch)
         return JointLookup(hit, results)
 
     def _servable(self, gs: list[CacheGroup], hashes: Sequence[BlockHash]
@@ -203,7 +207,7 @@ class KvdCore:
         return hit
 
     def _hold_hit(self, client: str, gs: list[CacheGroup], recs: dict[str, list[BlockRecord | None]], hit: int,
-                  now: float) -> tuple[int, dict[str, tuple[list[BlockRecord], LeaseId]], list[MoveJob]]:
+                  now: float) -> tuple[int, dict[str, tuple[list[BlockRecord], LeaseId]], list[PromotionBatch]]:
         """Lease, per group, the blocks a hit of ``hit`` blocks needs, and start their promotions;
         returns the hit actually leased.
 
@@ -211,7 +215,7 @@ class KvdCore:
         it (a shorter hit is correct); with several groups or a tail group the whole hit is given up
         (a miss), since a cut there would leave some group without the blocks its end needs."""
         out: dict[str, tuple[list[BlockRecord], LeaseId]] = {}
-        jobs: list[MoveJob] = []
+        jobs: list[PromotionBatch] = []
         leases: list[tuple[CacheGroup, Lease]] = []
         short = False
         for g in gs:
@@ -223,7 +227,9 @@ class KvdCore:
             leases.append((g, lease))
             for rec in need:
                 self._hold(g, lease, rec, now)
-            jobs += self._promote(g, lease, now)
+            promotions = self._promote(g, lease, now)
+            if promotions:   # one batch per lease and group: one copy pass, one wait, one lock trip
+                jobs.append(PromotionBatch(g.name, g.gpu, promotions))
             short = short or len(lease.held) < len(need)
             out[g.name] = (lease.held, lease.id)
         if short and (len(gs) > 1 or gs[0].tail_blocks is not None):
@@ -240,19 +246,19 @@ class KvdCore:
             if not lease.held:
                 self._leases.close(lease)
                 out[g.name] = ([], LeaseId(0))
-        self.counters["prefetch_promoted_blocks"] += len(jobs)
+        self.counters["prefetch_promoted_blocks"] += sum(len(b.items) for b in jobs)
         return hit, out, jobs
 
-    def _submit_orphaned(self, jobs: list[MoveJob]) -> None:
+    def _submit_orphaned(self, jobs: list[PromotionBatch]) -> None:
         """Promotions started for a hit that was then given up: they still run (their GPU slots are
         reserved and the records marked moving), so they land as unleased published blocks."""
-        for job in jobs:
-            self.mover.submit(job)
+        for batch in jobs:
+            self.mover.submit(batch)
 
-    def _promote(self, g: CacheGroup, lease: Lease, now: float) -> list[MoveJob]:
+    def _promote(self, g: CacheGroup, lease: Lease, now: float) -> list[Promotion]:
         """Start promotions of the lease's lower-tier hits; cut the prefix where no GPU slot can be
         had (every GPU block leased): a shorter hit is correct, a block never served is not."""
-        jobs: list[MoveJob] = []
+        jobs: list[Promotion] = []
         for i, rec in enumerate(lease.held):
             if rec.tier == Tier.GPU or rec.moving:
                 continue
@@ -535,6 +541,9 @@ class KvdCore:
     def _clean_group(self, g: CacheGroup) -> int:
         moved = 0
         for _ in range(MAX_BATCHES_PER_PASS):
+            if self.cleaner.threaded and not self.mover.wait_idle(PROMOTION_YIELD_S):
+                with self._lock:
+                    g.counters["clean_yields_timed_out"] += 1
             batch = self._plan_batch(g)
             if batch is None:
                 break
@@ -625,16 +634,22 @@ class KvdCore:
         elif rec.evictable and rec.hash in g.index:
             g.policy.on_created(rec, now)
 
-    def _on_moved(self, job: MoveJob, error: BaseException | None) -> None:
+    def _on_promoted(self, batch: PromotionBatch) -> None:
+        """A batch's copies are over: finish every block under one lock trip, wake wait_ready."""
         with self._moved:
-            g = self.groups[job.group]
-            g.finish_promotion(job, error)
-            if error is None:
-                self.rates.observe(job.src.tier, g.block_bytes, job.seconds)
-            if job.rec.passed:
-                self._drop_if_passed(g, job.rec)
-            elif job.rec.evictable and job.rec.hash in g.index:
-                g.policy.on_created(job.rec, self.clock())
+            g = self.groups.get(batch.group)
+            if g is None:
+                return   # closed meanwhile (shutdown): its pools are gone
+            now = self.clock()
+            for tier, seconds in batch.seconds.items():
+                self.rates.observe(tier, batch.landed_bytes(tier), seconds)
+            for p in batch.items:
+                g.finish_promotion(p)
+                rec = p.rec
+                if rec.passed:
+                    self._drop_if_passed(g, rec)
+                elif rec.evictable and g.index.get(rec.hash) is rec:
+                    g.policy.on_created(rec, now)
             self._moved.notify_all()
 
     def _count_lookup(self, asked: int, hits: int, tokens: int | None, block_tokens: int | None) -> None:

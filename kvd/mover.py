@@ -1,40 +1,23 @@
-"""Asynchronous promotions: whole-block copies from DRAM/NVMe into the GPU pool.
+"""Asynchronous promotions: one batch per lease (kvd/promotion.py) from DRAM/NVMe into the GPU pool.
 
 Why a queue and not a copy inside lookup: a lookup must answer in microseconds; an NVMe read takes
-milliseconds. The lookup leases the block (so nothing else touches its source or destination slot),
-queues the copy and answers ``ready=False``. Copies run on ``workers`` threads, or inline in
+milliseconds. The lookup leases the blocks (so nothing else touches their source or destination slots),
+queues one batch and answers ``ready=False``. Batches run on ``workers`` threads, or inline in
 ``run_pending`` (called from tick()/wait_ready()) when workers is 0, which keeps tests deterministic.
-``on_done(job, error)`` is called after each copy; the core finalizes the record under its lock.
+``on_done(batch)`` is called once per batch; the core finalizes every record under its lock once.
+
+Promotions come before demotions: the cleaner (kvd/cleaner.py) calls ``wait_idle`` before each of its
+batches, so a promotion queued meanwhile does not wait behind the cleaner's copies and lock trips.
 """
 from __future__ import annotations
 
 import queue
 import threading
-import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from kvd.block_index import BlockRecord
-from kvd.tiers import BlockMeta, BlockPool, move
-
-
-@dataclass(eq=False)
-class MoveJob:
-    rec: BlockRecord
-    group: str
-    src: BlockPool
-    src_slot: int
-    dst: BlockPool
-    dst_slot: int
-    seconds: float = 0.0  # wall time of the copy (the tier rate estimate reads it)
-
-    def run(self) -> None:
-        meta = BlockMeta(self.rec.hash, self.rec.parent, self.rec.depth)
-        t0 = time.perf_counter()
-        move(self.src, self.src_slot, self.dst, self.dst_slot, meta)
-        self.seconds = time.perf_counter() - t0
+from kvd.promotion import PromotionBatch
 
 
 def side_stream() -> None:
@@ -45,43 +28,59 @@ def side_stream() -> None:
 
 
 class Mover:
-    def __init__(self, workers: int, on_done: Callable[[MoveJob, BaseException | None], None]) -> None:
+    def __init__(self, workers: int, on_done: Callable[[PromotionBatch], None]) -> None:
         self._on_done = on_done
-        self._q: queue.Queue[MoveJob | None] = queue.Queue()
+        self._q: queue.Queue[PromotionBatch | None] = queue.Queue()
+        self._pending = 0                      # submitted, not yet finished
+        self._idle = threading.Condition()
+        self.batches = 0                       # finished batches (stats: jobs per promoted block)
         self._threads = [
             threading.Thread(target=self._loop, name=f"kvd-mover-{i}", daemon=True) for i in range(workers)
         ]
         for t in self._threads:
             t.start()
 
-    def submit(self, job: MoveJob) -> None:
-        self._q.put(job)
+    def submit(self, batch: PromotionBatch) -> None:
+        with self._idle:
+            self._pending += 1
+        self._q.put(batch)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until no promotion is queued or running; True if idle. The cleaner's
+        yield: bounded, so a steady stream of promotions slows cleaning down but never stops it."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def run_pending(self) -> int:
-        """Run queued copies inline (only when there are no worker threads)."""
+        """Run queued batches inline (only when there are no worker threads)."""
         if self._threads:
             return 0
         n = 0
         while True:
             try:
-                job = self._q.get_nowait()
+                batch = self._q.get_nowait()
             except queue.Empty:
                 return n
-            self._run(job)
+            self._run(batch)   # type: ignore[arg-type]
             n += 1
 
-    def _run(self, job: MoveJob) -> None:
+    def _run(self, batch: PromotionBatch) -> None:
         try:
-            job.run()
-        except BaseException as e:  # reported, never lost: the core drops the block
-            self._on_done(job, e)
-        else:
-            self._on_done(job, None)
+            try:
+                batch.run()
+            except BaseException as e:  # reported, never lost: the core drops the blocks
+                batch.fail_unfinished(e)
+            self._on_done(batch)
+        finally:
+            with self._idle:
+                self._pending -= 1
+                self.batches += 1
+                self._idle.notify_all()
 
     def _loop(self) -> None:
         side_stream()
-        while (job := self._q.get()) is not None:
-            self._run(job)
+        while (batch := self._q.get()) is not None:
+            self._run(batch)
 
     def close(self) -> None:
         for _ in self._threads:

@@ -3,17 +3,7 @@ import torch
 
 from kvd.tiers.base import BlockMeta, BlockPool, MemoryPool, copy_runs
 
-__all__ = ["BlockMeta", "BlockPool", "MemoryPool", "move", "move_many"]
-
-
-def move(src: BlockPool, src_slot: int, dst: BlockPool, dst_slot: int, meta: BlockMeta) -> None:
-    """Copy one whole block between tiers; at least one side is a memory pool."""
-    if isinstance(dst, MemoryPool):
-        src.read_into(src_slot, dst.view(dst_slot))
-    elif isinstance(src, MemoryPool):
-        dst.write_from(dst_slot, src.view(src_slot), meta)
-    else:
-        raise ValueError("NVMe to NVMe moves are not supported")
+__all__ = ["BlockMeta", "BlockPool", "MemoryPool", "move_many"]
 
 
 def move_many(src: BlockPool, src_slots: list[int], dst: BlockPool, dst_slots: list[int], metas: list[BlockMeta]) -> None:

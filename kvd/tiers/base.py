@@ -102,11 +102,25 @@ def copy_runs(dst: torch.Tensor, dst_slots: list[int], src: torch.Tensor, src_sl
     run of slots that are consecutive on both sides, with one stream wait at the end. Why: on the H200 one
     192 KiB block copies at 11 GB/s, one large transfer at 53 GB/s (docs/results/kv.md); the cleaner
     reserves destination slots in order, so runs are common."""
+    queue_runs(dst, dst_slots, src, src_slots)
+    wait_stream(dst, src)
+
+
+def queue_runs(dst: torch.Tensor, dst_slots: list[int], src: torch.Tensor, src_slots: list[int]) -> int:
+    """``copy_runs`` without the wait: a copy touching the GPU is only queued on the current stream, so a
+    caller with several sources (kvd/promotion.py) waits once for all of them. Returns the copies issued."""
     cuda = dst.is_cuda or src.is_cuda
-    for d, s, n in slot_runs(dst_slots, src_slots):
+    runs = slot_runs(dst_slots, src_slots)
+    for d, s, n in runs:
         dst[d : d + n].copy_(src[s : s + n], non_blocking=cuda)
-    if cuda:
-        torch.cuda.current_stream(dst.device if dst.is_cuda else src.device).synchronize()
+    return len(runs)
+
+
+def wait_stream(dst: torch.Tensor, src: torch.Tensor | None = None) -> None:
+    """Wait for the calling thread's current stream on the GPU side of a copy (nothing on the CPU)."""
+    dev = dst if dst.is_cuda else src
+    if dev is not None and dev.is_cuda:
+        torch.cuda.current_stream(dev.device).synchronize()
 
 
 def slot_runs(a: list[int], b: list[int]) -> list[tuple[int, int, int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import kvd.mover
+import kvd.promotion
 from kvd.config import KvdConfig
 from kvd.core import KvdCore
 from kvd.core_types import KvdError
@@ -30,7 +30,7 @@ def core(tmp_path):
 def test_failed_promotion_is_reported_not_served(core, monkeypatch):
     def broken(*_a, **_k):
         raise OSError("copy failed")
-    monkeypatch.setattr(kvd.mover, "move", broken)
+    monkeypatch.setattr(kvd.promotion, "queue_runs", broken)
     res = core.lookup("c", "full", [h(0), h(1)])
     assert len(res.hits) == 2 and not res.ready
     with pytest.raises(KvdError) as err:
