@@ -100,7 +100,7 @@ class RunResult:
     admission_ms_per_step: float
     scheduler_ms_per_step: float
     scheduled_lengths: dict[str, int] = field(default_factory=dict)
-    graph_captures: int = 0      # CUDA graphs captured during this timed run (should be 0 after the warm-up)
+    graph_captures: int = 0      # CUDA graphs (target steps and draft rounds) captured during this timed run
     eager_steps: int = 0         # steps no CUDA graph covered
     gate_rested_steps: int = 0   # steps the measured pre-draft gate kept the scheduled requests from drafting
 
@@ -121,10 +121,9 @@ def row_fields(row: str, gamma_cap: dict[str, int]) -> dict:
 
 
 def _graph_state(engine) -> tuple[int, int]:
-    """(graphs captured so far, eager steps so far) of the engine's model runner (0, 0 without graphs)."""
-    runner = engine.runner
-    graphs = getattr(runner, "graphs", None)
-    return (len(graphs.graphs) if graphs is not None else 0), getattr(runner, "eager_steps", 0)
+    """(CUDA graphs captured so far, target step and draft round alike; eager steps so far) (0, 0 without graphs)."""
+    g = engine.graph_stats()
+    return g["graph_captures_total"], g["eager_steps_total"]
 
 
 def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: int, tag: str) -> RunResult:

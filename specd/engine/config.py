@@ -31,6 +31,12 @@ class EngineConfig(BaseModel):
     cuda_graphs: bool = Field(
         True, description="Capture every target step shape (decode, verify, prefill chunks) in CUDA graphs on the GPU."
     )
+    spec_warmup: bool = Field(
+        True, description="With cuda_graphs on the GPU: load the deployment's speculation methods (speculation, "
+                          "drafters) at start and capture every decode, verify and draft-round shape a loaded "
+                          "method can produce when it loads, so no request waits on a capture. Off: capture "
+                          "on first use (fast start).",
+    )
     tenant_salt: str = Field("", description="Cache namespace salt: blocks are shared only within one salt.")
     speculation: str = Field(
         "none", pattern="^(none|ngram|dspark|dflash|eagle3)$",

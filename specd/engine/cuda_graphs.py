@@ -13,8 +13,11 @@ Every graph has ``seqs = min(max_seqs, tokens)`` sequence slots. Padding is iner
   so the attention kernel returns before reading anything for them;
 - padded *tokens* write no KV (slot -1), get no attention output (their rows are left as they are)
   and are never read back: every other layer is row-wise, and only real rows are sampled or kept.
-Graphs are captured on first use (the engine warms the common shapes) into one shared memory pool,
-largest first where known; their outputs are consumed before the next replay.
+Graphs are captured into one shared memory pool, largest first where known; their outputs are consumed
+before the next replay. The runner warms every decode bucket at start; the engine warms every decode
+and verify shape a loaded speculation method can produce (``speculative_keys``) when the method loads,
+so no request meets a capture (~100 ms each on the H200, longer than a whole timed run at low load).
+Shapes outside the warmed set (prefill chunks, odd mixes) are still captured on first use.
 
 All step metadata travels in two packed host buffers (int64: ids, positions, slots; int32: cu_q_lens,
 seq_lens, block tables), so one step costs two host-to-device copies and one graph launch.
@@ -30,7 +33,9 @@ from specd.engine.paged_backend import PagedAttentionBackend, StepMetadata
 DECODE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 TOKEN_BUCKETS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 VERIFY_Q_BOUNDS = (2, 4, 8, 16)   # query bounds of verify-like steps; above 16 a step is a prefill
-MAX_GRAPHS = 96                   # beyond this, odd shapes run eagerly rather than pile up graph memory
+MAX_GRAPHS = 160                  # beyond this, odd shapes run eagerly rather than pile up graph memory; the
+                                  # speculative warm-up needs ~60 (one drafter plus ngram, 32 seqs, γ 7) to
+                                  # ~130 (256 seqs), lazily captured prefill shapes up to ~30 more
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ def graph_key(num_tokens: int, num_seqs: int, max_q_len: int, max_seqs: int, max
               capture: tuple[int, ...]) -> GraphKey | None:
     """The smallest captured shape that holds this step, or None (run it eagerly)."""
     if max_q_len == 1:
-        t = next((b for b in DECODE_BUCKETS if b >= num_tokens and b <= max_seqs), None)
+        t = next((b for b in decode_buckets(max_seqs) if b >= num_tokens), None)
         return GraphKey(t, 1, capture) if t is not None else None
     q = next((b for b in VERIFY_Q_BOUNDS if b >= max_q_len), None)
     for t in TOKEN_BUCKETS:
@@ -66,6 +71,61 @@ def graph_key(num_tokens: int, num_seqs: int, max_q_len: int, max_seqs: int, max
         if t >= num_tokens and min(max_seqs, t) >= num_seqs:
             return GraphKey(t, q if q is not None else t, capture)
     return None
+
+
+def decode_buckets(max_seqs: int) -> list[int]:
+    """The decode batch buckets up to ``max_seqs``, and ``max_seqs`` itself (a batch of 20 when the
+    engine holds 20 sequences is its fullest decode step, not an eager one)."""
+    return sorted({b for b in DECODE_BUCKETS if b <= max_seqs} | {max_seqs})
+
+
+def decode_keys(max_seqs: int, capture: tuple[int, ...]) -> list[GraphKey]:
+    """Every key ``graph_key`` gives a decode step (one query token per sequence) of at most
+    ``max_seqs`` sequences."""
+    return [GraphKey(b, 1, capture) for b in decode_buckets(max_seqs)]
+
+
+def verify_keys(max_seqs: int, max_tokens: int, gamma: int, capture: tuple[int, ...]) -> list[GraphKey]:
+    """Every key ``graph_key`` gives a verify step: at most ``max_seqs`` sequences of 1 to ``gamma + 1``
+    query tokens, at least one of them longer than 1 (else it is a decode step).
+
+    A step whose longest query block is m in (lo, q] (q the query bound, lo the bound below) has
+    between m and max_seqs·m tokens, so its token bucket runs from the first bucket > lo to the first
+    bucket ≥ max_seqs·min(q, γ + 1), within the step budget. A γ + 1 above 16 makes such steps
+    prefill-shaped (query bound = token bucket): those are not enumerated."""
+    keys, lo = [], 1
+    for q in VERIFY_Q_BOUNDS:
+        if lo >= gamma + 1:
+            break
+        most = max_seqs * min(q, gamma + 1)
+        for t in TOKEN_BUCKETS:
+            if t > max_tokens:
+                break
+            if t > lo:
+                keys.append(GraphKey(t, q, capture))
+            if t >= most:
+                break
+        lo = q
+    return keys
+
+
+def speculative_keys(max_seqs: int, max_tokens: int, methods: list[tuple[tuple[int, ...], int]]) -> list[GraphKey]:
+    """The target step shapes the loaded speculation methods can produce, beyond plain decoding.
+
+    ``methods``: (capture layers, γ) per loaded method; () for a method that reads no target features
+    (ngram). A step captures the union of the layers of the feature methods that draft in it, and its
+    longest verify block is 1 + the largest γ among the methods in it, so every non-empty subset of
+    methods counts: decode steps with the subset's layers (the feature drafter's first step, or all its
+    drafts scheduled to 0; decode steps capturing nothing are the runner's plain ones) and verify steps
+    with them. Sorted largest first, the order they are captured in."""
+    keys: set[GraphKey] = set()
+    for mask in range(1, 2 ** len(methods)):
+        chosen = [m for i, m in enumerate(methods) if mask >> i & 1]
+        capture = tuple(sorted({layer for layers, _ in chosen for layer in layers}))
+        if capture:
+            keys.update(decode_keys(max_seqs, capture))
+        keys.update(verify_keys(max_seqs, max_tokens, max(g for _, g in chosen), capture))
+    return sorted(keys, key=lambda k: (k.tokens, k.q_bound, k.capture), reverse=True)
 
 
 class StepGraphs:
@@ -95,6 +155,7 @@ class StepGraphs:
         self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph | None, torch.Tensor, list[torch.Tensor]]] = {}
         self.pool = None if replay_eagerly else torch.cuda.graph_pool_handle()
         self.replays = 0
+        self.captures = 0          # graphs captured so far (start-up warm-ups included)
 
     def key(self, step: HostStep, capture: tuple[int, ...]) -> GraphKey | None:
         if max((len(t) for t in step.tables), default=0) > self.max_blocks:
@@ -137,7 +198,7 @@ class StepGraphs:
     @torch.inference_mode()
     def capture(self, key: GraphKey) -> None:
         if self.replay_eagerly:
-            self.graphs[key] = (None, *self._forward(key))
+            self._store(key, (None, *self._forward(key)))
             return
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -148,13 +209,32 @@ class StepGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             hidden, captured = self._forward(key)
-        self.graphs[key] = (graph, hidden, captured)
+        self._store(key, (graph, hidden, captured))
 
-    def warm(self, keys: list[GraphKey]) -> None:
-        """Capture these shapes now, largest first, so smaller graphs reuse the larger ones' memory."""
-        for key in sorted(keys, key=lambda k: (k.tokens, k.q_bound), reverse=True):
-            if key not in self.graphs:
-                self.capture(key)
+    def _store(self, key: GraphKey, entry) -> None:
+        self.graphs[key] = entry
+        self.captures += 1
+
+    def warm(self, keys: list[GraphKey]) -> int:
+        """Capture these shapes now, largest first, so smaller graphs reuse the larger ones' memory.
+        Shapes past MAX_GRAPHS are left to run eagerly (logged by the caller). Returns how many were new."""
+        fresh = [k for k in dict.fromkeys(keys) if k not in self.graphs]
+        fresh = sorted(fresh, key=lambda k: (k.tokens, k.q_bound, k.capture), reverse=True)
+        fresh = fresh[: max(0, MAX_GRAPHS - len(self.graphs))]
+        for key in fresh:
+            self._inert(key)
+            self.capture(key)
+        return len(fresh)
+
+    def _inert(self, key: GraphKey) -> None:
+        """Warm-up inputs: every row padding (slot -1: no KV written; every query block empty: nothing
+        attended), so a warm-up while requests run touches no sequence's cache."""
+        s = min(self.max_seqs, key.tokens)
+        self.ids[: key.tokens].zero_()
+        self.positions[: key.tokens].zero_()
+        self.slots[: key.tokens].fill_(-1)
+        self.cu_q_lens[: s + 1].zero_()
+        self.seq_lens[:s].zero_()
 
     def can_run(self, key: GraphKey | None) -> bool:
         return key is not None and (key in self.graphs or len(self.graphs) < MAX_GRAPHS)

@@ -19,7 +19,8 @@ What runs where, per round of B requests:
 
 A graph is captured per ``DraftGraphKey``: the batch bucket (a power of two up to the engine's batch)
 and the sampling path, which the host decides from the requests' settings (all greedy, top-k with its
-largest k, plain softmax, top-p, or any mix of them). Padding rows are inert: greedy-coded, temperature
+largest k, plain softmax, top-p, or any mix of them). The common keys (``warm_keys``) are captured when
+the proposer loads; other paths (another top-k, rarer mixes) are captured on first use. Padding rows are inert: greedy-coded, temperature
 1, their outputs are never read. Outputs (tokens [B, γ], probs [B, γ, V], confidence [B, γ]) are views
 of buffers shared by every graph of the instance: valid until the next round, i.e. through this step's
 verification (``Draft.origin``).
@@ -40,7 +41,13 @@ from specd.sampling_params import SamplingParams
 log = logging.getLogger("specd.draft_graphs")
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-MAX_DRAFT_GRAPHS = 48     # beyond this, odd paths run eagerly rather than pile up graph memory
+MAX_DRAFT_GRAPHS = 48     # beyond this, odd paths run eagerly rather than pile up graph memory (warm-up: 5 paths
+                          # x 6 buckets at 32 requests, x 9 at 256)
+WARM_TOP_K = 20           # the top-k path warmed at load: the k of the repo's own sampled tests and profiles
+# The paths warmed at load. The bench workloads sample with top-p (0.9, 0.95) or greedily (extraction,
+# unique), so the mixed path served when greedy and sampled requests share a batch is greedy + top-p.
+WARM_PATHS = (SamplingPath(greedy=True), SamplingPath(plain=True), SamplingPath(max_k=WARM_TOP_K),
+              SamplingPath(top_p=True), SamplingPath(greedy=True, top_p=True))
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,19 @@ class RoundInputs:
 def bucket(batch: int, max_batch: int) -> int | None:
     """The smallest captured batch that holds ``batch`` rows, or None (run eagerly)."""
     return next((b for b in (*BATCH_BUCKETS, max_batch) if batch <= b <= max_batch), None)
+
+
+def draft_graph_key(params: Sequence[SamplingParams], max_batch: int, vocab: int) -> DraftGraphKey | None:
+    """The key of the round that drafts for these requests' rows, or None (more rows than any graph)."""
+    b = bucket(len(params), max_batch)
+    return None if b is None else DraftGraphKey(b, SamplingPath.of(params, vocab))
+
+
+def warm_keys(max_batch: int, vocab: int) -> list[DraftGraphKey]:
+    """Every batch bucket up to ``max_batch`` times the warmed sampling paths (a top-k at or above the
+    vocabulary is no top-k: left out), largest first."""
+    buckets = sorted({b for b in (*BATCH_BUCKETS, max_batch) if b <= max_batch}, reverse=True)
+    return [DraftGraphKey(b, p) for b in buckets for p in WARM_PATHS if p.max_k < vocab]
 
 
 def markov_round(x: RoundInputs, path: SamplingPath, markov_head, confidence: Callable | None,
@@ -126,11 +146,11 @@ class DraftGraphs:
         self.pool = None if replay_eagerly else torch.cuda.graph_pool_handle()
         self.replays = 0
         self.eager_rounds = 0
+        self.captures = 0             # rounds captured so far (load-time warm-ups included)
         self.capture_failures = 0     # keys whose capture raised: they run the static round eagerly
 
     def key(self, params: Sequence[SamplingParams]) -> DraftGraphKey | None:
-        b = bucket(len(params), self.max_batch)
-        return None if b is None else DraftGraphKey(b, SamplingPath.of(params, self.vocab))
+        return draft_graph_key(params, self.max_batch, self.vocab)
 
     def inputs(self, batch: int) -> RoundInputs:
         b, g, bm = batch, self.gamma, self.max_batch
@@ -174,7 +194,32 @@ class DraftGraphs:
             self.confidence[: key.batch].copy_(c)
 
     @torch.inference_mode()
+    def warm(self, drafter, keys: list[DraftGraphKey]) -> int:
+        """Capture these rounds now (largest first) on inert inputs, up to MAX_DRAFT_GRAPHS. Returns how
+        many were new."""
+        fresh = [k for k in dict.fromkeys(keys) if k not in self.graphs]
+        fresh = fresh[: max(0, MAX_DRAFT_GRAPHS - len(self.graphs))]
+        for key in fresh:
+            self._inert(key.batch)
+            self.capture(drafter, key)
+        return len(fresh)
+
+    def _inert(self, batch: int) -> None:
+        """Greedy-coded rows, temperature and top-p 1, top-k 0, uniforms 0, zero logits: every transform
+        of every path is finite on them."""
+        self.logits[: batch * self.gamma].zero_()
+        self.hidden[:batch].zero_()
+        i, f, bm = self._ints, self._floats, self.max_batch
+        i[:batch].zero_()
+        i[bm:bm + batch].zero_()
+        i[2 * bm:2 * bm + batch] = GREEDY_ROW
+        f[:batch] = 1.0
+        f[bm:bm + batch] = 1.0
+        f[2 * bm:2 * bm + batch * self.gamma].zero_()
+
+    @torch.inference_mode()
     def capture(self, drafter, key: DraftGraphKey) -> None:
+        self.captures += 1
         if self.replay_eagerly:
             self.graphs[key] = None
             return

@@ -14,6 +14,7 @@ from specd.engine import sampler
 from specd.engine.block_manager import BlockManager
 from specd.engine.block_source import BlockSource, local_source
 from specd.engine.config import SCHEDULES, EngineConfig
+from specd.engine.cuda_graphs import speculative_keys
 from specd.engine.detokenizer import Detokenizer
 from specd.engine.draft_cache import DraftCache
 from specd.engine.errors import EngineError
@@ -74,6 +75,10 @@ class SpecEngine:
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)
+        if self._warming():
+            for method in dict.fromkeys([config.speculation, *config.drafters]):
+                if method != "none":
+                    self._proposer(method)
 
     def _attach(self, source: BlockSource) -> None:
         self.source = source
@@ -91,6 +96,8 @@ class SpecEngine:
                                   cuda_graphs=self.config.cuda_graphs,
                                   max_num_batched_tokens=self.config.max_num_batched_tokens,
                                   num_speculative_tokens=self.config.num_speculative_tokens)
+        if self._warming() and self._proposers:       # a fresh runner (kvd reattached): its graphs are new
+            self.runner.warm(self.speculative_graph_keys())
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -422,7 +429,45 @@ class SpecEngine:
                 raise EngineError("bad_request", f"unknown speculation method {method!r} (have {', '.join(METHODS)})")
             self._proposers[method] = load_proposer(method, self.config, self.model)
             self.drafts.offer(method, self._proposers[method])
+            if self._warming():
+                self._warm(method)
         return self._proposers[method]
+
+    # -- CUDA-graph warm-up ------------------------------------------------------------------
+    def _warming(self) -> bool:
+        return self.config.spec_warmup and self.runner.graphs is not None
+
+    def _warm_gamma(self, proposer) -> int:
+        """The longest draft a request on the deployment's γ verifies with this proposer."""
+        return min(getattr(proposer, "max_tokens", None) or self.config.num_speculative_tokens,
+                   self.config.num_speculative_tokens)
+
+    def speculative_graph_keys(self) -> list:
+        """The target step shapes the loaded proposers can produce beyond plain decoding
+        (cuda_graphs.speculative_keys); computed with or without a GPU."""
+        methods = [(tuple(getattr(p, "capture_layers", ())), self._warm_gamma(p)) for p in self._proposers.values()]
+        return speculative_keys(self.runner.max_batch, self.runner.max_tokens, methods)
+
+    def _warm(self, method: str) -> None:
+        """Capture, when ``method`` loads, every step and draft-round shape it adds: a capture costs
+        ~100 ms on the H200, longer than a timed run at low load, so none may happen on a request's path."""
+        t0 = time.perf_counter()
+        proposer = self._proposers[method]
+        before = self.runner.graph_captures
+        self.runner.warm(self.speculative_graph_keys())
+        if getattr(proposer, "has_confidence", False) and self.sps is None:
+            self._sps()     # the scheduler's SPS profile runs verify shapes of its own: measured (and captured) now
+        rounds = getattr(proposer, "warm_rounds", lambda: 0)()
+        log.info("speculation warm-up for %s: %d target step graphs and %d draft-round graphs captured in %.2f s",
+                 method, self.runner.graph_captures - before, rounds, time.perf_counter() - t0)
+
+    def graph_stats(self) -> dict[str, int]:
+        """CUDA graphs captured so far (warm-ups included: a timed window reads the difference) and steps
+        no graph covered."""
+        rounds = sum(getattr(p, "round_captures", 0) for p in self._proposers.values())
+        return {"graph_captures_total": self.runner.graph_captures + rounds,
+                "draft_graph_captures_total": rounds,
+                "eager_steps_total": self.runner.eager_steps}
 
     def _sample(self, batch: list[ScheduledSeq], logits) -> list[tuple[ScheduledSeq, list[int]]]:
         """Split the logits rows: plain sampling for most, chain verification for drafted sequences."""
@@ -545,6 +590,7 @@ class SpecEngine:
             **sps,
             **lengths,
             **self.drafts.stats(),
+            **self.graph_stats(),
             **self.source.stats(),
             **self.scheduler.stats(),
             **(self.spec_gate.stats() if self.spec_gate is not None else {}),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specd.engine.cuda_graphs import HostStep, StepGraphs, graph_key
+from specd.engine.cuda_graphs import GraphKey, HostStep, StepGraphs, decode_keys, graph_key
 from specd.engine.kv_layout import KVLayout
 from specd.engine.paged_backend import PagedAttentionBackend, StepMetadata
 from specd.engine.scheduler import ScheduledSeq
@@ -87,12 +87,28 @@ class ModelRunner:
         )
         self.graphs: StepGraphs | None = None
         self.eager_steps = 0
+        self.max_batch = max_batch
+        # the step budget graphs are bucketed under (StepGraphs.max_tokens): kept on the CPU too, so the
+        # keys a step would replay can be computed without a GPU (``step_key``)
+        self.max_tokens = max(max_num_batched_tokens + max_batch * num_speculative_tokens, max_batch)
         if cuda_graphs and device.type == "cuda":
             max_blocks = -(-max_model_len // layout.block_size)
-            max_tokens = max_num_batched_tokens + max_batch * num_speculative_tokens
-            self.graphs = StepGraphs(model, self.backend, max_batch, max_tokens, max_blocks, device)
-            self.graphs.warm([graph_key(b, b, 1, max_batch, max_tokens, ())
-                              for b in (1, 2, 4, 8, 16, 32, 64, 128, max_batch) if b <= max_batch])
+            self.graphs = StepGraphs(model, self.backend, max_batch, self.max_tokens, max_blocks, device)
+            self.graphs.warm(decode_keys(max_batch, ()))
+
+    def step_key(self, step: HostStep, capture: tuple[int, ...]) -> GraphKey | None:
+        """The graph this step replays (None: eager), by the same rule as StepGraphs, with or without a GPU."""
+        if self.graphs is not None:
+            return self.graphs.key(step, capture)
+        return graph_key(len(step.ids), len(step.seq_lens), step.max_q_len, self.max_batch, self.max_tokens, capture)
+
+    def warm(self, keys: list[GraphKey]) -> int:
+        """Capture these step shapes now (no-op without graphs). Returns how many were new."""
+        return self.graphs.warm(keys) if self.graphs is not None else 0
+
+    @property
+    def graph_captures(self) -> int:
+        return self.graphs.captures if self.graphs is not None else 0
 
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq], capture_layers: tuple[int, ...] = ()):

@@ -54,6 +54,19 @@ class FeatureProposer:
         self.max_tokens = drafter.config.gamma                       # one block: a request may verify fewer
         self.has_confidence = bool(getattr(drafter.config, "confidence", False))
 
+    def warm_rounds(self) -> int:
+        """Capture the common draft rounds now (draft_graphs.warm_keys); 0 without draft graphs."""
+        if self.rounds is None:
+            return 0
+        from specd.engine.draft_graphs import warm_keys
+
+        return self.rounds.warm(self.drafter, warm_keys(self.rounds.max_batch, self.rounds.vocab))
+
+    @property
+    def round_captures(self) -> int:
+        """Draft rounds captured so far (0 without draft graphs)."""
+        return self.rounds.captures if self.rounds is not None else 0
+
     @torch.inference_mode()
     def fuse(self, captured):
         return self.drafter.fuse(list(captured))
