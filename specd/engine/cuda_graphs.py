@@ -24,11 +24,14 @@ seq_lens, block tables), so one step costs two host-to-device copies and one gra
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from specd.engine.paged_backend import PagedAttentionBackend, StepMetadata
+
+log = logging.getLogger("specd.cuda_graphs")
 
 DECODE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 TOKEN_BUCKETS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
@@ -217,10 +220,14 @@ class StepGraphs:
 
     def warm(self, keys: list[GraphKey]) -> int:
         """Capture these shapes now, largest first, so smaller graphs reuse the larger ones' memory.
-        Shapes past MAX_GRAPHS are left to run eagerly (logged by the caller). Returns how many were new."""
+        Shapes past MAX_GRAPHS are left to run eagerly (logged). Returns how many were new."""
         fresh = [k for k in dict.fromkeys(keys) if k not in self.graphs]
         fresh = sorted(fresh, key=lambda k: (k.tokens, k.q_bound, k.capture), reverse=True)
-        fresh = fresh[: max(0, MAX_GRAPHS - len(self.graphs))]
+        room = max(0, MAX_GRAPHS - len(self.graphs))
+        if len(fresh) > room:
+            log.warning("graph warm-up: %d shapes past MAX_GRAPHS=%d run eagerly (the largest are captured)",
+                        len(fresh) - room, MAX_GRAPHS)
+            fresh = fresh[:room]
         for key in fresh:
             self._inert(key)
             self.capture(key)

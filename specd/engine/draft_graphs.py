@@ -198,7 +198,11 @@ class DraftGraphs:
         """Capture these rounds now (largest first) on inert inputs, up to MAX_DRAFT_GRAPHS. Returns how
         many were new."""
         fresh = [k for k in dict.fromkeys(keys) if k not in self.graphs]
-        fresh = fresh[: max(0, MAX_DRAFT_GRAPHS - len(self.graphs))]
+        room = max(0, MAX_DRAFT_GRAPHS - len(self.graphs))
+        if len(fresh) > room:
+            log.warning("draft graph warm-up: %d rounds past MAX_DRAFT_GRAPHS=%d run eagerly", len(fresh) - room,
+                        MAX_DRAFT_GRAPHS)
+            fresh = fresh[:room]
         for key in fresh:
             self._inert(key.batch)
             self.capture(drafter, key)

@@ -231,3 +231,18 @@ def test_cuda_after_warm_up_a_speculative_run_captures_no_decode_verify_or_draft
     after = engine.graph_stats()
     assert after["draft_graph_captures_total"] == before["draft_graph_captures_total"]
     assert after["graph_captures_total"] - before["graph_captures_total"] == len(new)
+
+
+def test_warm_up_stops_at_the_graph_cap(monkeypatch, caplog):
+    """Past MAX_GRAPHS the warm-up captures the largest shapes, logs the rest, and they run eagerly."""
+    import specd.engine.cuda_graphs as cg
+
+    engine = _engine()
+    runner = engine.runner
+    runner.graphs = cg.StepGraphs(engine.model, runner.backend, 8, runner.max_tokens, 64, engine.device,
+                                  replay_eagerly=True)
+    monkeypatch.setattr(cg, "MAX_GRAPHS", 3)
+    keys = decode_keys(8, ())
+    assert runner.warm(keys) == 3 and set(runner.graphs.graphs) == set(keys[-3:])
+    assert "past MAX_GRAPHS" in caplog.text
+    assert not runner.graphs.can_run(keys[0])
