@@ -27,7 +27,7 @@ from kvd.latency import LatencyStat
 from kvd.leases import Lease, LeaseTable
 from kvd.mover import Mover
 from kvd.prefetch_budget import best_cut
-from kvd.promotion import Promotion, PromotionBatch
+from kvd.promotion import Promotion, PromotionBatch, pair_slots
 from kvd.temperature import bump, decayed
 from kvd.tiers import pool_files
 from kvd.tiers.base import shm_dir
@@ -229,6 +229,7 @@ class KvdCore:
                 self._hold(g, lease, rec, now)
             promotions = self._promote(g, lease, now)
             if promotions:   # one batch per lease and group: one copy pass, one wait, one lock trip
+                pair_slots(promotions)
                 jobs.append(PromotionBatch(g.name, g.gpu, promotions))
             short = short or len(lease.held) < len(need)
             out[g.name] = (lease.held, lease.id)

@@ -139,3 +139,18 @@ def test_cleaner_waits_for_queued_promotions():
     gate.set()
     assert mover.wait_idle(5) and len(done) == 1 and mover.batches == 1
     mover.close()
+
+
+def test_reserved_slots_are_paired_into_runs(monkeypatch):
+    """GPU slots come off a LIFO free list in descending order; paired in source order they form runs."""
+    import kvd.promotion
+    dram = MemoryPool(Tier.DRAM, torch.stack([data(i) for i in range(8)]), None)   # [8, BB]
+    gpu = MemoryPool(Tier.GPU, torch.zeros(8, BB, dtype=torch.uint8), None)        # [8, BB]
+    items = [Promotion(rec(s), dram, s, d) for s, d in zip([4, 5, 6, 7], [3, 2, 1, 0])]
+    kvd.promotion.pair_slots(items)
+    assert [(p.src_slot, p.dst_slot, p.rec.dest) for p in items] == [(4, 0, 0), (5, 1, 1), (6, 2, 2), (7, 3, 3)]
+    copies = []
+    real = kvd.promotion.queue_runs
+    monkeypatch.setattr(kvd.promotion, "queue_runs", lambda *a: copies.append(real(*a)))
+    PromotionBatch("full", gpu, items).run()
+    assert copies == [1] and all(torch.equal(gpu.tensor[d], data(d + 4)) for d in range(4))
