@@ -226,13 +226,15 @@ def graph_check(model, pool, out: Path) -> dict:
 
 def profile_draft_round(shape: str, batches: list[int], out: Path, gamma: int = 7, context: int = 512) -> dict:
     """Host and device ms of a round's pieces on a random target of ``shape`` with a random dspark
-    drafter: the block forward, the Markov loop + sampling + confidence head eager and from the draft
+    drafter: the block forward eager and from its graph (specd/engine/block_graphs.py, with its largest
+    hidden difference), the Markov loop + sampling + confidence head eager and from the draft
     graph (specd/engine/draft_graphs.py; on the CPU the same static function without a graph), and
     verification, the former per-sequence loop against the vectorized one. Also checks the graph
     against the eager reference (equal tokens, largest probability difference). Writes
     ``draft_round-<shape>.json``; runs on the CPU (``tiny``: the CI smoke test)."""
     from specd.drafter import DrafterConfig, build_drafter
     from specd.drafter.base import BlockOut
+    from specd.engine.block_graphs import BlockGraphs
     from specd.engine.draft_graphs import DraftGraphs
     from specd.engine.speculation import verify
 
@@ -248,10 +250,13 @@ def profile_draft_round(shape: str, batches: list[int], out: Path, gamma: int = 
     for p in drafter.parameters():
         torch.nn.init.normal_(p, std=0.02)
     graphs = DraftGraphs(drafter, max(batches), dev, replay_eagerly=dev.type != "cuda")
+    blocks = BlockGraphs(drafter, max(batches), max(2048, context + 1), dev, replay_eagerly=dev.type != "cuda",
+                         pool=graphs.pool)
     settings = {"greedy": SamplingParams(temperature=0.0),
                 "T0.7-k20-p0.9": SamplingParams(temperature=0.7, top_k=20, top_p=0.9)}
     res: dict = {"shape": shape, "device": str(dev) if dev.type != "cuda" else torch.cuda.get_device_name(),
-                 "gamma": gamma, "context": context, "markov_rank": rank, "graphs": dev.type == "cuda"}
+                 "gamma": gamma, "context": context, "markov_rank": rank, "graphs": dev.type == "cuda",
+                 "block_graph_static_kv_mib": blocks.memory_bytes / 2 ** 20}
     with torch.inference_mode():
         for b in batches:
             contexts = drafter.contexts_of([torch.randn(context, model.config.hidden_size, device=dev, dtype=dtype)
@@ -265,7 +270,9 @@ def profile_draft_round(shape: str, batches: list[int], out: Path, gamma: int = 
                                                       params, gens())
                 graph = lambda: graphs.run(drafter, hidden, last, params, gens())   # noqa: E731
                 row = {"block_forward": _timed(lambda: drafter.draft_hidden(contexts, last), dev),
+                       "block_forward_graph": _timed(lambda: blocks.run(drafter, contexts, last), dev),
                        "markov_eager": _timed(eager, dev), "markov_graph": _timed(graph, dev)}
+                row.update(_block_identity(drafter, blocks, graphs, contexts, last, hidden, params, gens))
                 want, got = eager(), graph()
                 row["graph_tokens_equal_fraction"] = (want.tokens == got.tokens).float().mean().item()
                 row["graph_max_abs_probs_diff"] = (want.probs - got.probs).abs().max().item()
@@ -281,6 +288,17 @@ def profile_draft_round(shape: str, batches: list[int], out: Path, gamma: int = 
                                 for k, v in row.items()}, flush=True)
     (out / f"draft_round-{shape}.json").write_text(json.dumps(res, indent=1))
     return res
+
+
+def _block_identity(drafter, blocks, graphs, contexts, last, hidden, params, gens) -> dict:
+    """The graph block forward against the eager one: the largest hidden difference, and how many draft
+    tokens the round gives from each (equal unless the rounding moves a draw across a boundary)."""
+    got = blocks.run(drafter, contexts, last).clone()
+    from_graph = graphs.run(drafter, got, last, params, gens()).tokens.clone()
+    from_eager = graphs.run(drafter, hidden, last, params, gens()).tokens
+    return {"block_graph_max_abs_hidden_diff": (got.float() - hidden.float()).abs().max().item(),
+            "block_graph_tokens_equal_fraction": (from_graph == from_eager).float().mean().item(),
+            "block_graph_key": str(blocks.key(contexts))}
 
 
 def _timed(fn, dev: torch.device, repeats: int = 10) -> dict:

@@ -72,3 +72,20 @@ def padded_layer(contexts: Sequence[DraftContext], layer: int) -> KV:
     pad = torch.nn.utils.rnn.pad_sequence
     ks, vs = zip(*(c.layer(layer) for c in contexts))
     return pad(list(ks), batch_first=True), pad(list(vs), batch_first=True)
+
+
+def copy_into_rows(contexts: Sequence[DraftContext], dst: Sequence[KV]) -> None:
+    """Write context i's K/V into row i of static padded buffers, every layer in one foreach copy.
+
+    dst: per layer (k, v), each [Bp, S, Hkv, D] with S >= every n_i. Row i's positions >= n_i keep what
+    they held (a reader masks them), so a step copies the contexts, never clears. On CUDA
+    ``_foreach_copy_`` batches the copies into a few kernel launches instead of one per request and layer."""
+    dsts, srcs = [], []
+    for layer, (k, v) in enumerate(dst):
+        for i, c in enumerate(contexts):
+            if c.n:
+                ck, cv = c.layer(layer)
+                dsts += [k[i, : c.n], v[i, : c.n]]
+                srcs += [ck, cv]
+    if dsts:
+        torch._foreach_copy_(dsts, srcs)

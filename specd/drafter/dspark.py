@@ -179,16 +179,24 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
     def draft_hidden(self, contexts: Sequence[DraftContext], last_tokens: Sequence[int]) -> Tensor:
         """One padded, batched block forward for B requests -> final-normed hidden [B, γ, d] (no LM head).
 
-        contexts[i] holds the context K/V of positions 0..n_i-1; last_tokens[i] sits at n_i.
-        """
+        contexts[i] holds the context K/V of positions 0..n_i-1; last_tokens[i] sits at n_i. The eager
+        reference of the captured block forward (specd/engine/block_graphs.py)."""
         if len(contexts) != len(last_tokens):
             raise DrafterError(f"{len(contexts)} contexts for {len(last_tokens)} anchors")
-        g, dev = self.config.gamma, self.fc.weight.device
+        dev = self.fc.weight.device
         lens = torch.tensor([c.n for c in contexts], dtype=torch.int64, device=dev)
-        ctx_kv = [padded_layer(contexts, i) for i in range(len(self.layers))]
-        b, s = len(contexts), ctx_kv[0][0].shape[1]
+        anchors = torch.tensor(list(last_tokens), dtype=torch.int64, device=dev)
+        return self.padded_block_hidden(anchors, lens, [padded_layer(contexts, i) for i in range(len(self.layers))])
+
+    def padded_block_hidden(self, anchors: Tensor, lens: Tensor, ctx_kv: list[KV]) -> Tensor:
+        """anchors, lens: [B] int64; ctx_kv: per layer (k, v) [B, S, Hkv, D], row i's positions >= lens[i]
+        padding (masked; must be finite) -> final-normed hidden [B, γ, d].
+
+        Fixed shapes in, no host reads: what a CUDA graph captures per (batch, S) bucket."""
+        g, dev = self.config.gamma, anchors.device
+        b, s = ctx_kv[0][0].shape[:2]
         ids = torch.full((b, g), self.config.mask_token_id, dtype=torch.int64, device=dev)
-        ids[:, 0] = torch.tensor(list(last_tokens), dtype=torch.int64, device=dev)
+        ids[:, 0] = anchors
         positions = lens[:, None] + torch.arange(g, device=dev)
         valid = (torch.arange(s, device=dev)[None, :] < lens[:, None])[:, None, :].expand(b, g, s)
         mask = torch.cat([valid, torch.ones(b, g, g, dtype=torch.bool, device=dev)], dim=2)
@@ -205,12 +213,14 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
                        rounds=None) -> DraftOutput:
         """γ proposals per request from cached contexts: one batched block forward, then the Markov
         loop with each request's own sampling. ``tails`` (what ``absorb`` left over) is empty here.
-        ``rounds``: a specd.engine.draft_graphs.DraftGraphs that replays the LM head's consumers, the
-        Markov loop, the sampling and the confidence head from a CUDA graph; None runs them eagerly."""
+        ``rounds``: a specd.engine.draft_graphs.DraftGraphs that replays the block forward (when it has
+        block graphs), the LM head's consumers, the Markov loop, the sampling and the confidence head from
+        CUDA graphs; None runs them eagerly."""
         del tails
-        hidden = self.draft_hidden(contexts, last_tokens)
         if rounds is not None:
+            hidden = rounds.block_hidden(self, contexts, last_tokens)
             return rounds.run(self, hidden, last_tokens, params, generators)
+        hidden = self.draft_hidden(contexts, last_tokens)
         return self.sample_drafts(BlockOut(self.heads.logits(hidden), hidden), last_tokens, params, generators)
 
     def sample_drafts(self, out: BlockOut, last_tokens: Sequence[int], params: Sequence[SamplingParams],

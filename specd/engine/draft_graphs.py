@@ -5,9 +5,12 @@ slots (Markov bias, the sampling transform, inverse CDF, one-hot) is 100-200 ops
 round on a Qwen3-8B shape (docs/results/speedup.md), the paper's loop ≤ 1.3%. Replayed, it is one launch.
 
 What runs where, per round of B requests:
-- eager, at the exact batch: the drafter's block forward (``draft_hidden``) and the LM head, written by
-  ``torch.mm(out=)`` straight into the static logits buffer (cuBLAS and MKL pick kernels by the row
-  count, so a padded LM head would round differently from the eager reference; one launch);
+- the drafter's block forward: replayed from its own graph per (batch, context-length) bucket
+  (specd/engine/block_graphs.py, ``blocks``), writing the static hidden buffer in place; eager
+  (``draft_hidden``) without block graphs or past their buckets;
+- eager, at the exact batch: the LM head, written by ``torch.mm(out=)`` straight into the static logits
+  buffer (cuBLAS and MKL pick kernels by the row count, so a padded LM head would round differently from
+  the eager reference; one launch);
 - host: the uniforms, drawn from each request's own generator exactly as ``SlotSampler`` draws them,
   and the per-row settings, packed into two host buffers and copied in two copies;
 - the graph (``markov_round`` on the static buffers): for each slot the Markov bias of the token drawn
@@ -120,11 +123,28 @@ def markov_round(x: RoundInputs, path: SamplingPath, markov_head, confidence: Ca
     return tokens, probs_out, conf
 
 
+def capture_graph(fn: Callable[[], None], pool) -> torch.cuda.CUDAGraph:
+    """Two warm-up calls on a side stream (the allocator settles), then ``fn`` captured into ``pool``.
+    Raises RuntimeError when an op cannot be captured."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        fn()
+    return graph
+
+
 class DraftGraphs:
     """Static buffers, captured rounds and their shared outputs; one instance per block drafter.
 
     ``replay_eagerly``: run ``markov_round`` on the same padded static buffers without a CUDA graph, so
-    the CPU tests check the padding and the packing (CUDA graphs need a GPU)."""
+    the CPU tests check the padding and the packing (CUDA graphs need a GPU). ``blocks``: a
+    specd.engine.block_graphs.BlockGraphs writing into ``hidden`` (the block forward replayed too), or
+    None (the block forward runs eagerly)."""
 
     def __init__(self, drafter, max_batch: int, device: torch.device, replay_eagerly: bool = False):
         cfg = drafter.config
@@ -148,6 +168,14 @@ class DraftGraphs:
         self.eager_rounds = 0
         self.captures = 0             # rounds captured so far (load-time warm-ups included)
         self.capture_failures = 0     # keys whose capture raised: they run the static round eagerly
+        self.blocks = None            # BlockGraphs, set by the proposer (specd/engine/proposers.py)
+
+    def block_hidden(self, drafter, contexts: Sequence, last_tokens: Sequence[int]) -> Tensor:
+        """The round's block forward -> hidden [B, γ, d]: from the block graphs when there are any (a view
+        of ``self.hidden``), else the eager ``draft_hidden``."""
+        if self.blocks is None:
+            return drafter.draft_hidden(contexts, last_tokens)
+        return self.blocks.run(drafter, contexts, last_tokens)
 
     def key(self, params: Sequence[SamplingParams]) -> DraftGraphKey | None:
         return draft_graph_key(params, self.max_batch, self.vocab)
@@ -165,7 +193,8 @@ class DraftGraphs:
         beside it, the settings and uniforms packed on the host and copied in two copies."""
         n, g, bm, bp = len(params), self.gamma, self.max_batch, key.batch
         torch.mm(hidden.reshape(n * g, -1), drafter.heads.lm_head.weight.detach().t(), out=self.logits[: n * g])
-        self.hidden[:n].copy_(hidden)
+        if hidden.data_ptr() != self.hidden.data_ptr():       # the block graphs write it in place
+            self.hidden[:n].copy_(hidden)
         hi, hf = self._h_ints, self._h_floats
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         kinds = row_kind_codes(params, self.vocab)
@@ -227,23 +256,13 @@ class DraftGraphs:
         if self.replay_eagerly:
             self.graphs[key] = None
             return
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):                     # warm up: allocator settles
-                self._round(drafter, key)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._round(drafter, key)
+            self.graphs[key] = capture_graph(lambda: self._round(drafter, key), self.pool)
         except RuntimeError as exc:   # an op that cannot be captured here: serve this key eagerly, never fail
             self.capture_failures += 1
             log.warning("draft graph capture failed for %s (%s); this key runs the static round eagerly", key, exc)
             torch.cuda.synchronize()
             self.graphs[key] = None
-            return
-        self.graphs[key] = graph
 
     def can_run(self, key: DraftGraphKey | None) -> bool:
         return key is not None and (key in self.graphs or len(self.graphs) < MAX_DRAFT_GRAPHS)

@@ -39,8 +39,8 @@ class FeatureProposer:
     (only the cached context itself is missing to it), and ``DraftContext.offset`` records the gap.
 
     Drafts travel as rows of the proposal's batched probabilities (``Draft.origin``), so verification
-    stacks them without a copy per sequence; on CUDA the Markov loop, sampling and confidence head
-    replay from a graph (``rounds``)."""
+    stacks them without a copy per sequence; on CUDA the block forward, the Markov loop, sampling and
+    confidence head replay from graphs (``rounds``)."""
 
     def __init__(self, drafter, method: str, temperatures: list[float] | None = None, weights_sha256: str = "",
                  rounds=None):
@@ -60,12 +60,16 @@ class FeatureProposer:
             return 0
         from specd.engine.draft_graphs import warm_keys
 
-        return self.rounds.warm(self.drafter, warm_keys(self.rounds.max_batch, self.rounds.vocab))
+        blocks = self.rounds.blocks
+        fresh = 0 if blocks is None else blocks.warm(self.drafter, blocks.warm_keys())
+        return fresh + self.rounds.warm(self.drafter, warm_keys(self.rounds.max_batch, self.rounds.vocab))
 
     @property
     def round_captures(self) -> int:
-        """Draft rounds captured so far (0 without draft graphs)."""
-        return self.rounds.captures if self.rounds is not None else 0
+        """Draft-round and block-forward graphs captured so far (0 without draft graphs)."""
+        if self.rounds is None:
+            return 0
+        return self.rounds.captures + (self.rounds.blocks.captures if self.rounds.blocks is not None else 0)
 
     @torch.inference_mode()
     def fuse(self, captured):
@@ -151,15 +155,21 @@ def load_proposer(method: str, config, model) -> Proposer:
     weights_sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
     calibration = path.parent / "calibration.json"
     temps = json.loads(calibration.read_text())["temperatures"] if calibration.is_file() else None
-    return FeatureProposer(drafter, method, temps, weights_sha256, draft_rounds(drafter, config))
+    max_len = min(config.max_model_len or model.config.max_position_embeddings, model.config.max_position_embeddings)
+    return FeatureProposer(drafter, method, temps, weights_sha256, draft_rounds(drafter, config, max_len))
 
 
-def draft_rounds(drafter, config):
-    """CUDA graphs for a block drafter's sampling round (specd/engine/draft_graphs.py) on the GPU, when
-    the deployment keeps CUDA graphs on; None elsewhere (the eager reference runs: the CPU path)."""
+def draft_rounds(drafter, config, max_len: int):
+    """CUDA graphs for a block drafter's round on the GPU, when the deployment keeps CUDA graphs on: the
+    block forward per (batch, context-length) bucket (specd/engine/block_graphs.py) and the sampling round
+    (specd/engine/draft_graphs.py), in one graph pool. None elsewhere (the eager reference: the CPU path).
+    ``max_len``: the engine's context limit (the largest context bucket)."""
     device = drafter.fc.weight.device
     if device.type != "cuda" or not config.cuda_graphs or not hasattr(drafter, "sample_drafts"):
         return None
+    from specd.engine.block_graphs import BlockGraphs
     from specd.engine.draft_graphs import DraftGraphs
 
-    return DraftGraphs(drafter, config.max_num_seqs, device)
+    rounds = DraftGraphs(drafter, config.max_num_seqs, device)
+    rounds.blocks = BlockGraphs(drafter, config.max_num_seqs, max_len, device, pool=rounds.pool, out=rounds.hidden)
+    return rounds
