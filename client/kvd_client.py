@@ -127,6 +127,7 @@ class KvdClient:
         self.posts: dict[str, list[float]] = {}     # op type -> [posted ops, seconds to send them]
         self._posted: dict[int, tuple[str, Optional[Callable[[Any], None]]]] = {}   # id -> (op type, on_reply)
         self._arrived: dict[int, Optional[dict[str, Any]]] = {}   # posted id -> its reply (None: lost)
+        self._needed = 0          # the last posted id whose reply ``settle`` must wait for
         # posted ops kvd answers out of order (a parked wait_ready): id -> (op type, on_reply, deadline)
         self._watches: dict[int, tuple[str, Callable[[Any], None], float]] = {}
         self._watched: dict[int, dict[str, Any]] = {}     # watch id -> its reply, not handed out yet
@@ -152,11 +153,12 @@ class KvdClient:
             raise error_from_wire(reply.get("error") or {})
         return reply
 
-    def post(self, op: P.Op, on_reply: Optional[Callable[[Any], None]] = None) -> None:
+    def post(self, op: P.Op, on_reply: Optional[Callable[[Any], None]] = None, needed: bool = True) -> None:
         """Send ``op`` without waiting for its reply (a release, a commit whose answer is needed only
         before the next forward step). kvd serves one connection's frames in order, so a later call sees
         its effect. ``settle()`` reads the replies and calls ``on_reply`` with each typed result or
-        KvdClientError, on the caller's thread (never the heartbeat thread's)."""
+        KvdClientError, on the caller's thread (never the heartbeat thread's). ``needed=False`` (a
+        release): ``settle`` does not wait for this reply; a later settle or ``drain`` hands it out."""
         if not self.path.exists():
             raise self._unreachable("no socket file")
         with self._lock:
@@ -164,25 +166,57 @@ class KvdClient:
             req_id = next(self._ids)
             self._sock.send(P.encode_op(req_id, op))
             self._posted[req_id] = (op.type, on_reply)
+            if needed:
+                self._needed = req_id
             self._count(self.posts, op.type, t0)
 
-    def settle(self, timeout_s: Optional[float] = None) -> int:
-        """Wait for every posted op's reply and hand each to its ``on_reply`` in send order; returns how
-        many. Raises KvdUnavailable if one does not come in time (the unanswered ones are dropped)."""
+    def settle(self, timeout_s: Optional[float] = None, needed_only: bool = False) -> int:
+        """Wait for every posted op's reply (``needed_only``: only up to the last one sent with
+        ``needed``; kvd answering in order, every op before it too) and hand out, in send order, every
+        reply that has come; returns how many. Raises KvdUnavailable if one does not come in time (the
+        unanswered ones are dropped)."""
         timeout_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
         with self._lock:
             t0 = time.perf_counter()
             try:
-                if self._posted and len(self._arrived) < len(self._posted):
-                    self._await(max(self._posted), timeout_ms)
+                self._read_ready()
+                last = self._needed if needed_only else max(self._posted, default=0)
+                if last in self._posted and last not in self._arrived:
+                    self._await(last, timeout_ms)
             except KvdUnavailable:
                 self._posted.clear()
                 self._arrived.clear()
                 raise
             finally:
                 self._count(self.round_trips, "settle", t0)
-            done = [(self._posted[i], self._arrived.pop(i)) for i in sorted(self._posted)]
-            self._posted.clear()
+            done = self._take_answered()
+        return self._hand_out(done)
+
+    def drain(self) -> int:
+        """Hand out, in send order, the replies of posted ops that have already come, without waiting
+        (up to the first one still unanswered); returns how many. The scheduler takes a posted
+        ``allocate``'s blocks this way at the start of a step."""
+        with self._lock:
+            self._read_ready()
+            done = self._take_answered()
+        return self._hand_out(done)
+
+    def _read_ready(self) -> None:
+        """File every reply already on the socket (never waits). Caller holds the lock."""
+        while self._sock.poll(0, zmq.POLLIN):
+            self._keep(P.unpack(self._sock.recv()))
+
+    def _take_answered(self) -> list[tuple[tuple[str, Optional[Callable[[Any], None]]], Any]]:
+        """Pop the answered posted ops in send order, stopping at the first unanswered. Caller holds the lock."""
+        done = []
+        for i in sorted(self._posted):
+            if i not in self._arrived:
+                break
+            done.append((self._posted.pop(i), self._arrived.pop(i)))
+        return done
+
+    @staticmethod
+    def _hand_out(done: list[tuple[tuple[str, Optional[Callable[[Any], None]]], Any]]) -> int:
         for (op_type, on_reply), reply in done:
             if on_reply is not None:
                 on_reply(_outcome(op_type, reply))
@@ -215,8 +249,7 @@ class KvdClient:
         its deadline gets KvdUnavailable: kvd died or restarted, and a new kvd never answers it."""
         now = time.monotonic()
         with self._lock:
-            while self._sock.poll(0, zmq.POLLIN):
-                self._keep(P.unpack(self._sock.recv()))
+            self._read_ready()
             answered, self._watched = self._watched, {}
             expired = {i: None for i, (_, _, deadline) in self._watches.items() if deadline <= now and i not in answered}
             handlers = [(self._watches.pop(i), reply) for i, reply in sorted({**answered, **expired}.items())]
@@ -234,6 +267,7 @@ class KvdClient:
         rid = reply.get("id") if isinstance(reply, dict) else None
         if rid in self._posted:
             self._arrived[rid] = reply
+            self._lose_before(rid)
         elif rid in self._watches:
             self._watched[rid] = reply
         return rid
@@ -242,6 +276,11 @@ class KvdClient:
     def unsettled(self) -> int:
         """Posted ops whose replies ``settle()`` has not handed out yet."""
         return len(self._posted)
+
+    @property
+    def awaiting(self) -> bool:
+        """Whether a posted op sent with ``needed`` has not been handed out: ``settle`` may have to wait."""
+        return self._needed in self._posted
 
     @staticmethod
     def _count(table: dict[str, list[float]], op_type: str, t0: float) -> None:
@@ -262,9 +301,13 @@ class KvdClient:
             reply = P.unpack(self._sock.recv())
             rid = self._keep(reply)
             if rid == req_id:
-                for lost in (i for i in self._posted if i < req_id and i not in self._arrived):
-                    self._arrived[lost] = None
+                self._lose_before(req_id)
                 return reply
+
+    def _lose_before(self, rid: int) -> None:
+        """kvd answers posted and waited ops in order: one still unanswered before ``rid`` is lost."""
+        for lost in [i for i in self._posted if i < rid and i not in self._arrived]:
+            self._arrived[lost] = None
 
     def call(self, op: P.Op, timeout_s: Optional[float] = None) -> Any:
         return decode_result(op.type, self.request(op, timeout_s))

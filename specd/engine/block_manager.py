@@ -20,14 +20,25 @@ from specd.engine.block_source import BlockSource, OutOfBlocks
 from specd.engine.sequence import Sequence
 
 
+RESERVE_FLOOR = 64          # blocks kept leased ahead with kvd (a refill may be posted whatever the need)
+RESERVE_POOL_SHARE = 8      # ... but never more than 1/8 of the pool: idle reserve blocks cache nothing
+
+
 class BlockManager:
-    def __init__(self, source: BlockSource, block_size: int, root: BlockHash, reserve: int = 8):
+    def __init__(self, source: BlockSource, block_size: int, root: BlockHash, reserve: int = 8,
+                 reserve_floor: int = RESERVE_FLOOR):
         self.source = source
         self.block_size = block_size
         self.root = root
-        # free blocks leased ahead of need, so a decode step rarely needs a round trip to kvd
+        # free blocks leased ahead of need, so a step rarely needs a round trip to kvd
         self._reserve: list[tuple[LeaseId, BlockId]] = []
-        self._reserve_target = reserve
+        self._reserve_target = reserve           # extra blocks a blocking refill takes beyond the need
+        # a source that can post an allocate (kvd) is refilled ahead of need, off the step's critical path:
+        # up to max(reserve_floor, next step's expected need), capped at a share of the pool
+        self._ahead = hasattr(source, "allocate_ahead")
+        self._reserve_cap = getattr(source, "num_blocks", 0) // RESERVE_POOL_SHARE
+        self._reserve_floor = min(reserve_floor, self._reserve_cap)
+        self._in_flight = 0                      # blocks of the posted allocate not answered yet (0: none)
         # blocks of each allocate lease not yet given back (in the reserve or in a live sequence);
         # a lease is released only at zero, since one lease can feed several sequences
         self._outstanding: dict[LeaseId, int] = {}
@@ -53,14 +64,31 @@ class BlockManager:
         usable = (len(seq.prompt_ids) - 1) // self.block_size
         if usable == 0 or not self.source.connected:
             return 0
-        lease, hits = self.source.lookup(seq.hashes[:usable], seq.request.session)
+        self._take_hit(seq, *self.source.lookup(seq.hashes[:usable], seq.request.session))
+        return seq.num_cached_tokens
+
+    def match_prefixes(self, seqs: list[Sequence]) -> None:
+        """``match_prefix`` for each of ``seqs``, in one kvd round trip when the source batches lookups
+        (the step's admissions): the same hits, leases and state as one lookup each."""
+        many = getattr(self.source, "lookup_many", None)
+        for seq in seqs:
+            self.extend_hashes(seq)
+        asking = [s for s in seqs if (len(s.prompt_ids) - 1) // self.block_size > 0]
+        if many is None or len(asking) < 2 or not self.source.connected:
+            for seq in asking:
+                self.match_prefix(seq)
+            return
+        answers = many([(s.hashes[:(len(s.prompt_ids) - 1) // self.block_size], s.request.session) for s in asking])
+        for seq, (lease, hits) in zip(asking, answers):
+            self._take_hit(seq, lease, hits)
+
+    def _take_hit(self, seq: Sequence, lease: LeaseId | None, hits: list[BlockId]) -> None:
         if lease is not None:
             seq.leases.append(lease)
         seq.block_table.extend(hits)
         seq.block_leases.extend([None] * len(hits))
         seq.num_committed_blocks = seq.num_hit_blocks = len(hits)
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
-        return seq.num_cached_tokens
 
     def hit_leases(self, seq: Sequence) -> list[LeaseId]:
         """The lookup leases behind the sequence's hit (every group's, for a hybrid model)."""
@@ -76,6 +104,12 @@ class BlockManager:
         """Take the promotion answers that have arrived (never waits)."""
         if hasattr(self.source, "poll"):
             self.source.poll()
+
+    def take_arrived(self) -> None:
+        """Take the answers of posted ops that have arrived (a refill's blocks), never waiting; the
+        scheduler calls this at the start of a step."""
+        if self._in_flight and hasattr(self.source, "drain"):
+            self.source.drain()
 
     def drop_hit(self, seq: Sequence) -> None:
         """Give up the sequence's hit (its promotion did not land in time, failed, or kvd is gone): release
@@ -94,11 +128,30 @@ class BlockManager:
         n = self.blocks_needed(seq, new_tokens)
         if n == 0:
             return
+        if len(self._reserve) < n and self._in_flight:
+            self.settle()                          # the posted refill's answer: wait for it, not a new allocate
         if len(self._reserve) < n:
             self._refill(n - len(self._reserve) + self._reserve_target)
         taken, self._reserve = self._reserve[:n], self._reserve[n:]
         seq.block_table.extend(block for _, block in taken)
         seq.block_leases.extend(lease for lease, _ in taken)
+
+    def refill_ahead(self, expected: int) -> None:
+        """Post an allocate so that the reserve covers ``expected`` blocks (the next step's need) and at
+        least the floor, while the forward runs; its blocks join the reserve when the answer is taken
+        (``take_arrived`` or ``settle``), never before. At most one refill is in flight."""
+        want = max(self._reserve_floor, min(expected, self._reserve_cap))
+        if not self._ahead or self._in_flight or len(self._reserve) >= want or not self.source.connected:
+            return
+        self._in_flight = n = want - len(self._reserve) + self._reserve_floor // 2   # hysteresis: fewer refills
+        self.source.allocate_ahead(n, self._refilled)
+
+    def _refilled(self, lease: LeaseId | None, blocks: list[BlockId]) -> None:
+        """A posted refill's answer (None: refused, or kvd died first: nothing to add)."""
+        self._in_flight = 0
+        if lease is not None and blocks:
+            self._outstanding[lease] = len(blocks)
+            self._reserve.extend((lease, b) for b in blocks)
 
     def _refill(self, n: int) -> None:
         try:
@@ -136,9 +189,10 @@ class BlockManager:
         seq.num_committed_blocks = full
 
     def settle(self) -> None:
-        """Apply the answers of deferred commits (and surface errors of posted releases) now."""
+        """Apply the answers of deferred commits and posted refills now (a source that can tell them
+        from posted releases waits for those only; a release's error surfaces once it has come)."""
         if self._defer:
-            self.source.settle()
+            getattr(self.source, "settle_needed", self.source.settle)()
 
     def free(self, seq: Sequence, hints: dict | None = None) -> None:
         """Release what the sequence holds: its lookup leases now, each allocate lease once no
@@ -165,6 +219,10 @@ class BlockManager:
                 self.source.release_blocks(lease, blocks)
 
     def release_reserve(self) -> None:
+        """Give back every reserve block (idle, reattach, shutdown), a refill in flight included: its
+        answer is waited for first, so no lease of it is left behind."""
+        if self._in_flight:
+            self.settle()
         done = self._give_back([lease for lease, _ in self._reserve])
         self._reserve.clear()
         self.source.release(done)

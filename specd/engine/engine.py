@@ -199,6 +199,7 @@ class SpecEngine:
         self._add_drafts(batch)
         capture = self._capture_layers(batch)
         self.blocks.settle()         # answers of last step's posted commits: block tables final before the forward
+        self.blocks.refill_ahead(self.scheduler.expected_blocks())   # posted: kvd answers during the forward
         t1 = time.perf_counter()
         logits, captured = self.runner.run(batch, capture)
         emitted = self._sample(batch, logits)
@@ -568,6 +569,8 @@ class SpecEngine:
         self.blocks.free(seq, hints)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
         self._seqs.pop(seq.id, None)
+        if not self.scheduler.has_work():
+            self.blocks.release_reserve()          # idle: no kvd block stays leased ahead of need
         self._counters["requests_finished"] += 1
 
     def _fail_unschedulable(self, outputs: list[RequestOutput]) -> None:

@@ -121,6 +121,11 @@ class HybridBlockManager(BlockManager):
         seq.num_cached_tokens = seq.num_computed_tokens = hit * self.block_size
         return seq.num_cached_tokens
 
+    def match_prefixes(self, seqs: list[Sequence]) -> None:
+        """One joint lookup each (kvd's ``lookup_groups`` is not batched here)."""
+        for seq in seqs:
+            self.match_prefix(seq)
+
     def hit_leases(self, seq: Sequence) -> list[LeaseId]:
         return [*seq.leases, *(lease for gs in self.group_seqs(seq).values() for lease in gs.leases)]
 

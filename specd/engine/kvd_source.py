@@ -13,10 +13,10 @@ context K/V, specd/engine/draft_cache.py) lives in ``pools`` too, but never join
 """
 from __future__ import annotations
 
+import itertools
 import logging
-import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -62,6 +62,9 @@ class KvdBlockSource:
         self._next_local_lease = -1                        # degraded leases are negative: never sent to kvd
         # lookup leases whose promotions were in flight: lease -> (watch id, None pending | True landed | False lost)
         self._landing: dict[LeaseId, tuple[int, bool | None]] = {}
+        # posted allocates not answered yet: token -> on_done, told None if kvd dies first
+        self._ahead: dict[int, Callable[[LeaseId | None, list[BlockId]], None]] = {}
+        self._ahead_ids = itertools.count(1)
         self.promotion_failures = 0
         self.lookup_errors = 0
 
@@ -121,6 +124,31 @@ class KvdBlockSource:
                                      recompute_s=recompute_s)
         except KvdClientError as exc:
             self._degrade(exc)
+            return None, []
+        return self._take_lookup(res, group)
+
+    def lookup_many(self, requests: Sequence[tuple[Sequence[BlockHash], str | None]]
+                    ) -> list[tuple[LeaseId | None, list[BlockId]]]:
+        """Primary-group lookups of several prompts in one round trip (kvd's ``batch``): what ``lookup``
+        answers for each, in order. The scheduler's admissions of one step look up together."""
+        if not self._connected:
+            return [(None, [])] * len(requests)
+        recompute_s = self.prefill.block_seconds()
+        ops = [P.Lookup(group=self.primary, hashes=list(hashes), session=session, recompute_s=recompute_s)
+               for hashes, session in requests]
+        try:
+            results = self.client.batch(ops)
+        except KvdClientError as exc:
+            self._degrade(exc)
+            return [(None, [])] * len(requests)
+        return [self._take_lookup(res, self.primary) for res in results]
+
+    def _take_lookup(self, res, group: str) -> tuple[LeaseId | None, list[BlockId]]:
+        """Hold a lookup's hit (watching its promotions) or release an empty lease; a refused lookup
+        in a batch is a miss."""
+        if isinstance(res, KvdClientError):
+            self.lookup_errors += 1
+            log.warning("kvd refused a lookup: %s", res)
             return None, []
         if not res.hits:
             if res.lease:
@@ -202,6 +230,41 @@ class KvdBlockSource:
                 self._degrade(exc)
         return self._allocate_local(n, group)
 
+    def allocate_ahead(self, n: int, on_done: Callable[[LeaseId | None, list[BlockId]], None]) -> None:
+        """Post an allocate of ``n`` primary blocks: ``on_done(lease, blocks)`` runs when its answer is
+        handed out (``drain`` at the next step, or ``settle``), ``on_done(None, [])`` if it is refused or
+        kvd dies first. The caller uses no block before that: until then it knows no block id."""
+        if not self._connected:
+            on_done(None, [])
+            return
+        token = next(self._ahead_ids)
+        self._ahead[token] = on_done
+
+        def answered(out) -> None:
+            if self._ahead.pop(token, None) is None:
+                return                                   # told None at a degrade already
+            if isinstance(out, KvdClientError):
+                if isinstance(out, _ClientUnavailable):
+                    self._degrade(out)
+                on_done(None, [])
+                return
+            lease, blocks = out
+            self._held[lease] = (self.primary, list(blocks))
+            on_done(lease, list(blocks))
+        try:
+            self.client.post(P.Allocate(group=self.primary, n=n), answered)
+        except KvdClientError as exc:
+            self._degrade(exc)
+
+    def drain(self) -> None:
+        """Take the answers of posted ops that have arrived (a refill allocate's blocks), never waiting."""
+        if not self._connected or not self.client.unsettled:
+            return
+        try:
+            self.client.drain()
+        except KvdClientError as exc:
+            self._degrade(exc)
+
     def commit(self, lease: LeaseId, entries, on_done=None) -> list[BlockId] | None:
         """Publish ``entries``. With ``on_done`` the commit is posted (no wait) and ``on_done(canonical or
         None)`` runs at the next ``settle``; without, it waits and returns the canonical ids."""
@@ -239,11 +302,25 @@ class KvdBlockSource:
         return out
 
     def settle(self) -> None:
-        """Take the answers of posted commits and releases (the engine calls this before a forward)."""
+        """Take the answers of every posted op, waiting for them."""
         if not self._connected or not self.client.unsettled:
             return
         try:
             self.client.settle()
+        except KvdClientError as exc:
+            self._degrade(exc)
+
+    def settle_needed(self) -> None:
+        """Take the answers of posted commits and allocates (the engine calls this before a forward, the
+        only reader of a committed block's slot): it waits only while one of those is unanswered; a
+        release's answer, which nothing needs, is taken when it has come."""
+        if not self._connected or not self.client.unsettled:
+            return
+        try:
+            if self.client.awaiting:
+                self.client.settle(needed_only=True)
+            else:
+                self.client.drain()
         except KvdClientError as exc:
             self._degrade(exc)
 
@@ -306,6 +383,10 @@ class KvdBlockSource:
             for op, (n, seconds) in sorted(table.items()):
                 out[f"kvd_{kind}_{op}_total"] = n
                 out[f"kvd_{kind}_{op}_seconds_total"] = seconds
+        waited = [v for op, v in self.client.round_trips.items() if op != "heartbeat"]
+        out["kvd_blocking_calls_total"] = sum(n for n, _ in waited)        # the engine's thread waited
+        out["kvd_blocking_seconds_total"] = sum(sec for _, sec in waited)
+        out["kvd_posted_total"] = sum(n for n, _ in self.client.posts.values())
         out["kvd_promotion_failures_total"] = self.promotion_failures
         return out
 
@@ -322,7 +403,7 @@ class KvdBlockSource:
             elif isinstance(out, KvdClientError):
                 log.warning("kvd refused a %s: %s", what, out)
         try:
-            self.client.post(op, answered)
+            self.client.post(op, answered, needed=False)
         except KvdClientError as exc:
             self._degrade(exc)
 
@@ -334,6 +415,9 @@ class KvdBlockSource:
             in_use = {b for g, blocks in self._held.values() if g == group for b in blocks}
             self._free[group] = [BlockId(b) for b in reversed(range(pool.shape[0])) if b not in in_use]
         log.warning("kvd stopped answering (%s): serving without the shared cache, recomputing prefixes", exc)
+        ahead, self._ahead = self._ahead, {}
+        for on_done in ahead.values():      # their answers will never come: no block of theirs is used
+            on_done(None, [])
 
     def _allocate_local(self, n: int, group: str) -> tuple[LeaseId, list[BlockId]]:
         free = self._free[group]

@@ -72,6 +72,7 @@ class Scheduler:
         return bool(self.waiting or self.running or self.parked)
 
     def schedule(self) -> list[ScheduledSeq]:
+        self.blocks.take_arrived()
         self._unpark()
         budget = self.max_num_batched_tokens
         out: list[ScheduledSeq] = []
@@ -85,16 +86,13 @@ class Scheduler:
                 continue
             out.append(ScheduledSeq(seq, chunk))
             budget -= chunk
+        looked = self._look_up_admissions(budget)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not seq.block_table and not seq.skip_lookup:
+            if self._needs_lookup(seq, looked):        # past the batched lookup's estimate
                 self.blocks.match_prefix(seq)
-                landed = self.blocks.hit_landed(seq)
-                if landed is None:
-                    self._park(self.waiting.popleft())
+                if self._parked_on_lookup(seq):
                     continue
-                if not landed:
-                    self._give_up(seq)
             chunk = min(seq.num_pending, budget)
             try:
                 self.blocks.ensure_slots(seq, chunk)
@@ -106,6 +104,55 @@ class Scheduler:
             out.append(ScheduledSeq(seq, chunk))
             budget -= chunk
         return out
+
+    def _look_up_admissions(self, budget: int) -> set[int]:
+        """Look up, in one kvd round trip, the waiting prompts this step will likely admit: the head of
+        the queue, up to the free seats and until their uncached tokens fill ``budget`` (an estimate:
+        hits leave room for more, which then look up one by one). Each hit's promotion state is handled
+        at once, so no sequence keeps a hit that was never checked to have landed. Returns the ids of
+        the sequences looked up (a miss has an empty table too, and must not ask again this step)."""
+        seats = self.max_num_seqs - len(self.running)
+        asking, tokens = [], 0
+        for seq in self.waiting:
+            if len(asking) >= seats or tokens >= budget:
+                break
+            if self._needs_lookup(seq, set()):
+                asking.append(seq)
+            tokens += seq.num_pending
+        if len(asking) < 2:
+            return set()
+        self.blocks.match_prefixes(asking)
+        for seq in asking:
+            self._parked_on_lookup(seq, self.waiting.index(seq))
+        return {id(seq) for seq in asking}
+
+    @staticmethod
+    def _needs_lookup(seq: Sequence, looked: set[int]) -> bool:
+        return not seq.block_table and not seq.skip_lookup and id(seq) not in looked
+
+    def _parked_on_lookup(self, seq: Sequence, at: int = 0) -> bool:
+        """After a lookup: park ``seq`` (at queue position ``at``) if its hit is still being promoted,
+        drop a hit that never will land; returns whether it was parked."""
+        landed = self.blocks.hit_landed(seq)
+        if landed is None:
+            del self.waiting[at]
+            self._park(seq)
+            return True
+        if not landed:
+            self._give_up(seq)
+        return False
+
+    def expected_blocks(self) -> int:
+        """Blocks the next step will likely take: its prompt chunks (what is left to compute of running
+        and waiting prompts, up to the token budget) plus decode growth (about one block per
+        ``block_size`` running sequences). Sizes the reserve refill posted during the forward."""
+        bs = self.blocks.block_size
+        tokens = 0
+        for seq in (*self.running, *self.waiting):
+            if tokens >= self.max_num_batched_tokens:
+                break
+            tokens += seq.num_pending
+        return -(-min(tokens, self.max_num_batched_tokens) // bs) + -(-len(self.running) // bs)
 
     def _park(self, seq: Sequence) -> None:
         seq.status, seq.parked_s = SeqStatus.PARKED, time.monotonic()
