@@ -1,8 +1,9 @@
 """CUDA graphs for a block drafter's block forward: [anchor, MASK x (γ-1)] -> final-normed hidden [B, γ, d].
 
 Why: on the H200 the one-layer drafter's eager block forward cost 2.2-2.9 ms at batch 1, 8 and 32 alike,
-nearly all host time (~50 eager ops plus a per-request ``pad_sequence`` gather per layer), as much as the
-0.5B target's whole decode step from a graph (docs/results/speedup.md). Replayed, it is one launch.
+nearly all host time (119-181 aten calls at B = 1-32, growing with ``pad_sequence``'s per-request copies),
+as much as the 0.5B target's whole decode step from a graph (docs/results/speedup.md). Replayed, it is
+one launch, plus the fill below.
 
 What runs where, per round of B requests:
 - host: anchors and context lengths packed into one pinned buffer, one host-to-device copy;
@@ -42,7 +43,7 @@ log = logging.getLogger("specd.block_graphs")
 MIN_CONTEXT_BUCKET = 256
 MAX_CONTEXT_TOKENS = 1 << 18    # static context positions per layer (Bp·S of the largest key); see Memory above
 MAX_BLOCK_GRAPHS = 64           # the warm-up needs 45 at 32 sequences and a 32K context (6 x 8 buckets, minus
-                                # the 3 past the capacity)
+                                # the 3 past the capacity), 57 at 256 sequences
 
 KV = tuple[Tensor, Tensor]
 
