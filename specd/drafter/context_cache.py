@@ -74,18 +74,19 @@ def padded_layer(contexts: Sequence[DraftContext], layer: int) -> KV:
     return pad(list(ks), batch_first=True), pad(list(vs), batch_first=True)
 
 
-def copy_into_rows(contexts: Sequence[DraftContext], dst: Sequence[KV]) -> None:
-    """Write context i's K/V into row i of static padded buffers, every layer in one foreach copy.
+def copy_into_rows(contexts: Sequence[DraftContext], dst: Sequence[KV], row: int) -> None:
+    """Write context i's K/V at positions i·row .. i·row + n_i - 1 of flat static buffers, every layer in
+    one foreach copy: row i of a [Bp, row, Hkv, D] view.
 
-    dst: per layer (k, v), each [Bp, S, Hkv, D] with S >= every n_i. Row i's positions >= n_i keep what
+    dst: per layer (k, v), each [>= Bp·row, Hkv, D]; row >= every n_i. A row's positions >= n_i keep what
     they held (a reader masks them), so a step copies the contexts, never clears. On CUDA
-    ``_foreach_copy_`` batches the copies into a few kernel launches instead of one per request and layer."""
+    ``_foreach_copy_`` batches the copies into a few kernel launches instead of one per request and layer;
+    slicing the flat buffer costs one view op per copy."""
     dsts, srcs = [], []
     for layer, (k, v) in enumerate(dst):
         for i, c in enumerate(contexts):
             if c.n:
-                ck, cv = c.layer(layer)
-                dsts += [k[i, : c.n], v[i, : c.n]]
-                srcs += [ck, cv]
+                dsts += [k[i * row: i * row + c.n], v[i * row: i * row + c.n]]
+                srcs += c.layer(layer)
     if dsts:
         torch._foreach_copy_(dsts, srcs)

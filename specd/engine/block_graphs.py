@@ -130,7 +130,7 @@ class BlockGraphs:
         h[:n] = torch.tensor(list(last_tokens), dtype=torch.int64)
         h[bm:bm + n] = torch.tensor([c.n for c in contexts], dtype=torch.int64)
         self._ints.copy_(h, non_blocking=True)
-        copy_into_rows(contexts, self.context(key))
+        copy_into_rows(contexts, [(kv[0], kv[1]) for kv in self._kv], key.context)
 
     def _inert(self, key: BlockGraphKey) -> None:
         """Warm-up inputs: every row padding (anchor 0, length 0); the K/V buffers are left as they are."""
