@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from specd.drafter.context_cache import DraftContext, copy_into_rows
-from specd.engine.draft_graphs import BATCH_BUCKETS, bucket, capture_graph
+from specd.engine.draft_graphs import BATCH_BUCKETS, bucket, capture_or_none
 
 log = logging.getLogger("specd.block_graphs")
 
@@ -148,13 +148,8 @@ class BlockGraphs:
         if self.replay_eagerly:
             self.graphs[key] = None
             return
-        try:
-            self.graphs[key] = capture_graph(lambda: self._forward(drafter, key), self.pool)
-        except RuntimeError as exc:   # an op that cannot be captured here: serve this key eagerly, never fail
-            self.capture_failures += 1
-            log.warning("block graph capture failed for %s (%s); this key runs the static forward eagerly", key, exc)
-            torch.cuda.synchronize()
-            self.graphs[key] = None
+        self.graphs[key] = capture_or_none(lambda: self._forward(drafter, key), self.pool, f"block forward {key}")
+        self.capture_failures += self.graphs[key] is None
 
     @torch.inference_mode()
     def warm(self, drafter, keys: list[BlockGraphKey]) -> int:

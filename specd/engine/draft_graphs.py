@@ -138,6 +138,17 @@ def capture_graph(fn: Callable[[], None], pool) -> torch.cuda.CUDAGraph:
     return graph
 
 
+def capture_or_none(fn: Callable[[], None], pool, what: str) -> torch.cuda.CUDAGraph | None:
+    """``capture_graph``, or None (logged) when an op cannot be captured here: the caller then serves that
+    shape by running ``fn``'s static computation eagerly, so a capture problem never fails a step."""
+    try:
+        return capture_graph(fn, pool)
+    except RuntimeError as exc:
+        log.warning("%s: capture failed (%s); it runs eagerly", what, exc)
+        torch.cuda.synchronize()
+        return None
+
+
 class DraftGraphs:
     """Static buffers, captured rounds and their shared outputs; one instance per block drafter.
 
@@ -256,13 +267,8 @@ class DraftGraphs:
         if self.replay_eagerly:
             self.graphs[key] = None
             return
-        try:
-            self.graphs[key] = capture_graph(lambda: self._round(drafter, key), self.pool)
-        except RuntimeError as exc:   # an op that cannot be captured here: serve this key eagerly, never fail
-            self.capture_failures += 1
-            log.warning("draft graph capture failed for %s (%s); this key runs the static round eagerly", key, exc)
-            torch.cuda.synchronize()
-            self.graphs[key] = None
+        self.graphs[key] = capture_or_none(lambda: self._round(drafter, key), self.pool, f"draft round {key}")
+        self.capture_failures += self.graphs[key] is None
 
     def can_run(self, key: DraftGraphKey | None) -> bool:
         return key is not None and (key in self.graphs or len(self.graphs) < MAX_DRAFT_GRAPHS)
