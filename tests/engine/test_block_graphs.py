@@ -25,6 +25,7 @@ from specd.engine.draft_graphs import DraftGraphs, bucket
 from tests.engine.test_draft_graphs import RowLinear
 from specd.loader import load_model
 from specd.sampling_params import SamplingParams
+from tests.greedy_runs import greedy_outputs
 
 STORIES = Path(__file__).resolve().parents[2] / "models" / "stories260K.gguf"
 CPU = torch.device("cpu")
@@ -189,7 +190,6 @@ def test_the_engine_serves_through_the_block_graphs():
     graphs (the static functions, as on CUDA) and eagerly: the same greedy output, the graphs used."""
     from specd.engine.config import EngineConfig
     from specd.engine.engine import SpecEngine
-    from specd.engine.request import Request
 
     drafter_dir = STORIES.parent / "drafters" / "stories260K-dspark"
     engine = SpecEngine.from_config(EngineConfig(max_num_seqs=8, num_local_blocks=512, spec_schedule="fixed",
@@ -197,18 +197,10 @@ def test_the_engine_serves_through_the_block_graphs():
     proposer = engine._proposer("dspark")
     rounds = DraftGraphs(proposer.drafter, 8, CPU, replay_eagerly=True)
     rounds.blocks = BlockGraphs(proposer.drafter, 8, engine.max_model_len, CPU, replay_eagerly=True, out=rounds.hidden)
-    prompts = ["Once upon a time, there was a", "Tom had a big dog. The dog", "One day, Lily went to the"]
     outputs = []
     for r in (None, rounds):
         proposer.rounds = r
-        for i, p in enumerate(prompts):
-            engine.add_request(Request(f"{r is None}{i}", engine.tokenizer.encode(p),
-                                       SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)))
-        got = {}
-        while engine.has_work():
-            for out in engine.step():
-                got.setdefault(out.id[-1], []).extend(out.token_ids)
-        outputs.append(got)
+        outputs.append(greedy_outputs(engine, f"{r is None}-"))
     assert outputs[0] == outputs[1]
     assert rounds.blocks.replays > 0 and rounds.blocks.eager_forwards == 0 and rounds.replays == rounds.blocks.replays
 

@@ -20,6 +20,7 @@ from specd.engine.draft_graphs import DraftGraphs, bucket
 from specd.engine.sampler import SamplingPath
 from specd.loader import load_model
 from specd.sampling_params import SamplingParams
+from tests.greedy_runs import greedy_outputs
 
 STORIES = Path(__file__).resolve().parents[2] / "models" / "stories260K.gguf"
 GREEDY = SamplingParams(temperature=0.0)
@@ -183,24 +184,15 @@ def test_the_engine_serves_through_the_draft_rounds():
     static function, as on CUDA) and eagerly: the same greedy output, the rounds replayed."""
     from specd.engine.config import EngineConfig
     from specd.engine.engine import SpecEngine
-    from specd.engine.request import Request
 
     drafter_dir = STORIES.parent / "drafters" / "stories260K-dspark"
     engine = SpecEngine.from_config(EngineConfig(max_num_seqs=8, num_local_blocks=512, spec_schedule="fixed",
                                                  drafter=drafter_dir, speculation="dspark"))
     proposer = engine._proposer("dspark")
-    prompts = ["Once upon a time, there was a", "Tom had a big dog. The dog", "One day, Lily went to the"]
     outputs = []
     for rounds in (None, DraftGraphs(proposer.drafter, 8, torch.device("cpu"), replay_eagerly=True)):
         proposer.rounds = rounds
         before = engine.stats()["spec_accepted_tokens_total"]
-        for i, p in enumerate(prompts):
-            engine.add_request(Request(f"{rounds is None}{i}", engine.tokenizer.encode(p),
-                                       SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)))
-        got = {}
-        while engine.has_work():
-            for out in engine.step():
-                got.setdefault(out.id[-1], []).extend(out.token_ids)
-        outputs.append(got)
+        outputs.append(greedy_outputs(engine, f"{rounds is None}-"))
         assert engine.stats()["spec_accepted_tokens_total"] > before
     assert outputs[0] == outputs[1] and rounds.replays > 0
