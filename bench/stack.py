@@ -218,7 +218,8 @@ class Stack:
 
         kvd's flush drops every *unleased* block. What can still hold published blocks is specd's
         block reserve: free blocks leased ahead of need in one write lease, which stays open (with every
-        block committed through it) until all its blocks are used. So first two "sweep" requests, with
+        block committed through it) until all its blocks are used. An idle engine gives its reserve back,
+        but a reset must not depend on when the engine noticed it was idle. So first two "sweep" requests, with
         prompts no workload shares, use up the reserve: the last one leaves a new reserve lease whose
         only used block is its own unfinished, unpublished one, as a fresh stack's warm-up does. Then
         flush all tiers and check nothing published is left; sweep again if something is.
