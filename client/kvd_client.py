@@ -159,16 +159,11 @@ class KvdClient:
         its effect. ``settle()`` reads the replies and calls ``on_reply`` with each typed result or
         KvdClientError, on the caller's thread (never the heartbeat thread's). ``needed=False`` (a
         release): ``settle`` does not wait for this reply; a later settle or ``drain`` hands it out."""
-        if not self.path.exists():
-            raise self._unreachable("no socket file")
-        with self._lock:
-            t0 = time.perf_counter()
-            req_id = next(self._ids)
-            self._sock.send(P.encode_op(req_id, op))
+        def book(req_id: int) -> None:
             self._posted[req_id] = (op.type, on_reply)
             if needed:
                 self._needed = req_id
-            self._count(self.posts, op.type, t0)
+        self._send_unanswered(op, book)
 
     def settle(self, timeout_s: Optional[float] = None, needed_only: bool = False) -> int:
         """Wait for every posted op's reply (``needed_only``: only up to the last one sent with
@@ -227,13 +222,19 @@ class KvdClient:
         passes) and hand its answer to ``on_reply`` at a later ``poll_watches``, which never blocks. Why not
         ``post``: kvd answers a parked op out of order, and ``settle`` (before every forward) would wait
         for it. Returns the id, for ``unwatch``."""
+        deadline = time.monotonic() + op.timeout_s + self.timeout_s
+        return self._send_unanswered(op, lambda req_id: self._watches.__setitem__(req_id, (op.type, on_reply, deadline)))
+
+    def _send_unanswered(self, op: P.Op, book: Callable[[int], None]) -> int:
+        """Send ``op`` without waiting; ``book(id)`` records, under the same lock, who takes its reply
+        (``post``'s settle or ``watch``'s poll). Returns the request id."""
         if not self.path.exists():
             raise self._unreachable("no socket file")
         with self._lock:
             t0 = time.perf_counter()
             req_id = next(self._ids)
             self._sock.send(P.encode_op(req_id, op))
-            self._watches[req_id] = (op.type, on_reply, time.monotonic() + op.timeout_s + self.timeout_s)
+            book(req_id)
             self._count(self.posts, op.type, t0)
         return req_id
 

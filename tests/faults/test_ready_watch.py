@@ -6,24 +6,18 @@ from __future__ import annotations
 import time
 
 import pytest
-import zmq
 
 from client.kvd_client import KvdClient, KvdUnavailable, PromotionFailed
 from kvd import protocol as P
+from tests.fake_kvd import fake_kvd_socket
 
 
 @pytest.fixture
 def fake_kvd(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    router = zmq.Context.instance().socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.setsockopt(zmq.RCVTIMEO, 5000)
-    router.bind(f"ipc://{run / 'kvd.sock'}")
-    client = KvdClient(run, timeout_s=0.5)
-    yield router, client
-    client.close()
-    router.close(0)
+    with fake_kvd_socket(tmp_path / "run") as router:
+        client = KvdClient(tmp_path / "run", timeout_s=0.5)
+        yield router, client
+        client.close()
 
 
 def receive(router) -> tuple[bytes, int]:

@@ -7,13 +7,13 @@ import hashlib
 import threading
 
 import pytest
-import zmq
 
 from client.kvd_client import KvdClient, KvdUnavailable, UnknownLease
 from kvd import protocol as P
 from kvd.config import KvdConfig
 from kvd.core import KvdCore
 from kvd.server import KvdServer
+from tests.fake_kvd import fake_kvd_socket
 
 
 def h(i: int) -> bytes:
@@ -66,45 +66,33 @@ def test_a_refused_posted_op_is_returned_not_raised(kvd):
 
 
 def test_settle_without_kvd_raises_unavailable(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    router = zmq.Context.instance().socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.bind(f"ipc://{run / 'kvd.sock'}")
-    client = KvdClient(run, timeout_s=0.3)
-    try:
-        client.post(P.Heartbeat())
-        with pytest.raises(KvdUnavailable):
-            client.settle()
-        assert client.unsettled == 0
-    finally:
-        client.close()
-        router.close(0)
+    with fake_kvd_socket(tmp_path / "run"):
+        client = KvdClient(tmp_path / "run", timeout_s=0.3)
+        try:
+            client.post(P.Heartbeat())
+            with pytest.raises(KvdUnavailable):
+                client.settle()
+            assert client.unsettled == 0
+        finally:
+            client.close()
 
 
 def test_a_posted_op_whose_reply_never_comes_is_reported_lost(tmp_path):
     """kvd answers in order, so a later id's reply means an earlier posted one will never come."""
-    run = tmp_path / "run"
-    run.mkdir()
-    router = zmq.Context.instance().socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.setsockopt(zmq.RCVTIMEO, 5000)
-    router.bind(f"ipc://{run / 'kvd.sock'}")
-
-    def answer_only_the_second() -> None:
-        router.recv_multipart()                                   # the posted heartbeat: dropped
-        ident, payload = router.recv_multipart()
-        router.send_multipart([ident, P.encode_reply(P.unpack(payload)["id"], {})])
-    thread = threading.Thread(target=answer_only_the_second, daemon=True)
-    thread.start()
-    client = KvdClient(run, timeout_s=3.0)
-    got = []
-    try:
-        client.post(P.Heartbeat(), got.append)
-        client.heartbeat()
-        client.settle()
-        assert len(got) == 1 and isinstance(got[0], KvdUnavailable)
-    finally:
-        thread.join(5)
-        client.close()
-        router.close(0)
+    with fake_kvd_socket(tmp_path / "run") as router:
+        def answer_only_the_second() -> None:
+            router.recv_multipart()                                   # the posted heartbeat: dropped
+            ident, payload = router.recv_multipart()
+            router.send_multipart([ident, P.encode_reply(P.unpack(payload)["id"], {})])
+        thread = threading.Thread(target=answer_only_the_second, daemon=True)
+        thread.start()
+        client = KvdClient(tmp_path / "run", timeout_s=3.0)
+        got = []
+        try:
+            client.post(P.Heartbeat(), got.append)
+            client.heartbeat()
+            client.settle()
+            assert len(got) == 1 and isinstance(got[0], KvdUnavailable)
+        finally:
+            thread.join(5)
+            client.close()
