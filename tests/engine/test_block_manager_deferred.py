@@ -54,13 +54,18 @@ def computed(bm, tokens, rid):
     return seq
 
 
-def test_a_duplicate_switches_to_the_canonical_block_only_at_settle():
-    src = DeferringSource(16)
-    bm = BlockManager(src, BS, ROOT, reserve=0)
+def published_and_duplicate():
+    """A block manager on a deferring source, sequence ``a`` committed and settled, and ``b``, computed over
+    the same tokens on its own blocks and not committed yet."""
+    bm = BlockManager(DeferringSource(16), BS, ROOT, reserve=0)
     a = computed(bm, range(9), "a")
     bm.commit_full(a)
     bm.settle()
-    b = computed(bm, range(9), "b")
+    return bm, a, computed(bm, range(9), "b")
+
+
+def test_a_duplicate_switches_to_the_canonical_block_only_at_settle():
+    bm, a, b = published_and_duplicate()
     mine = list(b.block_table)
     bm.commit_full(b)
     assert b.block_table == mine and b.num_committed_blocks == 2      # nothing waited for the answer
@@ -69,12 +74,7 @@ def test_a_duplicate_switches_to_the_canonical_block_only_at_settle():
 
 
 def test_an_answer_never_touches_the_table_of_a_freed_sequence():
-    src = DeferringSource(16)
-    bm = BlockManager(src, BS, ROOT, reserve=0)
-    a = computed(bm, range(9), "a")
-    bm.commit_full(a)
-    bm.settle()
-    b = computed(bm, range(9), "b")
+    bm, _, b = published_and_duplicate()
     bm.commit_full(b)
     bm.free(b)                       # finished (or preempted) before the answer came
     again = computed(bm, range(9), "b2")
