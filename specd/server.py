@@ -34,6 +34,7 @@ SOCKET_MODE = 0o660
 # Frames a slow client may have queued before its request is dropped (each is one token delta).
 SEND_HIGH_WATER = 100_000
 MAX_RECV_PER_TURN = 256  # bounds how long a burst of requests can delay the next engine step
+PARKED_POLL_MS = 1        # every sequence parked: a promotion lands in ms, so wait this long per turn
 
 
 class Engine(Protocol):
@@ -122,9 +123,12 @@ class SpecdServer:
             sock.close(linger=0)
 
     def _turn(self, sock: zmq.Socket) -> None:
-        """One loop iteration: take what arrived, then run one engine step if there is work."""
+        """One loop iteration: take what arrived, then run one engine step if there is work. When every
+        sequence waits on a kvd promotion (parked), a step can only poll for the answers, so the loop
+        waits PARKED_POLL_MS for a request instead of spinning."""
         busy = self.engine.has_work()
-        if sock.poll(0 if busy else self.idle_poll_ms, zmq.POLLIN):
+        parked = busy and getattr(self.engine, "only_parked", lambda: False)()
+        if sock.poll(PARKED_POLL_MS if parked else 0 if busy else self.idle_poll_ms, zmq.POLLIN):
             for _ in range(MAX_RECV_PER_TURN):
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)

@@ -185,6 +185,10 @@ class SpecEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._pending_outputs)
 
+    def only_parked(self) -> bool:
+        """Nothing to run until a kvd promotion lands (the server then waits instead of spinning)."""
+        return self.scheduler.only_parked() and not self._pending_outputs
+
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         self._maybe_reconnect()

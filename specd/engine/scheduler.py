@@ -71,6 +71,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.parked)
 
+    def only_parked(self) -> bool:
+        """Every sequence waits on a promotion: a step can do nothing but poll for the answers."""
+        return bool(self.parked) and not self.waiting and not self.running
+
     def schedule(self) -> list[ScheduledSeq]:
         self.blocks.take_arrived()
         self._unpark()

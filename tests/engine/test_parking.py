@@ -77,3 +77,16 @@ def test_a_lost_or_late_hit_is_recomputed_and_an_abort_releases_it():
     assert all(s.num_tokens == 13 and s.seq.num_cached_tokens == 0 for s in out)   # recomputed from token 0
     st = sched.stats()
     assert st["parked_giveups_total"] == 2 and st["parked_total"] == 3 and st["requests_parked"] == 0
+
+
+def test_only_parked_holds_exactly_while_nothing_else_can_run():
+    src = PromotingSource(64)
+    bm = BlockManager(src, 4, ROOT, reserve=0)
+    cached(src, bm, range(13))
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    hit = seq_of(range(13), "hit")
+    sched.add(hit)
+    assert not sched.only_parked()                                 # waiting, not looked up yet
+    assert sched.schedule() == [] and hit.status is SeqStatus.PARKED and sched.only_parked()
+    sched.add(seq_of(range(50, 60), "later"))
+    assert not sched.only_parked()                                 # a runnable arrival
