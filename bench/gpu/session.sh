@@ -10,7 +10,8 @@
 #   bash bench/gpu/session.sh drafter-out N  # part N (0, 1) of the trained dspark drafter in bf16, to carry later
 #   bash bench/gpu/session.sh stash DIR    # copy a carried folder's files to /tmp/stash (the drafter's pieces)
 #   bash bench/gpu/session.sh final        # GPU0: bench speedup with the carried drafter, the draft-round profile,
-#                                          #   sps-projection | GPU1: serve-plan gpu-kv (issue 7, per-cell stats)
+#                                          #   sps-projection | GPU1: serve-plan gpu-kv (issue 7, per-cell stats;
+#                                          #   KV_PLAN=gpu-creative runs the creative case instead)
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
 # most 64 MiB (the 491 MB GGUF goes in nine 56 MB pieces made with `split -b 56000000 -d -a 2 GGUF .carry/q.`),
@@ -171,7 +172,7 @@ PY
       echo "sps-projection rc=$?"
     ) &
     a=$!
-    CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench serve-plan --plan gpu-kv --model "$MODEL" --device cuda \
+    CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench serve-plan --plan "${KV_PLAN:-gpu-kv}" --model "$MODEL" --device cuda \
       --sessions .carry/sessions --out "$RES/final/serve" --work /tmp/sp2 --budget-s "${SERVE_BUDGET:-450}" \
       --no-progress > /tmp/logs/serve-plan.log 2>&1 &
     b=$!
