@@ -18,3 +18,15 @@ def greedy_outputs(engine, tag: str, prompts=STORY_PROMPTS, max_tokens: int = 24
         for out in engine.step():
             got.setdefault(out.id[len(tag):], []).extend(out.token_ids)
     return got
+
+
+def greedy_run(engine, rid: str, prompt: list[int], max_tokens: int = 8):
+    """One greedy request run alone to ``max_tokens``: (token ids, final usage); fails on any error output."""
+    engine.add_request(Request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)))
+    ids, usage = [], None
+    while engine.has_work():
+        for out in engine.step():
+            assert out.error is None
+            ids += out.token_ids
+            usage = out.usage or usage
+    return ids, usage

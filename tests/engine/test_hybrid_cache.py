@@ -17,6 +17,7 @@ from specd.engine.engine import SpecEngine
 from specd.engine.request import Request
 from specd.loader import load_model
 from specd.sampling_params import SamplingParams
+from tests.greedy_runs import greedy_run as run
 
 pytestmark = pytest.mark.slow
 
@@ -45,17 +46,6 @@ def engine(path, run_dir=None) -> SpecEngine:
     torch.set_num_threads(1)
     return SpecEngine.from_config(EngineConfig(model=path, device="cpu", dtype="float32", block_size=BS,
                                                num_local_blocks=96, cuda_graphs=False, kvd_run_dir=run_dir))
-
-
-def run(eng: SpecEngine, rid: str, prompt: list[int], n: int = 8):
-    eng.add_request(Request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)))
-    ids, usage = [], None
-    while eng.has_work():
-        for out in eng.step():
-            assert out.error is None
-            ids += out.token_ids
-            usage = out.usage or usage
-    return ids, usage
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -92,8 +82,8 @@ def test_hybrid_prefix_hits_match_recompute_and_swa_keeps_only_windows(checkpoin
         # (c) D recomputes a shorter prefix (its swa blocks behind B's window are gone) and leaves
         # swa blocks 4, 5; C's full hit is 9 blocks but only the end at 6 has its swa window
         d = a[:97]
-        got_d, ud = run(cached, "d", d, n=2)
-        assert ud.cached_tokens == 0 and got_d == run(local, "d", d, n=2)[0]
+        got_d, ud = run(cached, "d", d, max_tokens=2)
+        assert ud.cached_tokens == 0 and got_d == run(local, "d", d, max_tokens=2)[0]
         c = a[:9 * BS] + tokens(40, 3)
         got_c, uc = run(cached, "c", c)
         assert uc.cached_tokens == 6 * BS
@@ -105,7 +95,7 @@ def test_a_long_sequence_gives_back_its_swa_blocks_behind_the_window(checkpoint,
     gives each block back once no future query can see it (the GPU working set stays near W/bs)."""
     with KvdProcess(tmp_path / "kvd", gpu_blocks=96, dram_blocks=0, max_groups=2) as kvd:
         eng = engine(checkpoint, kvd.run_dir)
-        want = run(engine(checkpoint), "x", tokens(150, 1), n=120)[0]
+        want = run(engine(checkpoint), "x", tokens(150, 1), max_tokens=120)[0]
         eng.add_request(Request("x", tokens(150, 1), SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True)))
         got, seen = [], []
         while eng.has_work():

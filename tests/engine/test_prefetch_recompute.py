@@ -12,23 +12,11 @@ from bench.kvd_process import KvdProcess
 from client import kvctl
 from specd.engine.config import EngineConfig
 from specd.engine.engine import SpecEngine
-from specd.engine.request import Request
-from specd.sampling_params import SamplingParams
+from tests.greedy_runs import greedy_run as run
 
 pytestmark = pytest.mark.slow
 
 BLOCK_BYTES = 5 * 2 * 16 * 4 * 8 * 4      # stories260K: L * 2 * bs * Hkv * D * fp32
-
-
-def run(engine: SpecEngine, rid: str, prompt: list[int]):
-    engine.add_request(Request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)))
-    ids, usage = [], None
-    while engine.has_work():
-        for out in engine.step():
-            assert out.error is None
-            ids += out.token_ids
-            usage = out.usage or usage
-    return ids, usage
 
 
 def prompts(vocab: int) -> tuple[list[int], list[list[int]]]:
