@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import cell_stats
+from bench.arg_types import positive_ints
 from bench.loadgen import HttpTransport, IpcTransport, LoadResult, RequestRecord, Script, SessionScript, run_load
 from bench.report import baseline_name, write_report
 from bench.stack import CONFIGS, Stack, StackOptions, StackPool
@@ -57,16 +58,6 @@ def _names(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _levels(text: str) -> list[int]:
-    try:
-        levels = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad concurrency list {text!r}") from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError("concurrency levels must be positive integers")
-    return sorted(set(levels))
-
-
 def _level_sessions(text: str) -> dict[int, int]:
     try:
         pairs = [item.split(":") for item in text.split(",") if item.strip()]
@@ -86,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, required=True, help="GGUF file or HF directory served by specd")
     p.add_argument("--configs", type=_names, default=["standard", "ours"],
                    help=f"comma list of {', '.join(CONFIGS)}; the first is the baseline of the ratios")
-    p.add_argument("--concurrency", type=_levels, default=[1], help="comma list of levels, e.g. 1,8,32")
+    p.add_argument("--concurrency", type=positive_ints, default=[1], help="comma list of levels, e.g. 1,8,32")
     p.add_argument("--sessions", type=int, default=None,
                    help="sessions per profile (default 16), or the first N of a session file (default: all)")
     p.add_argument("--level-sessions", type=_level_sessions, default={}, metavar="LEVEL:N,...",

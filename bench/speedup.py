@@ -33,6 +33,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench.arg_types import positive_ints
+
 ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = the engine's (scheduled)
     "none": {"method": "none", "schedule": None, "gamma": None},
     "dspark": {"method": "dspark", "schedule": "confidence", "gamma": None},
@@ -287,16 +289,6 @@ def render_markdown(result: dict) -> str:
 
 # ---- command line ------------------------------------------------------------------------------------
 
-def _levels(text: str) -> list[int]:
-    try:
-        levels = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad concurrency list {text!r}") from None
-    if not levels or levels[0] < 1:
-        raise argparse.ArgumentTypeError("concurrency levels must be positive integers")
-    return levels
-
-
 def _rows(text: str) -> list[str]:
     rows = [r.strip() for r in text.split(",") if r.strip()]
     bad = [r for r in rows if r not in ROWS]
@@ -310,7 +302,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafters", default="", help="method=DIR,... (dspark, dflash, eagle3); rows whose "
                                                   "drafter is missing are skipped and listed")
     p.add_argument("--workloads", required=True, help="comma list of session JSONL files (their eval split)")
-    p.add_argument("--concurrency", type=_levels, default=[1, 4, 8, 16, 32])
+    p.add_argument("--concurrency", type=positive_ints, default=[1, 4, 8, 16, 32])
     p.add_argument("--rows", type=_rows, default=list(ROWS), help=f"comma list of {', '.join(ROWS)}")
     p.add_argument("--requests", type=int, default=16, help="N requests per run (at least the concurrency)")
     p.add_argument("--max-tokens", type=int, default=None, help="answer length (default: the turn's max_tokens)")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from bench.arg_types import positive_ints
 from bench.gpu_profile import SHAPES
 
 TINY = dict(SHAPES["qwen3-8b"], vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -196,19 +197,9 @@ def project(verify_s: dict[int, list[float]], markov_s: dict[int, float], alpha:
 
 # ---- command line ------------------------------------------------------------------------------------
 
-def _ints(text: str) -> list[int]:
-    try:
-        vals = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad list {text!r}") from None
-    if not vals or vals[0] < 1:
-        raise argparse.ArgumentTypeError("values must be positive integers")
-    return vals
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES) + ["tiny"])
-    p.add_argument("--batches", type=_ints, default=[1, 2, 4, 8, 16, 32, 64, 128])
+    p.add_argument("--batches", type=positive_ints, default=[1, 2, 4, 8, 16, 32, 64, 128])
     p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
     p.add_argument("--gamma", type=int, default=7, help="largest k timed (drafts per request)")
     p.add_argument("--repeats", type=int, default=5)

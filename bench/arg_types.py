@@ -1,0 +1,16 @@
+"""argparse types shared by the bench commands."""
+from __future__ import annotations
+
+import argparse
+
+
+def positive_ints(text: str) -> list[int]:
+    """'1,8,32' -> [1, 8, 32]: the distinct values, sorted; every one a positive integer (concurrency
+    levels, batch sizes)."""
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad list of integers {text!r}") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: values must be positive integers")
+    return values

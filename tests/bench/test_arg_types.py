@@ -1,0 +1,12 @@
+import argparse
+
+import pytest
+
+from bench.arg_types import positive_ints
+
+
+def test_positive_ints_sorts_and_dedups_and_refuses_bad_lists():
+    assert positive_ints("32,1,8,8") == [1, 8, 32]
+    for bad in ("a,1", "0,1", "", "-2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive_ints(bad)
