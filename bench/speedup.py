@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.arg_types import positive_ints
+from bench.row_profiles import RowProfiles
 
 ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = the engine's (scheduled)
     "none": {"method": "none", "schedule": None, "gamma": None},
@@ -320,6 +321,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="wall-time budget: no (workload, concurrency) cell starts after it (the cells left are "
                         "listed under 'cut'), so a device call with a hard limit still writes its results")
     p.add_argument("--out", type=Path, required=True, help="directory for speedup.json and speedup.md")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="also run cProfile over the timed runs and write DIR/profile-<row>-c<N>.txt (host hot "
+                   "spots by own and cumulative time, all workloads and repeats of a cell summed; the GPU's "
+                   "share shows as time in the step's one synchronising copy). Slows every row alike.")
 
 
 def _engine(args: argparse.Namespace):
@@ -356,6 +361,7 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
     workloads: dict = {}
     cut: list[str] = []
     deadline = None if getattr(args, "budget_s", None) is None else time.perf_counter() + args.budget_s
+    profiles = RowProfiles(getattr(args, "profile", None))
     for wl_path in [Path(w.strip()) for w in args.workloads.split(",") if w.strip()]:
         name = wl_path.stem
         workloads[name] = {}
@@ -372,10 +378,13 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                 run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}")
             for rep in range(args.repeats):
                 for row in rows:
-                    r = run_closed_loop(engine, prompts, row_fields(row, cap), level, f"{name}-{level}-{row}-{rep}")
+                    with profiles.timed(row, level):
+                        r = run_closed_loop(engine, prompts, row_fields(row, cap), level,
+                                            f"{name}-{level}-{row}-{rep}")
                     runs[row].append(r)
                     progress(f"{name} c={level} {row} rep {rep}: {r.throughput_tok_s:.1f} tok/s, tau {_num(r.tau)}")
             workloads[name][str(level)] = summarize_cell(runs, args.tolerance)
+    profiles.write()
     return {"rows": rows, "skipped_rows": skipped, "cut": cut,
             "row_settings": {row: row_fields(row, cap) for row in rows}, "workloads": workloads,
             "summary": summary_across(workloads)}

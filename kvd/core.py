@@ -40,7 +40,7 @@ BATCH_OPS = ("lookup", "allocate", "commit", "release", "heartbeat")
 DEMOTE_COUNTERS = tuple(f"demote_{t}_{what}" for t in ("dram", "nvme") for what in ("blocks", "seconds"))
 # per-group counters of the background cleaner and of the request path under pressure (also summed globally)
 CLEAN_COUNTERS = ("clean_passes", "clean_batches", "clean_seconds", "demote_cancels", "demote_errors",
-                  "pressure_drops", "pressure_waits", "pressure_wait_seconds")
+                  "pressure_drops", "pressure_waits", "pressure_wait_seconds", "spill_drops")
 MAX_BATCHES_PER_PASS = 256   # a pass yields (and re-reads the marks) after this many batches per group
 # before each batch the cleaner waits this long at most for queued promotions to finish: promotions sit in
 # a parked request's TTFT, demotions only keep a reserve (docs/design/kvd.md, "Promotions")
@@ -562,13 +562,14 @@ class KvdCore:
         return moved
 
     def _plan_batch(self, g: CacheGroup) -> list[Demotion] | None:
-        """The next batch to copy: tiers bottom-up, so a middle tier (DRAM) makes room before the tier above
-        demotes into it. [] when only drops were needed (progress, nothing to copy); None when nothing more
-        can be done now."""
+        """The next batch to copy: tiers top-down, so the GPU tier's reserve (what allocations need) is
+        refilled at DRAM speed first and DRAM→NVMe writes run only when the GPU tier is not short (a
+        full DRAM tier makes room for a GPU victim by dropping its own, CacheGroup._reserve). [] when
+        only drops were needed (progress, nothing to copy); None when nothing more can be done now."""
         with self._lock:
             if self.groups.get(g.name) is not g:
                 return None   # closed meanwhile
-            for tier in reversed(list(g.marks)):
+            for tier in list(g.marks):
                 want = g.clean_want(tier)
                 if not want:
                     continue

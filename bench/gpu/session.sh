@@ -12,9 +12,12 @@
 #   bash bench/gpu/session.sh final        # GPU0: bench speedup with the carried drafter, the draft-round profile,
 #                                          #   sps-projection | GPU1: serve-plan gpu-kv (issue 7, per-cell stats;
 #                                          #   KV_PLAN=gpu-creative runs the creative case instead)
+#   bash bench/gpu/session.sh probe        # GPU0: bench speedup --profile (cProfile of the timed runs: where a
+#                                          #   drafting step's time goes) | GPU1: serve-plan ${KV_PLAN:-gpu-agentic-idle}
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
-# most 64 MiB (the 491 MB GGUF goes in nine 56 MB pieces made with `split -b 56000000 -d -a 2 GGUF .carry/q.`),
+# most 64 MiB with the working tree (~13 MB): the 491 MB GGUF goes in ten 50 MB pieces, N=0..9, made with
+# `split -b 50000000 -d -a 2 GGUF .carry/q.`;
 # and at most 8 files come back: each phase packs its results into one tarball under $OUT.
 # Run it from a clean export of a commit, so the results name the code that made them: `bash bench/gpu/export.sh`
 # here (writes .carry/clean and its COMMIT file, read by bench/provenance.py), carry .carry/clean, and on the
@@ -181,6 +184,25 @@ PY
     tail -n 12 /tmp/logs/sps.log
     pack final
     ;;
+  probe)
+    mkdir -p "$RES/probe"
+    if [ ! -d /tmp/dsp ]; then
+      cat /tmp/stash/dsq.* > /tmp/dsp.tgz && tar xzf /tmp/dsp.tgz -C /tmp && ls -la /tmp/dsp || exit 1
+    fi
+    W=$(ls .carry/qwen-sessions500/{coding,creative}.eval.jsonl | paste -sd, -)
+    CUDA_VISIBLE_DEVICES=0 python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
+      --rows none,dspark,dspark-g7 --workloads "$W" --concurrency 1,8,32 --requests 8 --max-tokens 48 \
+      --repeats 1 --device cuda --budget-s "${SPEED_BUDGET:-200}" --profile "$RES/probe/profile" \
+      --out "$RES/probe/speedup" > /tmp/logs/speedup.log 2>&1 &
+    a=$!
+    CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench serve-plan --plan "${KV_PLAN:-gpu-agentic-idle}" --model "$MODEL" \
+      --device cuda --sessions .carry/sessions --out "$RES/probe/serve" --work /tmp/sp3 --budget-s "${SERVE_BUDGET:-450}" \
+      --no-progress > /tmp/logs/serve-plan.log 2>&1 &
+    b=$!
+    wait $a; echo "speedup rc=$?"; wait $b; echo "serve-plan rc=$?"
+    grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 30; tail -n 12 /tmp/logs/speedup.log
+    pack probe
+    ;;
   *)
-    sed -n 2,28p "$0"; exit 2 ;;
+    sed -n 2,30p "$0"; exit 2 ;;
 esac

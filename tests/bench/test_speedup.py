@@ -111,3 +111,19 @@ def test_budget_cuts_cells_and_still_writes(tmp_path):
     assert result["cut"] == ["stories-greedy c=1", "stories-greedy c=3"]
     assert result["workloads"] == {"stories-greedy": {}}
     assert "Cells not run (past --budget-s): stories-greedy c=1, stories-greedy c=3." in (out / "speedup.md").read_text()
+
+
+def test_profile_writes_one_table_per_row_and_concurrency(tmp_path):
+    """--profile: cProfile over the timed runs only; the step function shows in every table."""
+    greedy = _sessions(tmp_path / "stories-greedy.jsonl", "greedy", 0.0)
+    out, prof = tmp_path / "out", tmp_path / "prof"
+    rc = bench_main(["speedup", "--model", str(MODEL), "--workloads", str(greedy), "--concurrency", "1,2",
+                     "--rows", "none,ngram", "--requests", "2", "--max-tokens", "4", "--repeats", "1",
+                     "--profile", str(prof), "--out", str(out)])
+    assert rc == 0
+    names = sorted(p.name for p in prof.iterdir())
+    assert names == ["profile-ngram-c1.txt", "profile-ngram-c2.txt", "profile-none-c1.txt", "profile-none-c2.txt"]
+    for p in prof.iterdir():
+        text = p.read_text()
+        assert "## by tottime" in text and "## by cumulative" in text
+        assert "(step)" in text            # engine.step ran inside the profiled window

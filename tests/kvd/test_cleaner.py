@@ -182,6 +182,32 @@ def test_pressure_wait_lets_the_cleaner_free_a_slot(make_core):
     assert s["pressure_drops"] == 0 and s["pressure_waits"] == 1 and s["demotions"] >= 1
 
 
+def test_full_dram_spills_so_the_gpu_reserve_never_waits_for_nvme(make_core, tmp_path, monkeypatch):
+    """Top-down cleaning. A full DRAM tier makes room for a GPU victim by dropping its own victim
+    (spill_drops) instead of waiting for its DRAM→NVMe writes, and when both tiers are short the
+    cleaner's next batch is the GPU tier's (what allocations need), not DRAM's NVMe writes."""
+    core = make_core(policy="lru-offload", gpu_blocks=8, dram_blocks=4, nvme_blocks=32, nvme_dir=tmp_path / "nvme",
+                     clean_low=0.99, clean_high=0.99, clean_batch=2)
+    g = core.groups["full"]
+    real_want = g.clean_want
+    monkeypatch.setattr(g, "clean_want", lambda tier: 0 if tier is Tier.DRAM else real_want(tier))  # DRAM never cleans
+    for i in range(7):
+        put(core, [100 + i])
+        settle(core)
+    s = core.stats()["groups"]["full"]
+    assert g.pools[Tier.DRAM].free_count == 0 and g.pools[Tier.GPU].free_count == 8   # every GPU block demoted
+    assert s["spill_drops"] == 3 and s["pressure_drops"] == 0 and s.get("demote_nvme_blocks", 0) == 0
+    assert s["demote_dram_blocks"] == 7
+    # the four most recent blocks are the ones kept (LRU), in DRAM
+    assert [g.index.get(h(100 + i)) is not None for i in range(7)] == [False] * 3 + [True] * 4
+
+    monkeypatch.setattr(g, "clean_want", real_want)     # now both tiers are short of their reserve
+    put(core, [200])
+    batch = core._plan_batch(g)
+    assert batch and {(j.src.tier, j.dst.tier) for j in batch} == {(Tier.GPU, Tier.DRAM)}
+    core._finish_batch(g, batch, None, 0.0)
+
+
 @pytest.mark.parametrize("policy", ["lru-offload", "reuse"])
 def test_threads_commit_and_look_up_while_the_cleaner_runs(make_core, tmp_path, policy):
     """Every hit's bytes equal what was committed under its hash, whatever tier it came from."""
