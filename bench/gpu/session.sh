@@ -13,7 +13,8 @@
 #                                          #   sps-projection | GPU1: serve-plan gpu-kv (issue 7, per-cell stats;
 #                                          #   KV_PLAN=gpu-creative runs the creative case instead)
 #   bash bench/gpu/session.sh probe        # GPU0: bench speedup --profile (cProfile of the timed runs: where a
-#                                          #   drafting step's time goes) | GPU1: serve-plan ${KV_PLAN:-gpu-agentic-idle}
+#                                          #   drafting step's time goes), then serve-plan gpu-creative |
+#                                          #   GPU1: serve-plan ${KV_PLAN:-gpu-agentic-idle}
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
 # most 64 MiB with the working tree (~13 MB): the 491 MB GGUF goes in ten 50 MB pieces, N=0..9, made with
@@ -193,14 +194,20 @@ PY
     CUDA_VISIBLE_DEVICES=0 python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
       --rows none,dspark,dspark-g7 --workloads "$W" --concurrency 1,8,32 --requests 8 --max-tokens 48 \
       --repeats 1 --device cuda --budget-s "${SPEED_BUDGET:-200}" --profile "$RES/probe/profile" \
-      --out "$RES/probe/speedup" > /tmp/logs/speedup.log 2>&1 &
+      --out "$RES/probe/speedup" > /tmp/logs/speedup.log 2>&1
+    echo "speedup rc=$?"
+    # then the creative case (never finished inside gpu-kv's budget) on the same GPU
+    CUDA_VISIBLE_DEVICES=0 python -m bench serve-plan --plan gpu-creative --model "$MODEL" --device cuda \
+      --sessions .carry/sessions --out "$RES/probe/creative" --work /tmp/sp4 --budget-s "${CREATIVE_BUDGET:-230}" \
+      --no-progress > /tmp/logs/creative-plan.log 2>&1 &
     a=$!
     CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench serve-plan --plan "${KV_PLAN:-gpu-agentic-idle}" --model "$MODEL" \
       --device cuda --sessions .carry/sessions --out "$RES/probe/serve" --work /tmp/sp3 --budget-s "${SERVE_BUDGET:-450}" \
       --no-progress > /tmp/logs/serve-plan.log 2>&1 &
     b=$!
-    wait $a; echo "speedup rc=$?"; wait $b; echo "serve-plan rc=$?"
+    wait $a; echo "creative plan rc=$?"; wait $b; echo "serve-plan rc=$?"
     grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 30; tail -n 12 /tmp/logs/speedup.log
+    grep -v "it/s" /tmp/logs/creative-plan.log | tail -n 12
     pack probe
     ;;
   *)
