@@ -91,8 +91,8 @@ def rejection_sample_triton(target_probs, draft_probs, draft_tokens, num_draft, 
         target_probs, draft_probs, draft_tokens, num_draft, uniforms, bonus_uniform, accepted_len, out,
         vocab,
         target_probs.stride(0), target_probs.stride(1), draft_probs.stride(0), draft_probs.stride(1),
-        draft_tokens.stride(0), uniforms.stride(0),
-        K=k_plus_1 - 1, BLOCK_V=min(BLOCK_V, triton.next_power_of_2(vocab)),
+        draft_tokens.stride(0), uniforms.stride(0), k_plus_1 - 1,
+        BLOCK_V=min(BLOCK_V, triton.next_power_of_2(vocab)),
     )
     return accepted_len, out
 
@@ -118,12 +118,17 @@ def _check_args(target_probs, draft_probs, draft_tokens, num_draft, uniforms, bo
         raise KernelArgumentError("draft_tokens and uniforms must have contiguous rows")
 
 
-@triton.jit
+# Every integer that follows the step's longest draft (K, and the strides K sets) is a plain runtime
+# argument, never specialised: as a constexpr (or a specialised 1 / multiple of 16) each new longest draft
+# compiled a new kernel, ~0.1 s, and the confidence scheduler picks a different one almost every step (on
+# the H200 that was six compiles inside one timed 0.3 s run; docs/design/kernels.md).
+@triton.jit(do_not_specialize=["vocab", "stride_tpb", "stride_tpk", "stride_dpb", "stride_dpk", "stride_tokb",
+                               "stride_ub", "K"])
 def _rejection_sample_kernel(
     tp_ptr, dp_ptr, tokens_ptr, num_draft_ptr, u_ptr, bonus_u_ptr, accepted_ptr, out_ptr,
     vocab,
-    stride_tpb, stride_tpk, stride_dpb, stride_dpk, stride_tokb, stride_ub,
-    K: tl.constexpr, BLOCK_V: tl.constexpr,
+    stride_tpb, stride_tpk, stride_dpb, stride_dpk, stride_tokb, stride_ub, K,
+    BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     num_draft = tl.load(num_draft_ptr + row)

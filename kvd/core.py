@@ -59,6 +59,7 @@ class KvdCore:
         pool_files.reap_stale(shm_dir(config.run_dir))   # pools of kvd processes that died without cleaning up
         self._lock = threading.RLock()
         self._moved = threading.Condition(self._lock)
+        self._backlog_s = 0.0   # predicted seconds of promotions queued or running (the budget's queue wait)
         self.rates = TierRates(config.promote_dram_gbps * 1e9, config.promote_nvme_gbps * 1e9)
         self.mover = Mover(config.move_workers, self._on_promoted)
         self.cleaner = Cleaner(config.move_workers > 0, self.clean)
@@ -200,6 +201,9 @@ class KvdCore:
                     cost[i] += pre[c] - pre[needed_from(c, g.tail_blocks)]
         if not any(cost):
             return longest   # every needed block is on the GPU already: nothing to decide
+        # a promotion waits for the ones queued before it: on the H200, requests parked ~8x longer than
+        # their own copies took (docs/design/kvd.md, "Queue-aware prefetch budget")
+        cost = [c + self._backlog_s if c > 0 else c for c in cost]
         hit = best_cut(candidates, cost, recompute_s)
         if hit < longest:
             self.counters["prefetch_recompute_lookups"] += 1
@@ -230,7 +234,10 @@ class KvdCore:
             promotions = self._promote(g, lease, now)
             if promotions:   # one batch per lease and group: one copy pass, one wait, one lock trip
                 pair_slots(promotions)
-                jobs.append(PromotionBatch(g.name, g.gpu, promotions))
+                batch = PromotionBatch(g.name, g.gpu, promotions)
+                batch.predicted_s = sum(self.rates.seconds(p.src.tier, g.block_bytes) for p in promotions)
+                self._backlog_s += batch.predicted_s     # queued by the caller, after the lock
+                jobs.append(batch)
             short = short or len(lease.held) < len(need)
             out[g.name] = (lease.held, lease.id)
         if short and (len(gs) > 1 or gs[0].tail_blocks is not None):
@@ -639,6 +646,7 @@ class KvdCore:
     def _on_promoted(self, batch: PromotionBatch) -> None:
         """A batch's copies are over: finish every block under one lock trip, wake wait_ready."""
         with self._moved:
+            self._backlog_s = max(0.0, self._backlog_s - batch.predicted_s)
             g = self.groups.get(batch.group)
             if g is None:
                 return   # closed meanwhile (shutdown): its pools are gone
@@ -793,6 +801,7 @@ class KvdCore:
                 "prefetch_recompute_lookups": c["prefetch_recompute_lookups"],
                 "prefetch_recompute_blocks": c["prefetch_recompute_blocks"],
                 "promotion_no_slot": c["promotion_no_slot"],
+                "promotion_backlog_s": self._backlog_s,
                 **self.rates.to_dict(),
             }
 

@@ -44,6 +44,7 @@ class PromotionBatch:
     dst: MemoryPool                       # the group's GPU pool
     items: list[Promotion]
     seconds: dict[Tier, float] = field(default_factory=dict)   # per source tier, for kvd/tier_rates.py
+    predicted_s: float = 0.0              # the copy time priced when queued (the core's promotion backlog)
 
     def run(self) -> None:
         """Copy every block; never raises (each failure lands in its items' ``error``)."""

@@ -15,6 +15,8 @@
 #   bash bench/gpu/session.sh probe        # GPU0: bench speedup --profile (cProfile of the timed runs: where a
 #                                          #   drafting step's time goes), then serve-plan gpu-creative |
 #                                          #   GPU1: serve-plan ${KV_PLAN:-gpu-agentic-idle}
+#   bash bench/gpu/session.sh last         # GPU0: bench speedup (none/dspark/dspark-g7), then serve-plan gpu-agentic
+#                                          #   | GPU1: serve-plan gpu-agentic-idle (session 4's closing measurements)
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
 # most 64 MiB with the working tree (~13 MB): the 491 MB GGUF goes in ten 50 MB pieces, N=0..9, made with
@@ -210,6 +212,35 @@ PY
     grep -v "it/s" /tmp/logs/creative-plan.log | tail -n 12
     pack probe
     ;;
+  last)
+    # GPU0: bench speedup (none / scheduled dspark / dspark γ=7), then serve-plan gpu-agentic |
+    # GPU1: serve-plan gpu-agentic-idle. Budgets sized so the call ends inside ~500 s.
+    mkdir -p "$RES/last"
+    if [ ! -d /tmp/dsp ]; then
+      cat /tmp/stash/dsq.* > /tmp/dsp.tgz && tar xzf /tmp/dsp.tgz -C /tmp && ls -la /tmp/dsp || exit 1
+    fi
+    W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
+    (
+      CUDA_VISIBLE_DEVICES=0 python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
+        --rows "${SPEED_ROWS:-none,dspark,dspark-g7}" --workloads "$W" --concurrency 1,4,8,16,32 --requests 8 \
+        --max-tokens 48 --repeats 2 --device cuda --budget-s "${SPEED_BUDGET:-200}" \
+        --out "$RES/last/speedup" > /tmp/logs/speedup.log 2>&1
+      echo "speedup rc=$?"
+      CUDA_VISIBLE_DEVICES=0 python -m bench serve-plan --plan gpu-agentic --model "$MODEL" --device cuda \
+        --sessions .carry/sessions --out "$RES/last/agentic" --work /tmp/sp5 --budget-s "${AGENTIC_BUDGET:-250}" \
+        --no-progress > /tmp/logs/agentic-plan.log 2>&1
+      echo "agentic plan rc=$?"
+    ) &
+    a=$!
+    CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench serve-plan --plan gpu-agentic-idle --model "$MODEL" \
+      --device cuda --sessions .carry/sessions --out "$RES/last/idle" --work /tmp/sp6 --budget-s "${SERVE_BUDGET:-470}" \
+      --no-progress > /tmp/logs/serve-plan.log 2>&1 &
+    b=$!
+    wait $a; wait $b; echo "idle plan rc=$?"
+    tail -n 14 /tmp/logs/speedup.log; grep -v "it/s" /tmp/logs/agentic-plan.log | tail -n 8
+    grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
+    pack last
+    ;;
   *)
-    sed -n 2,30p "$0"; exit 2 ;;
+    sed -n 2,34p "$0"; exit 2 ;;
 esac

@@ -82,8 +82,7 @@ class FeatureProposer:
         if not ready:
             return drafts
         chosen = [seqs[i] for i in ready]
-        for s in chosen:
-            self._absorb(s)
+        self._absorb_all(chosen)
         extra = {"rounds": self.rounds} if self.rounds is not None else {}
         out = self.drafter.draft_contexts([s.draft_ctx for s in chosen], [s.draft_feats for s in chosen],
                                           [s.all_ids[-1] for s in chosen], [s.request.params for s in chosen],
@@ -109,6 +108,20 @@ class FeatureProposer:
         step, so its context covers every computed block before it is published)."""
         if seq.draft_ctx is not None and seq.draft_feats is not None and len(seq.draft_feats):
             self._absorb(seq)
+
+    def _absorb_all(self, seqs) -> None:
+        """``_absorb`` for every sequence of a round: one batched projection where the drafter has one
+        (block drafters: ``absorb_many``), else one per sequence (EAGLE-3 pairs features with tokens)."""
+        many = getattr(self.drafter, "absorb_many", None)
+        if many is None:
+            for s in seqs:
+                self._absorb(s)
+            return
+        for s in seqs:
+            if s.draft_ctx is None:
+                s.draft_ctx = self._first_context(s, s.num_computed_tokens - len(s.draft_feats))
+        for s, rest in zip(seqs, many([s.draft_ctx for s in seqs], [s.draft_feats for s in seqs])):
+            s.draft_feats = rest
 
     def _absorb(self, seq) -> None:
         """Move the sequence's new features into its drafter context (K/V projected once, kept in

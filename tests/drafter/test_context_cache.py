@@ -42,3 +42,27 @@ def test_incremental_context_drafts_like_the_stateless_draft(method, target, tok
         torch.testing.assert_close(got.probs, want.probs, rtol=1e-5, atol=1e-6)
         if want.confidence is not None:
             torch.testing.assert_close(got.confidence, want.confidence, rtol=1e-5, atol=1e-6)
+
+
+def test_batched_absorb_fills_each_context_like_absorbing_it_alone(target, tokens, make_drafter, fused):
+    """absorb_many: one projection for several requests, each with its own length and start position
+    (one starts empty, one already holds positions); every context ends up as if absorbed alone."""
+    drafter = make_drafter(target[0], "dspark", gamma=5)
+    feats = fused(drafter, target[0], tokens)
+    runs = [(0, 7), (3, 4), (5, 5)]                       # (positions already held, new features)
+    alone, batched = [], []
+    for held, m in runs:
+        a, b = drafter.new_context(), drafter.new_context()
+        if held:
+            drafter.absorb(a, feats[:held])
+            drafter.absorb(b, feats[:held])
+        alone.append(a)
+        batched.append(b)
+        drafter.absorb(a, feats[held:held + m])
+    rest = drafter.absorb_many(batched, [feats[held:held + m] for held, m in runs])
+    assert [r.shape[0] for r in rest] == [0, 0, 0]
+    for a, b in zip(alone, batched):
+        assert a.n == b.n
+        for layer in range(a.num_layers):
+            for x, y in zip(a.layer(layer), b.layer(layer)):
+                torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)

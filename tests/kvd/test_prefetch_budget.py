@@ -59,6 +59,26 @@ def test_slow_nvme_is_recomputed_fast_nvme_is_promoted(make_core, tmp_path):
     core.release("c", res.lease)
 
 
+def test_queued_promotions_count_in_the_budget(make_core, tmp_path):
+    """A promotion waits for those queued before it: with a backlog longer than recomputing, the same
+    lookup that promotes on an idle mover recomputes; the backlog drains as batches finish."""
+    core = make_core(policy="lru-offload", gpu_blocks=4, dram_blocks=0, nvme_blocks=8, nvme_dir=tmp_path / "nvme",
+                     clean_low=0.5, clean_high=0.5)
+    fill(core)
+    hashes = [h(i) for i in range(4)]
+    core.rates.bps[Tier.NVME] = BB / 1e-4                 # 0.1 ms per block: promoting 2 blocks beats 4 × 10 ms
+    core._backlog_s = 1.0                                 # but a second of promotions is queued ahead
+    res = core.lookup("c", "full", hashes, recompute_s=0.01)
+    assert res.hits == [] and core.stats()["prefetch_recompute_blocks"] == 4
+    core._backlog_s = 0.0
+    res = core.lookup("c", "full", hashes, recompute_s=0.01)
+    assert len(res.hits) == 4
+    assert core.stats()["promotion_backlog_s"] == pytest.approx(2e-4)   # this lookup's own batch, queued
+    assert core.wait_ready(res.lease, timeout=5)
+    assert core.stats()["promotion_backlog_s"] == 0.0                  # landed: nothing queued
+    core.release("c", res.lease)
+
+
 def test_no_budget_keeps_the_old_behaviour(make_core, tmp_path):
     core = make_core(policy="lru-offload", gpu_blocks=4, dram_blocks=0, nvme_blocks=8, nvme_dir=tmp_path / "nvme",
                      clean_low=0.5, clean_high=0.5)
