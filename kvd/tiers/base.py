@@ -7,6 +7,7 @@ so a tier move is a single copy (DESIGN.md §3: never one small tensor at a time
 from __future__ import annotations
 
 import errno
+import heapq
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -28,14 +29,18 @@ class BlockMeta:
 
 
 class BlockPool(ABC):
-    """``blocks`` slots of ``block_bytes`` bytes; a LIFO free list (recently freed slots are warm)."""
+    """``blocks`` slots of ``block_bytes`` bytes; the free slots are a min-heap: ``alloc`` hands out the
+    lowest free slot. Why not a LIFO list: tier copies go as runs of slots adjacent on both sides
+    (kvd/tiers/base.py ``copy_runs``, kvd/promotion.py), and a LIFO list hands a batch of slots freed in
+    ascending order back descending, so a demoted chain landed one block per copy; lowest-first keeps a
+    batch's destination slots ascending wherever the free space is contiguous."""
 
     tier: Tier
 
     def __init__(self, blocks: int, block_bytes: int) -> None:
         self.blocks = blocks
         self.block_bytes = block_bytes
-        self._free = list(range(blocks - 1, -1, -1))  # pop() hands out slot 0 first
+        self._free = list(range(blocks))   # a sorted list is a valid min-heap
 
     @property
     def free_count(self) -> int:
@@ -46,14 +51,15 @@ class BlockPool(ABC):
         return self.blocks - len(self._free)
 
     def alloc(self) -> int | None:
-        return self._free.pop() if self._free else None
+        return heapq.heappop(self._free) if self._free else None
 
     def free(self, slot: int) -> None:
-        self._free.append(slot)
+        heapq.heappush(self._free, slot)
 
     def claim(self, slots: set[int]) -> None:
         """Mark ``slots`` used (recovery of persisted entries)."""
         self._free = [s for s in self._free if s not in slots]
+        heapq.heapify(self._free)
 
     @abstractmethod
     def read_into(self, slot: int, dst: torch.Tensor) -> None:

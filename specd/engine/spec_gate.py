@@ -6,7 +6,8 @@ kernel launch overhead that no profile saw), and a wrong one keeps drafting wher
 H200, scheduled DSpark ran at 0.46-0.87× plain decoding. So whether to draft is decided by measurement
 only: the engine reports every measurable step's output (tokens emitted by the whole batch) and wall time
 under the arm it ran (drafting or resting), per method and per load bucket (the batch's sequences, rounded
-down to a power of two), and the gate drafts only where drafting's measured rate beats plain decoding's.
+down to a power of two), and the gate drafts only where drafting's measured rate beats plain decoding's
+by ``margin`` (3%).
 
 Recovery: the losing arm is probed for ``probe_steps`` steps after ``probe_every`` measured steps of the
 cell, so a change of conditions (a longer context, a warmer drafter, another load) is seen. Each probe that
@@ -29,6 +30,8 @@ PROBE_EVERY = 64     # measured steps of a cell before the first probe of the lo
 PROBE_MAX = 1024     # the wait doubles after each probe that confirms the winner, up to this many steps
 PROBE_STEPS = 3      # consecutive steps of a probe: after a rest the first one only regathers features
 DECAY = 0.9          # weight of the older measurements at each measured step of a cell (~10 steps of memory)
+MARGIN = 0.03        # drafting must beat plain decoding by this fraction: a rate measured over a 2-step probe
+                     # is noisy, and on the H200 near-ties flipped the arms and cost more than they won
 
 
 class GateError(ValueError):
@@ -76,20 +79,22 @@ class Cell:
     probe_arm: bool = False   # the arm the current probe runs (fixed when it starts)
     probed_from: bool | None = None   # the winner when the last probe started, until it is judged
 
-    def drafting_wins(self) -> bool:
-        return self.draft.per_s > self.plain.per_s
+    def drafting_wins(self, margin: float = 0.0) -> bool:
+        return self.draft.per_s > self.plain.per_s * (1.0 + margin)
 
 
 class SpecGate:
     """Per (method, load bucket): explore both arms, then run the measured winner, probing the loser."""
 
     def __init__(self, min_samples: int = MIN_SAMPLES, probe_every: int = PROBE_EVERY,
-                 probe_steps: int = PROBE_STEPS, decay: float = DECAY, probe_max: int = PROBE_MAX):
+                 probe_steps: int = PROBE_STEPS, decay: float = DECAY, probe_max: int = PROBE_MAX,
+                 margin: float = MARGIN):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
-                or not 0 < decay <= 1):
+                or not 0 < decay <= 1 or not 0 <= margin < 1):
             raise GateError(f"bad gate settings: min_samples={min_samples}, probe_every={probe_every}, "
-                            f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}")
+                            f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}")
         self.min_samples, self.probe_every, self.probe_steps, self.decay = min_samples, probe_every, probe_steps, decay
+        self.margin = margin
         self.probe_max = probe_max
         self.cells: dict[tuple[str, int], Cell] = {}
         self.probes = 0
@@ -105,7 +110,7 @@ class SpecGate:
             return True
         if cell.plain.samples < self.min_samples:
             return not measured
-        winner = cell.drafting_wins()
+        winner = cell.drafting_wins(self.margin)
         if not measured:
             return winner
         if cell.probe_left:
@@ -149,6 +154,6 @@ class SpecGate:
             out[f"{name}_draft_samples"] = cell.draft.samples
             out[f"{name}_plain_samples"] = cell.plain.samples
             explored = min(cell.draft.samples, cell.plain.samples) >= self.min_samples
-            out[f"{name}_drafting"] = int(not explored or cell.drafting_wins())
+            out[f"{name}_drafting"] = int(not explored or cell.drafting_wins(self.margin))
             out[f"{name}_probe_wait_steps"] = cell.wait
         return out

@@ -68,6 +68,16 @@ def test_resumes_drafting_after_a_probe_shows_it_winning():
     assert gate.stats()["spec_gate_dspark_b4_probe_wait_steps"] == 40
 
 
+def test_a_near_tie_rests_the_drafter():
+    """Drafting must win by the margin: 2% faster is noise on a 2-step probe, 10% faster is a win."""
+    assert not any(drive(SpecGate(min_samples=3, probe_every=500, probe_steps=2), 40, draft_tok_s=1020.0)[6:])
+    assert all(drive(SpecGate(min_samples=3, probe_every=500, probe_steps=2), 40, draft_tok_s=1100.0)[6:])
+    assert all(drive(SpecGate(min_samples=3, probe_every=500, probe_steps=2, margin=0.0), 40,
+                     draft_tok_s=1020.0)[6:])
+    with pytest.raises(GateError):
+        SpecGate(margin=1.0)
+
+
 def test_cells_are_per_method_and_load():
     gate = SpecGate(min_samples=2, probe_every=50, probe_steps=1)
     drive(gate, 10, draft_tok_s=100.0, sequences=16)

@@ -111,3 +111,18 @@ def test_disk_full_degrades_nvme(make_core, tmp_path, caplog):
     assert s["nvme_degraded"] and s["nvme_enospc"] == 1 and s["evictions"] == 3
     assert sum("degraded" in r.message for r in caplog.records) == 1
     assert where(core, 3) == Tier.GPU and len(core.groups["full"].index) == 1
+
+
+def test_freed_slots_come_back_lowest_first_so_batches_copy_as_runs():
+    """A chain's slots freed in order are handed out ascending again (a LIFO list reversed them), so
+    a batch of them pairs with an ascending source run as one copy, not one copy per block."""
+    from kvd.tiers.base import MemoryPool, slot_runs
+
+    pool = MemoryPool(Tier.DRAM, torch.zeros(16, 4, dtype=torch.uint8), None)
+    taken = [pool.alloc() for _ in range(12)]
+    assert taken == list(range(12))
+    for s in (4, 5, 6, 7):
+        pool.free(s)
+    again = [pool.alloc() for _ in range(4)]
+    assert again == [4, 5, 6, 7]
+    assert len(slot_runs(again, [20, 21, 22, 23])) == 1
