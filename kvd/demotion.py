@@ -29,9 +29,11 @@ class Demotion:
 
     @staticmethod
     def run_batch(jobs: list["Demotion"]) -> float:
-        """Copy a batch that shares one source and one destination pool; returns its wall seconds."""
+        """Copy a batch that shares one source and one destination pool; returns its wall seconds.
+        Copied in source-slot order, so slots adjacent on both sides form runs (CacheGroup pairs them)."""
         t0 = time.perf_counter()
         if jobs:
+            jobs = sorted(jobs, key=lambda j: j.src_slot)
             move_many(jobs[0].src, [j.src_slot for j in jobs], jobs[0].dst, [j.dst_slot for j in jobs],
                       [BlockMeta(j.rec.hash, j.rec.parent, j.rec.depth) for j in jobs])
         return time.perf_counter() - t0

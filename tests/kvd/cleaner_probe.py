@@ -30,8 +30,29 @@ from tests.kvd.conftest import h
 BLOCK_BYTES = 196_608   # Qwen2.5-0.5B, bf16, 16-token blocks
 
 
+def count_copies() -> dict[str, int]:
+    """Count the copies memory-to-memory tier moves issue (runs of adjacent slots) and the blocks they carry,
+    by wrapping ``kvd.tiers.base.slot_runs`` (every run-wise copy goes through it): copies per block is 1
+    when nothing coalesces and falls as chains land adjacent."""
+    import kvd.tiers.base as base
+
+    seen = {"copies": 0, "blocks": 0}
+    real = getattr(base.slot_runs, "__wrapped__", base.slot_runs)
+
+    def counted(a, b):
+        runs = real(a, b)
+        seen["copies"] += len(runs)
+        seen["blocks"] += len(a)
+        return runs
+
+    counted.__wrapped__ = real
+    base.slot_runs = counted
+    return seen
+
+
 def run_once(args: argparse.Namespace, seed: int, overrides: dict) -> dict:
     rng = random.Random(seed)
+    copies = count_copies()
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         cfg = KvdConfig(run_dir=Path(tmp) / "run", policy="reuse", admission="none", max_groups=1,
                         gpu_blocks=args.gpu_blocks, dram_blocks=args.dram_blocks, nvme_blocks=args.nvme_blocks,
@@ -85,6 +106,7 @@ def run_once(args: argparse.Namespace, seed: int, overrides: dict) -> dict:
     out["pressure_drops"] = stats.get("pressure_drops", 0)
     out["demotions"] = stats["demotions"]
     out["evictions"] = stats["evictions"]
+    out["copies_per_block"] = copies["copies"] / copies["blocks"] if copies["blocks"] else None
     return out
 
 

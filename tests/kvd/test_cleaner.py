@@ -264,3 +264,22 @@ def test_threads_commit_and_look_up_while_the_cleaner_runs(make_core, tmp_path, 
     assert bad == []
     assert hits[0] > 50, (hits, s)
     assert s["demotions"] > 20 and s["promotions"] > 0 and s["demote_nvme_blocks"] > 0
+
+
+def test_a_batch_lands_in_slot_order_so_a_chain_stays_one_run():
+    """Victims in policy order (here reversed and interleaved) still land ascending in the lower tier:
+    reserved destinations are re-paired with sources in slot order, so the batch is one copy run."""
+    from kvd.cache_group import pair_in_slot_order
+    from kvd.demotion import Demotion
+    from kvd.tiers.base import slot_runs
+
+    src_slots = [7, 3, 5, 4, 6]                      # the order the policy picked them
+    dst_slots = [20, 21, 22, 23, 24]                 # reserved one by one, lowest first
+    jobs = [Demotion(rec=None, src=None, src_slot=s, dst=None, dst_slot=d, sightings=0)
+            for s, d in zip(src_slots, dst_slots)]
+    paired = pair_in_slot_order(jobs)
+    assert [j.src_slot for j in paired] == src_slots                # the policy's order is kept
+    copied = sorted(paired, key=lambda j: j.src_slot)                 # the order run_batch copies in
+    assert [(j.src_slot, j.dst_slot) for j in copied] == [(3, 20), (4, 21), (5, 22), (6, 23), (7, 24)]
+    assert len(slot_runs([j.dst_slot for j in copied], [j.src_slot for j in copied])) == 1
+    assert len(slot_runs(dst_slots, src_slots)) > 1          # as reserved, it was several copies
