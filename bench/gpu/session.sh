@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements of issues 4-7 on one device machine, as a few consecutive calls (each <= 10 min).
 #
-#   bash bench/gpu/session.sh piece N      # upload: append .carry/q.0N to /tmp/m/q.gguf (N=0 truncates first)
+#   bash bench/gpu/session.sh piece N      # upload: append .carry/q.NN to /tmp/m/q.gguf (N=0 truncates first)
 #   bash bench/gpu/session.sh train-serve  # GPU0: drafter pipeline (issue 5) | GPU1: tier-bandwidth (issue 7: kvd's
 #                                          #   tier copies, side-stream overlap), then serve-plan gpu-all (issues 4, 7)
 #   bash bench/gpu/session.sh speed        # GPU0: bench speedup (issue 6)    | GPU1: sps-projection (Qwen3-8B shape)
@@ -19,8 +19,8 @@
 #                                          #   | GPU1: serve-plan gpu-agentic-idle (session 4's closing measurements)
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
-# most 64 MiB with the working tree (~13 MB): the 491 MB GGUF goes in ten 50 MB pieces, N=0..9, made with
-# `split -b 50000000 -d -a 2 GGUF .carry/q.`;
+# most 64 MiB with the working tree (~17 MB): the 491 MB GGUF goes in eleven 45 MB pieces, N=0..10, made with
+# `split -b 45000000 -d -a 2 GGUF .carry/q.`;
 # and at most 8 files come back: each phase packs its results into one tarball under $OUT.
 # Run it from a clean export of a commit, so the results name the code that made them: `bash bench/gpu/export.sh`
 # here (writes .carry/clean and its COMMIT file, read by bench/provenance.py), carry .carry/clean, and on the

@@ -1,0 +1,109 @@
+"""TTFT against a baseline config, and by conversation turn, straight from a serve-plan part file.
+
+    python -m bench.ttft_table docs/results/gpu/s4/runE/agentic.json.gz --step agentic --baseline prefix-lru
+
+Why: issue 7's goals are stated on mean and p95 TTFT against ``prefix-lru``, which ``bench serve``'s report
+does not print (it has p50/p99 and throughput), and a plan step cut by its time budget has no report at all
+but keeps every finished request (``<part>.json``'s ``steps.<step>.requests``). This reads those records, so
+every figure in docs/results/kv.md can be recomputed from the committed raw data. Ratios are baseline over
+config (higher is better); percentiles interpolate (bench/stats.py). The per-turn table shows where the time
+goes in multi-turn sessions: cached and prompt tokens and mean TTFT of each turn index.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import statistics
+from pathlib import Path
+
+from bench.stats import percentile
+
+
+class TableError(ValueError):
+    """A part file, step or baseline the table cannot be made from."""
+
+
+def load_requests(path: Path, step: str) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        part = json.load(f)
+    steps = part.get("steps", {})
+    if step not in steps:
+        raise TableError(f"{path} has no step {step!r} (steps: {', '.join(steps) or 'none'})")
+    return steps[step]["requests"]
+
+
+def summary(records: list[dict], baseline: str) -> str:
+    by_config: dict[str, list[dict]] = collections.defaultdict(list)
+    for r in records:
+        by_config[r["config"]].append(r)
+    if baseline not in by_config:
+        raise TableError(f"no requests of baseline {baseline!r} (configs: {', '.join(by_config)})")
+    rows = {}
+    for config, rs in by_config.items():
+        ok = [r for r in rs if not r["error"] and r["ttft_s"] is not None]
+        if not ok:
+            rows[config] = (0, len(rs), None)
+            continue
+        ttft = [r["ttft_s"] * 1e3 for r in ok]
+        prompt = sum(r["prompt_tokens"] for r in ok)
+        cached = sum(r["cached_tokens"] for r in ok)
+        rows[config] = (len(ok), len(rs), (statistics.fmean(ttft), percentile(ttft, 50), percentile(ttft, 95),
+                                           percentile(ttft, 99), cached / prompt if prompt else 0.0))
+    base = rows[baseline][2]
+    lines = [f"| config | requests ok | TTFT mean ms | p50 | p95 | p99 | mean vs {baseline} | p95 vs {baseline} | "
+             "prompt tokens from cache |", "|---|---|---|---|---|---|---|---|---|"]
+    for config, (ok, n, s) in rows.items():
+        if s is None:
+            lines.append(f"| {config} | 0/{n} | | | | | | | |")
+            continue
+        mean, p50, p95, p99, share = s
+        lines.append(f"| {config} | {ok}/{n} | {mean:.0f} | {p50:.0f} | {p95:.0f} | {p99:.0f} | "
+                     f"{base[0] / mean:.2f}× | {base[2] / p95:.2f}× | {100 * share:.1f}% |")
+    return "\n".join(lines)
+
+
+def by_turn(records: list[dict]) -> str:
+    """Per config and turn index: mean cached / prompt tokens (thousands) and mean TTFT."""
+    cells: dict[str, dict[int, list[dict]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in records:
+        if not r["error"] and r["ttft_s"] is not None:
+            cells[r["config"]][r.get("turn", 0)].append(r)
+    turns = sorted({t for c in cells.values() for t in c})
+    lines = ["| config | " + " | ".join(f"turn {t}" for t in turns) + " |", "|---|" + "---|" * len(turns)]
+    for config, per_turn in cells.items():
+        parts = []
+        for t in turns:
+            rs = per_turn.get(t)
+            if not rs:
+                parts.append("")
+                continue
+            cached = statistics.fmean(r["cached_tokens"] for r in rs) / 1e3
+            prompt = statistics.fmean(r["prompt_tokens"] for r in rs) / 1e3
+            parts.append(f"{cached:.1f}k/{prompt:.1f}k, {1e3 * statistics.fmean(r['ttft_s'] for r in rs):.0f} ms")
+        lines.append(f"| {config} | " + " | ".join(parts) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.ttft_table", description=__doc__.splitlines()[0])
+    p.add_argument("part", type=Path, help="a serve-plan <part>.json or .json.gz")
+    p.add_argument("--step", required=True, help="the plan step inside the part (e.g. agentic, agentic-idle)")
+    p.add_argument("--baseline", default="prefix-lru", help="the config the ratios divide by")
+    p.add_argument("--turns", action="store_true", help="also print the per-turn table (cached/prompt tokens, TTFT)")
+    args = p.parse_args(argv)
+    try:
+        records = load_requests(args.part, args.step)
+        print(summary(records, args.baseline))
+        if args.turns:
+            print()
+            print(by_turn(records))
+    except (TableError, OSError, json.JSONDecodeError) as e:
+        p.error(str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,39 @@
+"""bench.ttft_table: mean/p95 TTFT against a baseline and per-turn cells, from a part file's raw records."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from bench.ttft_table import TableError, by_turn, load_requests, main, summary
+
+
+def rec(config, ttft, turn=0, prompt=100, cached=0, error=None):
+    return {"config": config, "ttft_s": ttft, "turn": turn, "prompt_tokens": prompt, "cached_tokens": cached,
+            "error": error}
+
+
+RECORDS = [rec("prefix-lru", 0.2), rec("prefix-lru", 0.4, turn=1, cached=50),
+           rec("ours", 0.1, cached=100), rec("ours", 0.1, turn=1, cached=100),
+           rec("ours", None, error="timeout")]
+
+
+def test_summary_ratios_are_baseline_over_config():
+    lines = summary(RECORDS, "prefix-lru").splitlines()
+    assert lines[2].startswith("| prefix-lru | 2/2 | 300 | 300 | 390 | 398 | 1.00× | 1.00× | 25.0% |")
+    assert lines[3].startswith("| ours | 2/3 | 100 | 100 | 100 | 100 | 3.00× | 3.90× | 100.0% |")
+    with pytest.raises(TableError):
+        summary(RECORDS, "standard")
+
+
+def test_by_turn_and_the_command_on_a_gzipped_part(tmp_path, capsys):
+    assert "| ours | 0.1k/0.1k, 100 ms | 0.1k/0.1k, 100 ms |" in by_turn(RECORDS)
+    path = tmp_path / "agentic.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"steps": {"agentic": {"requests": RECORDS}}}, f)
+    assert len(load_requests(path, "agentic")) == 5
+    assert main([str(path), "--step", "agentic", "--turns"]) == 0
+    assert "turn 1" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([str(path), "--step", "missing"])
