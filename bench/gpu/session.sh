@@ -46,6 +46,12 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 second_gpu() { if [ "$GPUS" -ge 2 ]; then echo 1; else echo 0; fi; }
 
+unpack_drafter() {  # the dspark drafter of train-kv, carried back as bf16 pieces (drafter-out), stashed
+  if [ ! -d /tmp/dsp ]; then
+    cat /tmp/stash/dsq.* > /tmp/dsp.tgz && tar xzf /tmp/dsp.tgz -C /tmp && ls -la /tmp/dsp || exit 1
+  fi
+}
+
 pack() {  # pack $RES/<phase> (+ logs) into one tarball under $OUT
   tar czf "$OUT/$1.tgz" -C "$RES" "$1" -C /tmp logs 2>/dev/null
   ls -la "$OUT"
@@ -157,9 +163,7 @@ PY
   final)
     mkdir -p "$RES/final"
     nvidia-smi --query-gpu=name,memory.used --format=csv
-    if [ ! -d /tmp/dsp ]; then   # the dspark drafter of train-kv, carried back as bf16 pieces (drafter-out)
-      cat /tmp/stash/dsq.* > /tmp/dsp.tgz && tar xzf /tmp/dsp.tgz -C /tmp && ls -la /tmp/dsp || exit 1
-    fi
+    unpack_drafter
     W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
     (
       CUDA_VISIBLE_DEVICES=0 python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
@@ -189,9 +193,7 @@ PY
     ;;
   probe)
     mkdir -p "$RES/probe"
-    if [ ! -d /tmp/dsp ]; then
-      cat /tmp/stash/dsq.* > /tmp/dsp.tgz && tar xzf /tmp/dsp.tgz -C /tmp && ls -la /tmp/dsp || exit 1
-    fi
+    unpack_drafter
     W=$(ls .carry/qwen-sessions500/{coding,creative}.eval.jsonl | paste -sd, -)
     CUDA_VISIBLE_DEVICES=0 python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
       --rows none,dspark,dspark-g7 --workloads "$W" --concurrency 1,8,32 --requests 8 --max-tokens 48 \
@@ -216,9 +218,7 @@ PY
     # GPU0: bench speedup (none / scheduled dspark / dspark γ=7), then serve-plan gpu-agentic |
     # GPU1: serve-plan gpu-agentic-idle. Budgets sized so the call ends inside ~500 s.
     mkdir -p "$RES/last"
-    if [ ! -d /tmp/dsp ]; then
-      cat /tmp/stash/dsq.* > /tmp/dsp.tgz && tar xzf /tmp/dsp.tgz -C /tmp && ls -la /tmp/dsp || exit 1
-    fi
+    unpack_drafter
     W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
     (
       CUDA_VISIBLE_DEVICES=0 python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
