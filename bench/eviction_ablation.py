@@ -67,6 +67,7 @@ class Variant:
     admission: str = "not-dead"
     kinds: bool = True              # send SYSTEM / TOOL_SCHEMA kinds
     expected_return: bool = True    # send the learned expected return time
+    per_session: bool = True        # KvdConfig.frequency_per_session
 
 
 FULL = Variant("reuse (all)")
@@ -75,7 +76,8 @@ VARIANTS = [
     Variant("lru-offload", policy="lru-offload"),
     FULL,
     replace(FULL, name="- frequency/decay", terms=ReuseTerms(frequency=False)),
-    replace(FULL, name="- depth", terms=ReuseTerms(depth=False)),
+    replace(FULL, name="- per-session frequency (count every lookup)", per_session=False),
+    replace(FULL, name="+ depth (off in service)", terms=ReuseTerms(depth=True)),
     replace(FULL, name="- sharing (children)", terms=ReuseTerms(children=False)),
     replace(FULL, name="- kind hints", kinds=False),
     replace(FULL, name="- expected return", expected_return=False),
@@ -141,7 +143,8 @@ class Replay:
         self.streams, self.variant, self.costs = streams, variant, costs
         self.now = 0.0
         cfg = KvdConfig(run_dir=run_dir, policy=variant.policy, gpu_blocks=gpu_blocks, dram_blocks=dram_blocks,
-                        max_groups=1, move_workers=0, lease_ttl_s=1e6, admission=variant.admission)
+                        max_groups=1, move_workers=0, lease_ttl_s=1e6, admission=variant.admission,
+                        frequency_per_session=variant.per_session)
         self.core = KvdCore(cfg, clock=lambda: self.now)
         self.core.attach("replay", "full", 16)
         group = self.core.groups["full"]

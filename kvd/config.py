@@ -61,6 +61,13 @@ class KvdConfig(BaseModel):
         description="Gate for DRAM/NVMe under the reuse policy: 'seen-twice' admits blocks accessed twice; "
         "'not-dead' also admits once-seen blocks unless known dead (kvd/admission.py has the measurement).",
     )
+    frequency_per_session: bool = Field(
+        default=True,
+        description="A lookup by the session that last released a block refreshes its recency but does not add "
+        "to its access count: a session re-reading its own history is one user, not several. Counting every "
+        "lookup let long sessions' early blocks outlive other sessions' live prefixes "
+        "(docs/design/eviction.md, 'Per-session frequency').",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="Where the GPU pool lives: 'auto' = CUDA if available, else shared memory."
     )

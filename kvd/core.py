@@ -143,7 +143,7 @@ class KvdCore:
             now = self.clock()
             recs, candidates = self._servable(gs, hashes)
             hit = self._budget(gs, recs, candidates, recompute_s)
-            hit, held, jobs = self._hold_hit(client, gs, recs, hit, now)
+            hit, held, jobs = self._hold_hit(client, gs, recs, hit, now, session)
             self._count_lookup(len(hashes), hit, tokens, block_tokens)
             for g in gs:
                 self._count_group_lookup(g, len(hashes), hit, tokens, block_tokens)
@@ -211,7 +211,7 @@ class KvdCore:
         return hit
 
     def _hold_hit(self, client: str, gs: list[CacheGroup], recs: dict[str, list[BlockRecord | None]], hit: int,
-                  now: float) -> tuple[int, dict[str, tuple[list[BlockRecord], LeaseId]], list[PromotionBatch]]:
+                  now: float, session: str | None = None) -> tuple[int, dict[str, tuple[list[BlockRecord], LeaseId]], list[PromotionBatch]]:
         """Lease, per group, the blocks a hit of ``hit`` blocks needs, and start their promotions;
         returns the hit actually leased.
 
@@ -230,7 +230,7 @@ class KvdCore:
             lease = self._leases.open(client, g.name, now)
             leases.append((g, lease))
             for rec in need:
-                self._hold(g, lease, rec, now)
+                self._hold(g, lease, rec, now, session)
             promotions = self._promote(g, lease, now)
             if promotions:   # one batch per lease and group: one copy pass, one wait, one lock trip
                 pair_slots(promotions)
@@ -626,11 +626,17 @@ class KvdCore:
             yield
 
     # --- block bookkeeping ----------------------------------------------------------------------
-    def _hold(self, g: CacheGroup, lease: Lease, rec: BlockRecord, now: float) -> None:
+    def _hold(self, g: CacheGroup, lease: Lease, rec: BlockRecord, now: float, session: str | None = None) -> None:
+        """Lease ``rec`` and count the access. A lookup by the session that last released the block
+        (``frequency_per_session``) refreshes its recency without adding to its count: at least as hot
+        as a block seen once now, no hotter."""
         if rec.evictable:
             g.policy.on_removed(rec)
         rec.refs += 1
-        rec.count = bump(rec.count, rec.t_last, now, self.config.half_life_s)
+        if self.config.frequency_per_session and session is not None and rec.session == session:
+            rec.count = max(decayed(rec.count, rec.t_last, now, self.config.half_life_s), 1.0)
+        else:
+            rec.count = bump(rec.count, rec.t_last, now, self.config.half_life_s)
         rec.t_last = now
         rec.sightings += 1
         rec.tail = False

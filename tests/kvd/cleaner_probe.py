@@ -54,7 +54,7 @@ def run_once(args: argparse.Namespace, seed: int, overrides: dict) -> dict:
     rng = random.Random(seed)
     copies = count_copies()
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
-        cfg = KvdConfig(run_dir=Path(tmp) / "run", policy="reuse", admission="none", max_groups=1,
+        cfg = KvdConfig(run_dir=Path(tmp) / "run", policy=args.policy, admission="none", max_groups=1,
                         gpu_blocks=args.gpu_blocks, dram_blocks=args.dram_blocks, nvme_blocks=args.nvme_blocks,
                         nvme_dir=Path(tmp) / "nvme", device="cpu", move_workers=1, **overrides)
         core = KvdCore(cfg)
@@ -121,6 +121,7 @@ def main() -> None:
     p.add_argument("--nvme-blocks", type=int, default=2048)
     p.add_argument("--think-s", type=float, default=0.002)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--policy", default="reuse", help="kvd eviction policy (reuse, lru-offload, ...)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="KvdConfig override")
     args = p.parse_args()
     torch.set_num_threads(1)

@@ -45,8 +45,9 @@ def test_reuse_order_dead_tails_then_coldest_leaves(make_core, clock):
         before = resident(core)
         core.allocate("c", "full", 1)  # held: each allocation evicts exactly one block
         order += list(before - resident(core))
-    # dead tails first (shallower first), then the cold leaf 3, then 1 before its parent 0
-    assert order == [h(4), h(2), h(3), h(1), h(0)]
+    # dead tails first (the older first: the depth term is off in service), then the cold leaf 3, then 1
+    # before its parent 0
+    assert order == [h(2), h(4), h(3), h(1), h(0)]
 
 
 def test_reuse_protects_live_session_tail_and_system_prompt(make_core, clock):
@@ -90,3 +91,27 @@ def test_pin_evict_flush(make_core):
     assert [t["hash"] for t in top] == [h(5).hex()] and top[0]["tier"] == "gpu"
     assert core.flush("admin", "dram") == 0
     assert core.flush("admin", "gpu") == 1 and resident(core) == set()
+
+
+def test_a_session_rereading_its_history_adds_recency_not_frequency(make_core, clock):
+    """frequency_per_session: block 0 is re-read three times by its own session (one user), block 1
+    once each by three other sessions (three users). Only the other sessions' reads count, so 1 outlives
+    0; counting every lookup (the old rule) made 0 the hotter block."""
+    def count_after(per_session: bool) -> tuple[float, float]:
+        core = make_core(policy="reuse", gpu_blocks=4, frequency_per_session=per_session)
+        put_chain(core, [0])
+        put_chain(core, [1])
+        for b in (0, 1):                                      # each block belongs to a session
+            core.release("c", core.lookup("c", "full", [h(b)]).lease, {"session": f"owner{b}"})
+        for i in range(3):
+            core.release("c", core.lookup("c", "full", [h(0)], session="owner0").lease, {"session": "owner0"})
+            core.release("c", core.lookup("c", "full", [h(1)], session=f"other{i}").lease,
+                         {"session": f"other{i}"})
+        g = core.groups["full"]
+        return g.index.get(h(0)).count, g.index.get(h(1)).count
+
+    # both: 1 at commit + 1 for the first, session-less read (the clock stands still: no decay)
+    own, shared = count_after(True)
+    assert (own, shared) == (2.0, 5.0)                        # the owner's 3 re-reads added nothing
+    own, shared = count_after(False)
+    assert (own, shared) == (5.0, 5.0)                        # every lookup counted: no difference
