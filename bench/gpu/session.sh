@@ -216,24 +216,25 @@ PY
     ;;
   last)
     # GPU0: bench speedup (none / scheduled dspark / dspark γ=7), then serve-plan gpu-agentic |
-    # GPU1: serve-plan gpu-agentic-idle. Budgets sized so the call ends inside ~500 s.
+    # GPU1: serve-plan gpu-agentic-idle. Budgets sized so the call ends inside ~500 s (session 4: the idle
+    # plan's five configs need ~460 s; at 440 s `standard` was cut).
     mkdir -p "$RES/last"
     unpack_drafter
     W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
     (
       CUDA_VISIBLE_DEVICES=0 python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
         --rows "${SPEED_ROWS:-none,dspark,dspark-g7}" --workloads "$W" --concurrency 1,4,8,16,32 --requests 8 \
-        --max-tokens 48 --repeats 2 --device cuda --budget-s "${SPEED_BUDGET:-200}" \
+        --max-tokens 48 --repeats 2 --device cuda --budget-s "${SPEED_BUDGET:-165}" \
         --out "$RES/last/speedup" > /tmp/logs/speedup.log 2>&1
       echo "speedup rc=$?"
       CUDA_VISIBLE_DEVICES=0 python -m bench serve-plan --plan gpu-agentic --model "$MODEL" --device cuda \
-        --sessions .carry/sessions --out "$RES/last/agentic" --work /tmp/sp5 --budget-s "${AGENTIC_BUDGET:-250}" \
+        --sessions .carry/sessions --out "$RES/last/agentic" --work /tmp/sp5 --budget-s "${AGENTIC_BUDGET:-225}" \
         --no-progress > /tmp/logs/agentic-plan.log 2>&1
       echo "agentic plan rc=$?"
     ) &
     a=$!
     CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench serve-plan --plan gpu-agentic-idle --model "$MODEL" \
-      --device cuda --sessions .carry/sessions --out "$RES/last/idle" --work /tmp/sp6 --budget-s "${SERVE_BUDGET:-470}" \
+      --device cuda --sessions .carry/sessions --out "$RES/last/idle" --work /tmp/sp6 --budget-s "${SERVE_BUDGET:-480}" \
       --no-progress > /tmp/logs/serve-plan.log 2>&1 &
     b=$!
     wait $a; wait $b; echo "idle plan rc=$?"
