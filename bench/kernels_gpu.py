@@ -44,6 +44,8 @@ FP32_TOL = 1e-4
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file for the results")
+    parser.add_argument("--prefill-sweep", action="store_true",
+                        help="only the prefill tile-size sweep (sweep_prefill; about a minute on the H200)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         _write(args.out, {"skipped": "CUDA is not available"})
@@ -53,6 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "triton": _triton_version(), "hbm_bytes_per_s": HBM_BYTES_PER_S, "records": []}
     records = results["records"]
+    if args.prefill_sweep:
+        for model, shape in MODELS.items():
+            records += sweep_prefill(model, shape)
+            _write(args.out, results)   # after each model: a call cut by its timeout keeps what finished
+        failed = [r for r in records if r.get("ok") is False]
+        print(f"{len(records)} sweep records, {len(failed)} outputs off the default's -> {args.out}")
+        return 1 if failed else 0
     for model, shape in MODELS.items():
         pool = _make_pool(max(DECODE_BATCHES) * max(DECODE_CONTEXTS) // BLOCK_SIZE + 64, shape)
         records += check_attention(model, shape, pool)
@@ -147,6 +156,45 @@ def time_prefill(model: str, shape: dict, pool: torch.Tensor) -> list[dict]:
     flops = 4 * pairs * shape["head_dim"] * shape["num_q_heads"]
     return [{"kernel": "paged_attention", "timing": "prefill", "model": model, "q_len": q_len, "context": context,
              "median_us": ms * 1e3, "tflop_per_s": flops / ms / 1e9}]
+
+
+PREFILL_SWEEP = ((2048, 4096), (8192, 16384))      # (new tokens, KV length): issue 7's long agentic prefills
+SWEEP_BLOCK_M = (64, 128, 256)
+SWEEP_WARPS = (4, 8)
+
+
+def sweep_prefill(model: str, shape: dict) -> list[dict]:
+    """Prefill attention by tile size (``max_block_m``) and warps, one long prompt on a cached prefix.
+    Why: with GQA 7 the default 64-row tile holds 9 query tokens, so each K/V tile is re-read once per 9
+    new tokens; a bigger tile reads it less often but needs more registers. Each setting's output is
+    compared with the default's (the default is checked against the reference in check_attention)."""
+    out = []
+    scale = shape["head_dim"] ** -0.5
+    for q_len, context in PREFILL_SWEEP:
+        pool = _make_pool(-(-context // BLOCK_SIZE) + 64, shape)
+        q, k_pool, v_pool, tables, cu, lens = _batch(shape, pool, [q_len], [context])
+        base = paged_attention_triton(q, k_pool, v_pool, tables, cu, lens, scale, max_q_len=q_len)
+        pairs = q_len * (context - q_len) + q_len * (q_len + 1) / 2
+        flops = 4 * pairs * shape["head_dim"] * shape["num_q_heads"]
+        for block_m in SWEEP_BLOCK_M:
+            for warps in SWEEP_WARPS:
+                rec = {"kernel": "paged_attention", "timing": "prefill_sweep", "model": model, "q_len": q_len,
+                       "context": context, "max_block_m": block_m, "num_warps": warps}
+                try:
+                    def fn(bm=block_m, w=warps):
+                        return paged_attention_triton(q, k_pool, v_pool, tables, cu, lens, scale, max_q_len=q_len,
+                                                      max_block_m=bm, num_warps=w)
+                    diff = (fn().float() - base.float()).abs().max().item()
+                    ms = _bench(fn)
+                    rec.update(median_us=ms * 1e3, tflop_per_s=flops / ms / 1e9, max_abs_diff_vs_default=diff,
+                               ok=diff <= BF16_TOL)
+                except Exception as e:  # noqa: BLE001 - a setting that does not compile is a result too
+                    rec.update(error=f"{type(e).__name__}: {e}"[:300])
+                out.append(rec)
+                print(rec, flush=True)
+        del pool
+        torch.cuda.empty_cache()
+    return out
 
 
 def check_append(model: str, shape: dict, pool: torch.Tensor) -> list[dict]:

@@ -105,11 +105,16 @@ def paged_attention_triton(
     sliding_window: int | None = None,
     max_q_len: int | None = None,
     num_splits: int | None = None,
+    max_block_m: int = MAX_BLOCK_M,
+    num_warps: int | None = None,
 ) -> torch.Tensor:               # [T, Hq, D]
     """Launch the Triton kernel; no host synchronisation, so it can be captured in a CUDA graph.
 
     Without ``max_q_len`` the grid assumes every sequence has at least one query token, so no
     query block is longer than ``T - B + 1``. ``num_splits`` overrides the KV-split heuristic.
+    ``max_block_m`` (a power of two) and ``num_warps`` are tuning hooks for the prefill sweep of
+    bench/kernels_gpu.py: with GQA 7 (Qwen-0.5B) 64 rows hold only 9 query tokens, so a long prefill
+    re-reads each K/V tile once per 9 tokens; the defaults stay until the sweep has measured a better one.
     """
     _check_args(q, k_pool, v_pool, block_tables, cu_q_lens, seq_lens)
     num_tokens, num_q_heads, head_dim = q.shape
@@ -117,7 +122,9 @@ def paged_attention_triton(
     block_size, num_kv_heads = k_pool.shape[1], k_pool.shape[2]
     group = num_q_heads // num_kv_heads
     q_bound = max_q_len if max_q_len is not None else num_tokens - batch + 1
-    block_m = min(max(triton.next_power_of_2(q_bound * group), MIN_BLOCK_M), MAX_BLOCK_M)
+    if max_block_m < MIN_BLOCK_M or max_block_m & (max_block_m - 1):
+        raise KernelArgumentError(f"max_block_m must be a power of two >= {MIN_BLOCK_M}, got {max_block_m}")
+    block_m = min(max(triton.next_power_of_2(q_bound * group), MIN_BLOCK_M), max_block_m)
     block_m = max(block_m, triton.next_power_of_2(group))
     block_q = block_m // group
     q_tiles = max(triton.cdiv(q_bound, block_q), 1)
@@ -146,6 +153,7 @@ def paged_attention_triton(
         NUM_SPLITS=num_splits, USE_WINDOW=sliding_window is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_UPCAST=_interpreter_lacks_bf16_dot(q),
+        **({"num_warps": num_warps} if num_warps is not None else {}),
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](

@@ -15,7 +15,7 @@
 #   bash bench/gpu/session.sh probe        # GPU0: bench speedup --profile (cProfile of the timed runs: where a
 #                                          #   drafting step's time goes), then serve-plan gpu-creative |
 #                                          #   GPU1: serve-plan ${KV_PLAN:-gpu-agentic-idle}
-#   bash bench/gpu/session.sh last         # GPU0: bench speedup (none/dspark/dspark-g7), then serve-plan gpu-agentic
+#   bash bench/gpu/session.sh last         # GPU0: prefill tile sweep, bench speedup (none/dspark/dspark-g7), gpu-agentic
 #                                          #   | GPU1: serve-plan gpu-agentic-idle (session 4's closing measurements)
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
@@ -215,13 +215,17 @@ PY
     pack probe
     ;;
   last)
-    # GPU0: bench speedup (none / scheduled dspark / dspark γ=7), then serve-plan gpu-agentic |
+    # GPU0: the prefill tile sweep, bench speedup (none / scheduled dspark / dspark γ=7), serve-plan gpu-agentic |
     # GPU1: serve-plan gpu-agentic-idle. Budgets sized so the call ends inside ~500 s (session 4: the idle
     # plan's five configs need ~460 s; at 440 s `standard` was cut).
     mkdir -p "$RES/last"
     unpack_drafter
     W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
     (
+      # the prefill tile-size sweep first (~1 min): bench/kernels_gpu.py sweep_prefill
+      CUDA_VISIBLE_DEVICES=0 timeout "${SWEEP_TIMEOUT:-90}" python -m bench.kernels_gpu --prefill-sweep \
+        --out "$RES/last/prefill-sweep.json" > /tmp/logs/prefill-sweep.log 2>&1
+      echo "prefill sweep rc=$?"
       CUDA_VISIBLE_DEVICES=0 python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
         --rows "${SPEED_ROWS:-none,dspark,dspark-g7}" --workloads "$W" --concurrency 1,4,8,16,32 --requests 8 \
         --max-tokens 48 --repeats 2 --device cuda --budget-s "${SPEED_BUDGET:-165}" \
@@ -238,7 +242,8 @@ PY
       --no-progress > /tmp/logs/serve-plan.log 2>&1 &
     b=$!
     wait $a; wait $b; echo "idle plan rc=$?"
-    tail -n 14 /tmp/logs/speedup.log; grep -v "it/s" /tmp/logs/agentic-plan.log | tail -n 8
+    tail -n 3 /tmp/logs/prefill-sweep.log; tail -n 14 /tmp/logs/speedup.log
+    grep -v "it/s" /tmp/logs/agentic-plan.log | tail -n 8
     grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
     pack last
     ;;

@@ -102,3 +102,13 @@ def test_rejects_int64_metadata():
     q, k_pool, v_pool, (tables, cu, lens) = _case([2], [5], 4, 2, 1, 8, torch.float32)
     with pytest.raises(KernelArgumentError):
         paged_attention_triton(q, k_pool, v_pool, tables.long(), cu, lens, 0.3)
+
+
+@pytest.mark.parametrize("max_block_m", [16, 128])
+def test_prefill_tile_size_hook_matches(max_block_m):
+    """The sweep's tile sizes compute the same attention (GQA 7: 16 rows hold 2 query tokens, 128 hold 18)."""
+    _compare(q_lens=[40, 1], seq_lens=[70, 9], block_size=16, num_q_heads=14, num_kv_heads=2, head_dim=16,
+             dtype=torch.float32, max_block_m=max_block_m)
+    with pytest.raises(KernelArgumentError):
+        _compare(**RAGGED, block_size=16, num_q_heads=8, num_kv_heads=2, head_dim=16, dtype=torch.float32,
+                 max_block_m=48)
