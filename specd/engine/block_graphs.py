@@ -28,7 +28,6 @@ shared graph pool.
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -36,9 +35,8 @@ import torch
 from torch import Tensor
 
 from specd.drafter.context_cache import DraftContext, copy_into_rows
-from specd.engine.draft_graphs import BATCH_BUCKETS, bucket, capture_or_none
-
-log = logging.getLogger("specd.block_graphs")
+from specd.engine.draft_graphs import BATCH_BUCKETS, bucket
+from specd.engine.keyed_graphs import KeyedGraphs
 
 MIN_CONTEXT_BUCKET = 256
 MAX_CONTEXT_TOKENS = 1 << 18    # static context positions per layer (Bp·S of the largest key); see Memory above
@@ -79,7 +77,7 @@ def block_warm_keys(max_batch: int, buckets: Sequence[int], capacity: int) -> li
     return sorted(keys, key=lambda k: (k.batch * k.context, k.batch), reverse=True)
 
 
-class BlockGraphs:
+class BlockGraphs(KeyedGraphs):
     """Static inputs (anchors, lengths, padded context K/V), captured block forwards and their output.
 
     ``out``: the [Bmax, γ, d] buffer the hidden states land in (the draft round's own, so the round
@@ -89,7 +87,7 @@ class BlockGraphs:
     def __init__(self, drafter, max_batch: int, max_len: int, device: torch.device, replay_eagerly: bool = False,
                  pool=None, out: Tensor | None = None, capacity: int = MAX_CONTEXT_TOKENS):
         c = drafter.config.backbone()
-        self.max_batch, self.buckets, self.replay_eagerly = max_batch, context_buckets(max_len), replay_eagerly
+        self.max_batch, self.buckets = max_batch, context_buckets(max_len)
         self.capacity = min(capacity, max_batch * self.buckets[-1])
         dtype = drafter.fc.weight.dtype
         self._kv = torch.zeros(len(drafter.layers), 2, self.capacity, c.num_kv_heads, c.head_dim, dtype=dtype,
@@ -98,12 +96,9 @@ class BlockGraphs:
         self._h_ints = torch.zeros(2 * max_batch, dtype=torch.int64, pin_memory=device.type == "cuda")
         shape = (max_batch, drafter.config.gamma, drafter.config.hidden_size)
         self.hidden = out if out is not None else torch.zeros(shape, dtype=dtype, device=device)
-        self.graphs: dict[BlockGraphKey, torch.cuda.CUDAGraph | None] = {}
-        self.pool = pool if pool is not None or replay_eagerly else torch.cuda.graph_pool_handle()
-        self.replays = 0
+        super().__init__(MAX_BLOCK_GRAPHS, "block forward", replay_eagerly,
+                         pool if pool is not None or replay_eagerly else torch.cuda.graph_pool_handle())
         self.eager_forwards = 0       # batches no key held (too many rows or too long a context)
-        self.captures = 0
-        self.capture_failures = 0
 
     @property
     def memory_bytes(self) -> int:
@@ -137,37 +132,10 @@ class BlockGraphs:
         self._ints.zero_()
 
     # -- capture and replay ----------------------------------------------------------------------------
-    def _forward(self, drafter, key: BlockGraphKey) -> None:
+    def _body(self, drafter, key: BlockGraphKey) -> None:
         bp, bm = key.batch, self.max_batch
         hidden = drafter.padded_block_hidden(self._ints[:bp], self._ints[bm:bm + bp], self.context(key))
         self.hidden[:bp].copy_(hidden)
-
-    @torch.inference_mode()
-    def capture(self, drafter, key: BlockGraphKey) -> None:
-        self.captures += 1
-        if self.replay_eagerly:
-            self.graphs[key] = None
-            return
-        self.graphs[key] = capture_or_none(lambda: self._forward(drafter, key), self.pool, f"block forward {key}")
-        self.capture_failures += self.graphs[key] is None
-
-    @torch.inference_mode()
-    def warm(self, drafter, keys: list[BlockGraphKey]) -> int:
-        """Capture these shapes now (largest first, so smaller graphs reuse their memory), up to
-        MAX_BLOCK_GRAPHS. Returns how many were new."""
-        fresh = [k for k in dict.fromkeys(keys) if k not in self.graphs]
-        room = max(0, MAX_BLOCK_GRAPHS - len(self.graphs))
-        if len(fresh) > room:
-            log.warning("block graph warm-up: %d shapes past MAX_BLOCK_GRAPHS=%d run eagerly", len(fresh) - room,
-                        MAX_BLOCK_GRAPHS)
-            fresh = fresh[:room]
-        for key in fresh:
-            self._inert(key)
-            self.capture(drafter, key)
-        return len(fresh)
-
-    def can_run(self, key: BlockGraphKey | None) -> bool:
-        return key is not None and (key in self.graphs or len(self.graphs) < MAX_BLOCK_GRAPHS)
 
     @torch.inference_mode()
     def run(self, drafter, contexts: Sequence[DraftContext], last_tokens: Sequence[int]) -> Tensor:
@@ -178,12 +146,5 @@ class BlockGraphs:
             self.eager_forwards += 1
             return drafter.draft_hidden(contexts, last_tokens)
         self.load(contexts, last_tokens, key)
-        if key not in self.graphs:
-            self.capture(drafter, key)             # its warm-up passes read the loaded inputs
-        graph = self.graphs[key]
-        if graph is None:
-            self._forward(drafter, key)
-        else:
-            graph.replay()
-        self.replays += 1
+        self.replay(drafter, key)
         return self.hidden[: len(contexts)]

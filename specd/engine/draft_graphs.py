@@ -30,7 +30,6 @@ verification (``Draft.origin``).
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -38,10 +37,9 @@ import torch
 from torch import Tensor
 
 from specd.drafter.base import BlockOut, DraftOutput
+from specd.engine.keyed_graphs import KeyedGraphs
 from specd.engine.sampler import GREEDY_ROW, SamplingPath, draw_uniforms, inverse_cdf, row_kind_codes, static_probs
 from specd.sampling_params import SamplingParams
-
-log = logging.getLogger("specd.draft_graphs")
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MAX_DRAFT_GRAPHS = 48     # beyond this, odd paths run eagerly rather than pile up graph memory (warm-up: 5 paths
@@ -123,33 +121,7 @@ def markov_round(x: RoundInputs, path: SamplingPath, markov_head, confidence: Ca
     return tokens, probs_out, conf
 
 
-def capture_graph(fn: Callable[[], None], pool) -> torch.cuda.CUDAGraph:
-    """Two warm-up calls on a side stream (the allocator settles), then ``fn`` captured into ``pool``.
-    Raises RuntimeError when an op cannot be captured."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        fn()
-    return graph
-
-
-def capture_or_none(fn: Callable[[], None], pool, what: str) -> torch.cuda.CUDAGraph | None:
-    """``capture_graph``, or None (logged) when an op cannot be captured here: the caller then serves that
-    shape by running ``fn``'s static computation eagerly, so a capture problem never fails a step."""
-    try:
-        return capture_graph(fn, pool)
-    except RuntimeError as exc:
-        log.warning("%s: capture failed (%s); it runs eagerly", what, exc)
-        torch.cuda.synchronize()
-        return None
-
-
-class DraftGraphs:
+class DraftGraphs(KeyedGraphs):
     """Static buffers, captured rounds and their shared outputs; one instance per block drafter.
 
     ``replay_eagerly``: run ``markov_round`` on the same padded static buffers without a CUDA graph, so
@@ -160,7 +132,7 @@ class DraftGraphs:
     def __init__(self, drafter, max_batch: int, device: torch.device, replay_eagerly: bool = False):
         cfg = drafter.config
         self.max_batch, self.gamma, self.vocab = max_batch, cfg.gamma, cfg.vocab_size
-        self.device, self.replay_eagerly = device, replay_eagerly
+        self.device = device
         dtype = drafter.fc.weight.dtype
         b, g = max_batch, cfg.gamma
         self.logits = torch.zeros(b * g, cfg.vocab_size, dtype=dtype, device=device)     # [Bmax·γ, V]
@@ -173,12 +145,9 @@ class DraftGraphs:
         self.tokens = torch.zeros(b, g, dtype=torch.int64, device=device)
         self.probs = torch.zeros(b, g, cfg.vocab_size, dtype=torch.float32, device=device)
         self.confidence = torch.zeros(b, g, dtype=torch.float32, device=device)     # pre-sigmoid
-        self.graphs: dict[DraftGraphKey, torch.cuda.CUDAGraph | None] = {}
-        self.pool = None if replay_eagerly else torch.cuda.graph_pool_handle()
-        self.replays = 0
+        super().__init__(MAX_DRAFT_GRAPHS, "draft round", replay_eagerly,
+                         None if replay_eagerly else torch.cuda.graph_pool_handle())
         self.eager_rounds = 0
-        self.captures = 0             # rounds captured so far (load-time warm-ups included)
-        self.capture_failures = 0     # keys whose capture raised: they run the static round eagerly
         self.blocks = None            # BlockGraphs, set by the proposer (specd/engine/proposers.py)
 
     def block_hidden(self, drafter, contexts: Sequence, last_tokens: Sequence[int]) -> Tensor:
@@ -225,7 +194,7 @@ class DraftGraphs:
         self._floats[: 2 * bm + bp * g].copy_(hf[: 2 * bm + bp * g], non_blocking=True)
 
     # -- capture and replay ----------------------------------------------------------------------------
-    def _round(self, drafter, key: DraftGraphKey) -> None:
+    def _body(self, drafter, key: DraftGraphKey) -> None:
         conf = drafter.confidence_logits if drafter.confidence_head is not None else None
         tokens, _, c = markov_round(self.inputs(key.batch), key.path, drafter.markov_head, conf,
                                     self.probs[: key.batch])
@@ -233,24 +202,10 @@ class DraftGraphs:
         if c is not None:
             self.confidence[: key.batch].copy_(c)
 
-    @torch.inference_mode()
-    def warm(self, drafter, keys: list[DraftGraphKey]) -> int:
-        """Capture these rounds now (largest first) on inert inputs, up to MAX_DRAFT_GRAPHS. Returns how
-        many were new."""
-        fresh = [k for k in dict.fromkeys(keys) if k not in self.graphs]
-        room = max(0, MAX_DRAFT_GRAPHS - len(self.graphs))
-        if len(fresh) > room:
-            log.warning("draft graph warm-up: %d rounds past MAX_DRAFT_GRAPHS=%d run eagerly", len(fresh) - room,
-                        MAX_DRAFT_GRAPHS)
-            fresh = fresh[:room]
-        for key in fresh:
-            self._inert(key.batch)
-            self.capture(drafter, key)
-        return len(fresh)
-
-    def _inert(self, batch: int) -> None:
+    def _inert(self, key: DraftGraphKey) -> None:
         """Greedy-coded rows, temperature and top-p 1, top-k 0, uniforms 0, zero logits: every transform
         of every path is finite on them."""
+        batch = key.batch
         self.logits[: batch * self.gamma].zero_()
         self.hidden[:batch].zero_()
         i, f, bm = self._ints, self._floats, self.max_batch
@@ -260,18 +215,6 @@ class DraftGraphs:
         f[:batch] = 1.0
         f[bm:bm + batch] = 1.0
         f[2 * bm:2 * bm + batch * self.gamma].zero_()
-
-    @torch.inference_mode()
-    def capture(self, drafter, key: DraftGraphKey) -> None:
-        self.captures += 1
-        if self.replay_eagerly:
-            self.graphs[key] = None
-            return
-        self.graphs[key] = capture_or_none(lambda: self._round(drafter, key), self.pool, f"draft round {key}")
-        self.capture_failures += self.graphs[key] is None
-
-    def can_run(self, key: DraftGraphKey | None) -> bool:
-        return key is not None and (key in self.graphs or len(self.graphs) < MAX_DRAFT_GRAPHS)
 
     @torch.inference_mode()
     def run(self, drafter, hidden: Tensor, last_tokens: Sequence[int], params: Sequence[SamplingParams],
@@ -284,14 +227,7 @@ class DraftGraphs:
             return drafter.sample_drafts(BlockOut(drafter.heads.logits(hidden), hidden), last_tokens, params,
                                          generators)
         self.load(drafter, hidden, last_tokens, params, generators, key)
-        if key not in self.graphs:
-            self.capture(drafter, key)             # warm-up rounds read the loaded inputs; outputs rewritten below
-        graph = self.graphs[key]
-        if graph is None:
-            self._round(drafter, key)
-        else:
-            graph.replay()
-        self.replays += 1
+        self.replay(drafter, key)
         n = len(params)
         conf = torch.sigmoid(self.confidence[:n]) if drafter.confidence_head is not None else None
         return DraftOutput(tokens=self.tokens[:n], probs=self.probs[:n], confidence=conf)
