@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -212,10 +213,8 @@ class KvdBlockSource:
         """Apply the readiness answers kvd has sent (never waits)."""
         if not self._connected or not self.client.watching:
             return
-        try:
+        with self._degrading():
             self.client.poll_watches()
-        except KvdClientError as exc:
-            self._degrade(exc)
 
     def allocate(self, n: int, group: str | None = None) -> tuple[LeaseId, list[BlockId]]:
         group = group or self.primary
@@ -251,19 +250,15 @@ class KvdBlockSource:
             lease, blocks = out
             self._held[lease] = (self.primary, list(blocks))
             on_done(lease, list(blocks))
-        try:
+        with self._degrading():
             self.client.post(P.Allocate(group=self.primary, n=n), answered)
-        except KvdClientError as exc:
-            self._degrade(exc)
 
     def drain(self) -> None:
         """Take the answers of posted ops that have arrived (a refill allocate's blocks), never waiting."""
         if not self._connected or not self.client.unsettled:
             return
-        try:
+        with self._degrading():
             self.client.drain()
-        except KvdClientError as exc:
-            self._degrade(exc)
 
     def commit(self, lease: LeaseId, entries, on_done=None) -> list[BlockId] | None:
         """Publish ``entries``. With ``on_done`` the commit is posted (no wait) and ``on_done(canonical or
@@ -272,11 +267,9 @@ class KvdBlockSource:
             return None
         wire = [(int(b), bytes(h), None if p is None else bytes(p)) for b, h, p in entries]
         if on_done is not None:
-            try:
+            with self._degrading():
                 self.client.post(P.Commit(lease=lease, blocks=wire),
                                  lambda out: on_done(self._committed(lease, entries, out)))
-            except KvdClientError as exc:
-                self._degrade(exc)
             return None
         try:
             out = self.client.commit(lease, wire)
@@ -305,10 +298,8 @@ class KvdBlockSource:
         """Take the answers of every posted op, waiting for them."""
         if not self._connected or not self.client.unsettled:
             return
-        try:
+        with self._degrading():
             self.client.settle()
-        except KvdClientError as exc:
-            self._degrade(exc)
 
     def settle_needed(self) -> None:
         """Take the answers of posted commits and allocates (the engine calls this before a forward, the
@@ -316,13 +307,11 @@ class KvdBlockSource:
         release's answer, which nothing needs, is taken when it has come."""
         if not self._connected or not self.client.unsettled:
             return
-        try:
+        with self._degrading():
             if self.client.awaiting:
                 self.client.settle(needed_only=True)
             else:
                 self.client.drain()
-        except KvdClientError as exc:
-            self._degrade(exc)
 
     def release(self, leases: Sequence[LeaseId], hints: dict | None = None) -> None:
         """Unpin ``leases`` (posted: nothing waits on a release). Per-block hints (``kinds``) go once, by
@@ -402,8 +391,14 @@ class KvdBlockSource:
                 self._degrade(out)
             elif isinstance(out, KvdClientError):
                 log.warning("kvd refused a %s: %s", what, out)
-        try:
+        with self._degrading():
             self.client.post(op, answered, needed=False)
+
+    @contextmanager
+    def _degrading(self) -> Iterator[None]:
+        """A call whose only answer to a kvd error is to degrade to local blocks (then carry on)."""
+        try:
+            yield
         except KvdClientError as exc:
             self._degrade(exc)
 
