@@ -118,8 +118,7 @@ class FeatureProposer:
                 self._absorb(s)
             return
         for s in seqs:
-            if s.draft_ctx is None:
-                s.draft_ctx = self._first_context(s, s.num_computed_tokens - len(s.draft_feats))
+            self._open_context(s)
         for s, rest in zip(seqs, many([s.draft_ctx for s in seqs], [s.draft_feats for s in seqs])):
             s.draft_feats = rest
 
@@ -127,11 +126,17 @@ class FeatureProposer:
         """Move the sequence's new features into its drafter context (K/V projected once, kept in
         ``seq.draft_ctx``); ``seq.draft_feats`` keeps only what the drafter still needs raw."""
         feats = seq.draft_feats
-        first = seq.num_computed_tokens - len(feats)        # absolute position of feats[0]
-        if seq.draft_ctx is None:
-            seq.draft_ctx = self._first_context(seq, first)
+        first = self._open_context(seq)
         after = torch.tensor(seq.all_ids[first + 1: seq.num_computed_tokens + 1], dtype=torch.int64)
         seq.draft_feats = self.drafter.absorb(seq.draft_ctx, feats, after)
+
+    def _open_context(self, seq) -> int:
+        """The absolute position of ``seq.draft_feats[0]``, after giving the sequence its drafter context
+        if it has none yet."""
+        first = seq.num_computed_tokens - len(seq.draft_feats)
+        if seq.draft_ctx is None:
+            seq.draft_ctx = self._first_context(seq, first)
+        return first
 
     def _first_context(self, seq, first: int):
         """The context of positions < ``first`` (the cached prefix) from kvd, else an empty one shifted
