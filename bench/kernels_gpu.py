@@ -145,15 +145,20 @@ def time_decode(model: str, shape: dict, pool: torch.Tensor) -> list[dict]:
     return records
 
 
+def prefill_flops(q_len: int, context: int, shape: dict) -> float:
+    """Causal attention of ``q_len`` new tokens ending a ``context``-token sequence: query i sees
+    (context - q_len + i + 1) keys; 2 matmuls of 2*D flops per (query, key, head)."""
+    pairs = q_len * (context - q_len) + q_len * (q_len + 1) / 2
+    return 4 * pairs * shape["head_dim"] * shape["num_q_heads"]
+
+
 def time_prefill(model: str, shape: dict, pool: torch.Tensor) -> list[dict]:
     """One 2048-token prompt on a 2048-token cached prefix: compute-bound, reported in TFLOP/s."""
     q_len, context = 2048, 4096
     q, k_pool, v_pool, tables, cu, lens = _batch(shape, pool, [q_len], [context])
     scale = shape["head_dim"] ** -0.5
     ms = _bench(lambda: paged_attention_triton(q, k_pool, v_pool, tables, cu, lens, scale, max_q_len=q_len))
-    # causal: query i sees (context - q_len + i + 1) keys; 2 matmuls of 2*D flops per (query, key, head)
-    pairs = q_len * (context - q_len) + q_len * (q_len + 1) / 2
-    flops = 4 * pairs * shape["head_dim"] * shape["num_q_heads"]
+    flops = prefill_flops(q_len, context, shape)
     return [{"kernel": "paged_attention", "timing": "prefill", "model": model, "q_len": q_len, "context": context,
              "median_us": ms * 1e3, "tflop_per_s": flops / ms / 1e9}]
 
@@ -174,8 +179,7 @@ def sweep_prefill(model: str, shape: dict) -> list[dict]:
         pool = _make_pool(-(-context // BLOCK_SIZE) + 64, shape)
         q, k_pool, v_pool, tables, cu, lens = _batch(shape, pool, [q_len], [context])
         base = paged_attention_triton(q, k_pool, v_pool, tables, cu, lens, scale, max_q_len=q_len)
-        pairs = q_len * (context - q_len) + q_len * (q_len + 1) / 2
-        flops = 4 * pairs * shape["head_dim"] * shape["num_q_heads"]
+        flops = prefill_flops(q_len, context, shape)
         for block_m in SWEEP_BLOCK_M:
             for warps in SWEEP_WARPS:
                 rec = {"kernel": "paged_attention", "timing": "prefill_sweep", "model": model, "q_len": q_len,

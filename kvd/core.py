@@ -234,8 +234,8 @@ class KvdCore:
             promotions = self._promote(g, lease, now)
             if promotions:   # one batch per lease and group: one copy pass, one wait, one lock trip
                 pair_slots(promotions)
-                batch = PromotionBatch(g.name, g.gpu, promotions)
-                batch.predicted_s = sum(self.rates.seconds(p.src.tier, g.block_bytes) for p in promotions)
+                batch = PromotionBatch(g.name, g.gpu, promotions, predicted_s=sum(
+                    self.rates.seconds(p.src.tier, g.block_bytes) for p in promotions))
                 self._backlog_s += batch.predicted_s     # queued by the caller, after the lock
                 jobs.append(batch)
             short = short or len(lease.held) < len(need)
