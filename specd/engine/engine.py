@@ -71,6 +71,7 @@ class SpecEngine:
         self.spec_gate: SpecGate | None = SpecGate()   # measured: do scheduled requests draft? None: always
         self._gate_arms: dict[str, bool] = {}   # this step: method -> its scheduled requests drafted
         self._resting: set[int] = set()         # this step: id() of the sequences the gate rests (no features)
+        self._gate_drafting: list[Sequence] = []   # this step: the gated sequences that draft
         self._profiled = False                  # this step measured self.sps: its time is no gate sample
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
@@ -236,17 +237,21 @@ class SpecEngine:
         c["commit_seconds_total"] += t4 - t3            # publishing full blocks to kvd (target and draft)
         if self._scheduled_step:
             self._update_overhead(batch, t4 - t0)
-        self._observe_gate(batch, sum(len(toks) for _, toks in emitted), t4 - t0)
+        self._observe_gate(batch, {id(s.seq): len(toks) for s, toks in emitted}, t4 - t0)
         return outputs
 
-    def _observe_gate(self, batch: list[ScheduledSeq], tokens: int, seconds: float) -> None:
+    def _observe_gate(self, batch: list[ScheduledSeq], emitted: dict[int, int], seconds: float) -> None:
         """Report a finished pure decode step to the gate, under each gated method's arm. A step with
         prompt chunks, or one that measured the SPS profile, says nothing about drafting."""
         arms, self._gate_arms = self._gate_arms, {}
         self._resting = set()
+        drafting, self._gate_drafting = self._gate_drafting, []
+        for seq in drafting:     # each gated request's own acceptance: tokens this drafting step emitted
+            seq.gate_acceptance.add(emitted.get(id(seq), 1))
         profiled, self._profiled = self._profiled, False
         if self.spec_gate is None or profiled or not self._pure_decode(batch):
             return
+        tokens = sum(emitted.values())
         for method, drafted in arms.items():
             self.spec_gate.observe(method, len(batch), drafted, tokens, seconds)
 
@@ -280,11 +285,17 @@ class SpecEngine:
                 by_method.setdefault(self._method(seq), []).append(sched)
         for method, group in by_method.items():
             proposer = self._proposer(method)
-            if not self._gate_drafts(batch, method, proposer, group):
-                self._rest([s.seq for s in group if self._gated(proposer, s.seq)])
-                group = [s for s in group if not self._gated(proposer, s.seq)]
+            gated = [s for s in group if self._gated(proposer, s.seq)]
+            if gated and not self._gate_drafts(batch, method, gated):
+                if not self.spec_gate.probe_next(method, len(batch)):
+                    self._rest([s.seq for s in gated])
+                else:                # capture this step's features: the probe drafts from a fresh context
+                    self._gate_arms.pop(method, None)     # and the capture's time is no resting sample
+                resting = {id(s) for s in gated}
+                group = [s for s in group if id(s) not in resting]
                 if not group:
                     continue
+            self._gate_drafting.extend(s.seq for s in gated if self._gate_arms.get(method))
             limits = [self._draft_limit(s.seq) for s in group]
             drafts = proposer.propose([s.seq for s in group], limits)
             chosen = [i for i, (s, d) in enumerate(zip(group, drafts))
@@ -322,18 +333,17 @@ class SpecEngine:
         self._scheduled_lengths.update(lengths)
         return [d.truncated(k) for d, k in zip(drafts, lengths)]
 
-    def _gate_drafts(self, batch: list[ScheduledSeq], method: str, proposer, group: list[ScheduledSeq]) -> bool:
-        """The measured pre-draft gate (specd/engine/spec_gate.py): do ``method``'s scheduled requests
+    def _gate_drafts(self, batch: list[ScheduledSeq], method: str, gated: list[ScheduledSeq]) -> bool:
+        """The measured pre-draft gate (specd/engine/spec_gate.py): do ``method``'s ``gated`` requests
         draft this step? Only confidence-scheduled requests of feature drafters with a confidence head are
         gated; fixed-γ requests always draft (their γ is what was asked for). A profile injected into
         ``self.sps`` (tests pinning the scheduler's decisions) keeps the gate off, as it keeps the overhead
-        average off. Lossless: the answer depends on earlier steps' measured rates only, never on this
-        step's drafts."""
+        average off. Lossless: the answer depends on earlier steps' measured rates and acceptance only,
+        never on this step's drafts."""
         if self.spec_gate is None or (self.sps is not None and not self._track_overhead):
             return True
-        if not any(self._gated(proposer, s.seq) for s in group):
-            return True
-        drafting = self.spec_gate.should_draft(method, len(batch), measured=self._pure_decode(batch))
+        drafting = self.spec_gate.should_draft(method, len(batch), measured=self._pure_decode(batch),
+                                               requests=[s.seq.gate_acceptance for s in gated])
         self._gate_arms[method] = drafting
         self._counters["spec_paused_steps_total"] += not drafting
         return drafting

@@ -10,6 +10,7 @@ import torch
 from kvd.types import BlockHash, BlockId, LeaseId
 from specd.engine.detokenizer import Detokenizer
 from specd.engine.request import Request, Usage
+from specd.engine.spec_gate import Acceptance
 
 
 class SeqStatus(enum.Enum):
@@ -44,6 +45,7 @@ class Sequence:
     spec_verifications: int = 0                 # verify passes that carried drafts for this sequence
     spec_drafted: int = 0
     spec_accepted: int = 0
+    gate_acceptance: Acceptance = field(default_factory=Acceptance)   # its drafting steps, for the spec gate
     finish_reason: str | None = None
     parked_s: float | None = None               # when its hit's promotion was found still in flight
     skip_lookup: bool = False                   # gave up a hit that did not land: recompute the prompt

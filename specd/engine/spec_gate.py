@@ -9,13 +9,30 @@ under the arm it ran (drafting or resting), per method and per load bucket (the 
 down to a power of two), and the gate drafts only where drafting's measured rate beats plain decoding's
 by ``margin`` (3%).
 
-Recovery: the losing arm is probed for ``probe_steps`` steps after ``probe_every`` measured steps of the
-cell, so a change of conditions (a longer context, a warmer drafter, another load) is seen. Each probe that
-confirms the winner doubles the wait before the next one (up to ``probe_max``): a steady loser costs
-less and less; a probe that changes the winner resets the wait. Measurements age by
+Whose acceptance: the step time of an arm is a property of the load, but the tokens a drafting step
+emits are a property of the requests in it. One engine serves workloads whose drafts are accepted at very
+different rates (on the H200, fixed γ = 7 ran at 1.46× plain decoding on extraction and 0.59× on creative
+writing at concurrency 1). So the cell's measured drafting rate is scaled, for each step, by the requests
+in the batch: each request that has drafted carries its own decayed record of tokens per drafting step,
+shrunk toward the cell's (``PRIOR_STEPS`` steps of weight), and the predicted drafting rate is the cell's
+rate × (the batch's mean acceptance / the cell's). A new request starts at the cell's acceptance.
+
+Recovery: the losing arm is probed for ``probe_steps`` steps, as often as a probe budget allows: the wait
+before the next probe is the probe's expected cost (its steps × the fraction of a step the loser loses)
+over ``PROBE_BUDGET`` (1% of the cell's steps), between ``probe_every`` and ``probe_max`` steps. A
+near-tie is probed often (it is cheap and likely to flip), a clear loser rarely. (Until session 4 the wait
+doubled after each confirming probe; after two workloads where drafting lost, it had grown to hundreds of
+steps, and the third workload, where drafting won, ran out before the next probe.) Measurements age by
 steps of the cell, not by samples of an arm (both arms' sums shrink by ``decay`` at every measured step):
 the winner averages its last ~1/(1 − decay) steps, and the loser's rate is essentially its latest probe,
-so one probe is enough to see that the loser now wins.
+so one probe is enough to see that the loser now wins. ``probe_next`` tells the engine a probe of drafting
+starts at the next measured step, so resting requests capture that step's target features: the probe then
+drafts from a context that ends at the newest token instead of one that misses the whole rest.
+
+Load prior: drafting's advantage shrinks as the batch grows (verify tokens grow with it, the memory-bound
+decode step does not). A new cell whose next smaller explored bucket rests starts resting: it explores
+plain decoding, and drafting only through probes, instead of paying ``min_samples`` drafting steps at a
+load where drafting already lost at a lighter one.
 
 Lossless: whether a step drafts depends only on the wall time and token counts of earlier, finished
 steps, never on the drafts of this step; verification is untouched.
@@ -23,15 +40,19 @@ steps, never on the drafts of this step; verification is untouched.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import ceil
 
 MIN_SAMPLES = 5      # measured steps per arm before the comparison is trusted (drafting explored first);
                      # a step's accepted drafts vary a lot, so fewer samples often misjudge drafting
-PROBE_EVERY = 64     # measured steps of a cell before the first probe of the losing arm
-PROBE_MAX = 1024     # the wait doubles after each probe that confirms the winner, up to this many steps
-PROBE_STEPS = 3      # consecutive steps of a probe: after a rest the first one only regathers features
+PROBE_EVERY = 16     # the shortest wait (measured steps of a cell) between probes of the losing arm
+PROBE_MAX = 1024     # the longest wait
+PROBE_BUDGET = 0.01  # a probe's expected cost over the steps waited before it: ≤ 1% of a cell's throughput
+PROBE_STEPS = 3      # consecutive steps of a probe
 DECAY = 0.9          # weight of the older measurements at each measured step of a cell (~10 steps of memory)
 MARGIN = 0.03        # drafting must beat plain decoding by this fraction: a rate measured over a 2-step probe
                      # is noisy, and on the H200 near-ties flipped the arms and cost more than they won
+PRIOR_STEPS = 2.0    # weight, in drafting steps, of the cell's acceptance in a request's own estimate
+REQUEST_DECAY = 0.8  # weight of a request's older drafting steps (its text changes: quoting, then prose)
 
 
 class GateError(ValueError):
@@ -46,25 +67,45 @@ def load_bucket(sequences: int) -> int:
 
 @dataclass
 class Rate:
-    """Exponentially decayed sums of emitted tokens and seconds: the rate is their ratio, so a long step
-    weighs by its length, as it does in throughput."""
+    """Exponentially decayed sums of emitted tokens, seconds and sequence-steps: the rate is tokens over
+    seconds, so a long step weighs by its length, as it does in throughput; tokens over sequence-steps is
+    the acceptance (tokens per request per step)."""
 
     tokens: float = 0.0
     seconds: float = 0.0
+    seq_steps: float = 0.0
     samples: int = 0
 
-    def add(self, tokens: int, seconds: float) -> None:
+    def add(self, tokens: int, seconds: float, sequences: int) -> None:
         self.tokens += tokens
         self.seconds += seconds
+        self.seq_steps += sequences
         self.samples += 1
 
     def age(self, decay: float) -> None:
         self.tokens *= decay
         self.seconds *= decay
+        self.seq_steps *= decay
 
     @property
     def per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def per_seq_step(self) -> float:
+        return self.tokens / self.seq_steps if self.seq_steps > 0 else 0.0
+
+
+@dataclass
+class Acceptance:
+    """One request's decayed record of its drafting steps: tokens emitted, and steps."""
+
+    tokens: float = 0.0
+    steps: float = 0.0
+
+    def add(self, tokens: int, decay: float = REQUEST_DECAY) -> None:
+        self.tokens = self.tokens * decay + tokens
+        self.steps = self.steps * decay + 1.0
 
 
 @dataclass
@@ -77,75 +118,131 @@ class Cell:
     clock: int = 0            # measured steps since the last probe (or since both arms were explored)
     probe_left: int = 0       # steps of the current probe still to run
     probe_arm: bool = False   # the arm the current probe runs (fixed when it starts)
-    probed_from: bool | None = None   # the winner when the last probe started, until it is judged
+    resting_prior: bool = False   # started resting: a smaller bucket of the method had drafting lose
 
-    def drafting_wins(self, margin: float = 0.0) -> bool:
-        return self.draft.per_s > self.plain.per_s * (1.0 + margin)
+    def draft_rate(self, acceptance: float | None) -> float:
+        """The drafting rate predicted for a batch of this ``acceptance`` (tokens per request per drafting
+        step), from the cell's measured rate and acceptance."""
+        measured = self.draft.per_seq_step
+        if acceptance is None or measured <= 0:
+            return self.draft.per_s
+        return self.draft.per_s * acceptance / measured
+
+    def drafting_wins(self, margin: float = 0.0, acceptance: float | None = None) -> bool:
+        return self.draft_rate(acceptance) > self.plain.per_s * (1.0 + margin)
 
 
 class SpecGate:
-    """Per (method, load bucket): explore both arms, then run the measured winner, probing the loser."""
+    """Per (method, load bucket): explore both arms, then run the predicted winner, probing the loser."""
 
     def __init__(self, min_samples: int = MIN_SAMPLES, probe_every: int = PROBE_EVERY,
                  probe_steps: int = PROBE_STEPS, decay: float = DECAY, probe_max: int = PROBE_MAX,
-                 margin: float = MARGIN):
+                 margin: float = MARGIN, probe_budget: float = PROBE_BUDGET, prior_steps: float = PRIOR_STEPS):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
-                or not 0 < decay <= 1 or not 0 <= margin < 1):
+                or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0):
             raise GateError(f"bad gate settings: min_samples={min_samples}, probe_every={probe_every}, "
-                            f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}")
+                            f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}, "
+                            f"probe_budget={probe_budget}, prior_steps={prior_steps}")
         self.min_samples, self.probe_every, self.probe_steps, self.decay = min_samples, probe_every, probe_steps, decay
-        self.margin = margin
+        self.margin, self.probe_budget, self.prior_steps = margin, probe_budget, prior_steps
         self.probe_max = probe_max
         self.cells: dict[tuple[str, int], Cell] = {}
         self.probes = 0
 
-    def should_draft(self, method: str, sequences: int, measured: bool = True) -> bool:
+    def acceptance(self, method: str, sequences: int, requests: list[Acceptance] | None) -> float | None:
+        """The batch's predicted tokens per request per drafting step: the mean over ``requests`` of each
+        one's own record shrunk toward the cell's (a new request is the cell's). None: no record."""
+        if not requests:
+            return None
+        prior = self._cell(method, sequences).draft.per_seq_step
+        if prior <= 0:
+            return None
+        k = self.prior_steps
+        return sum((r.tokens + k * prior) / (r.steps + k) for r in requests) / len(requests)
+
+    def should_draft(self, method: str, sequences: int, measured: bool = True,
+                     requests: list[Acceptance] | None = None) -> bool:
         """Does this step draft for ``method``'s scheduled requests, in a batch of ``sequences``?
 
         ``measured``: the step will be reported to ``observe`` (a pure decode step). Only such steps
         explore, probe and advance the probe clock; any other step runs the current winner (drafting while
-        the cell is unexplored)."""
+        the cell is unexplored). ``requests``: the acceptance records of the requests that would draft."""
         cell = self._cell(method, sequences)
-        if cell.draft.samples < self.min_samples:
-            return True
-        if cell.plain.samples < self.min_samples:
-            return not measured
-        winner = cell.drafting_wins(self.margin)
+        explore = self._exploring(cell)
+        if explore is not None:
+            return explore if measured else not cell.resting_prior
+        winner = cell.drafting_wins(self.margin, self.acceptance(method, sequences, requests))
         if not measured:
             return winner
         if cell.probe_left:
             cell.probe_left -= 1
             return cell.probe_arm
-        if cell.probed_from is not None:         # the last probe's steps are measured: judge it
-            confirmed = cell.probed_from == winner
-            cell.wait = min(2 * cell.wait, self.probe_max) if confirmed else self.probe_every
-            cell.probed_from = None
+        if cell.clock == 0:      # the first step after a probe or the exploration: both rates are fresh
+            cell.wait = 1 if cell.draft.samples == 0 else self._wait(cell, winner)
         cell.clock += 1
         if cell.clock < cell.wait:
             return winner
-        cell.clock, cell.probe_left, cell.probe_arm, cell.probed_from = 0, self.probe_steps - 1, not winner, winner
+        cell.clock, cell.probe_left, cell.probe_arm = 0, self.probe_steps - 1, not winner
         self.probes += 1
         return cell.probe_arm
 
+    def probe_next(self, method: str, sequences: int) -> bool:
+        """Will the next measured step of this cell start a probe of drafting (or explore it)? The engine
+        then captures target features in this resting step, so the probe drafts from a fresh context."""
+        cell = self.cells.get((method, load_bucket(sequences)))
+        if cell is None or cell.probe_left:
+            return False
+        if self._exploring(cell) is not None:
+            return cell.resting_prior and cell.plain.samples == self.min_samples - 1
+        return cell.clock > 0 and cell.clock + 1 >= cell.wait
+
+    def _exploring(self, cell: Cell) -> bool | None:
+        """The arm an unexplored cell measures next, or None once both arms are measured. A cell with the
+        resting prior measures plain decoding only; its drafting arm is measured by probes."""
+        if cell.resting_prior:     # its first probe of drafting follows at once (``should_draft``)
+            return False if cell.plain.samples < self.min_samples else None
+        if cell.draft.samples < self.min_samples:
+            return True
+        if cell.plain.samples < self.min_samples:
+            return False
+        return None
+
+    def _wait(self, cell: Cell, winner: bool) -> int:
+        """Measured steps until the probe after this one: its expected cost within the probe budget."""
+        win, lose = (cell.draft.per_s, cell.plain.per_s) if winner else (cell.plain.per_s, cell.draft.per_s)
+        loss = 1.0 - lose / win if win > 0 else 1.0
+        steps = ceil(self.probe_steps * max(0.0, loss) / self.probe_budget - 1e-9)   # 20.000001 is 20
+        return max(self.probe_every, min(self.probe_max, steps))
+
     def _cell(self, method: str, sequences: int) -> Cell:
-        key = (method, load_bucket(sequences))
+        bucket = load_bucket(sequences)
+        key = (method, bucket)
         if key not in self.cells:
-            self.cells[key] = Cell(wait=self.probe_every)
+            self.cells[key] = Cell(wait=self.probe_every, resting_prior=self._lighter_rests(method, bucket))
         return self.cells[key]
 
+    def _lighter_rests(self, method: str, bucket: int) -> bool:
+        """Does the nearest smaller explored bucket of ``method`` rest the drafter?"""
+        for b in sorted((b for m, b in self.cells if m == method and b < bucket), reverse=True):
+            cell = self.cells[(method, b)]
+            if self._exploring(cell) is None:
+                return not cell.drafting_wins(self.margin)
+        return False
+
     def observe(self, method: str, sequences: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """A finished measured step: ``tokens`` emitted by the whole batch in ``seconds`` of wall time
-        (drafting included), with ``method``'s scheduled requests drafting or resting."""
-        if tokens < 0 or not seconds > 0:
-            raise GateError(f"a step emits ≥ 0 tokens in > 0 s, got {tokens} in {seconds}")
+        """A finished measured step: ``tokens`` emitted by the whole batch of ``sequences`` in ``seconds``
+        of wall time (drafting included), with ``method``'s scheduled requests drafting or resting."""
+        if tokens < 0 or not seconds > 0 or sequences < 1:
+            raise GateError(f"a step emits ≥ 0 tokens in > 0 s for ≥ 1 sequence, got {tokens} in {seconds} "
+                            f"for {sequences}")
         cell = self._cell(method, sequences)
         cell.draft.age(self.decay)
         cell.plain.age(self.decay)
-        (cell.draft if drafted else cell.plain).add(tokens, seconds)
+        (cell.draft if drafted else cell.plain).add(tokens, seconds, sequences)
 
     def stats(self) -> dict[str, float | int]:
         """Flat, for engine stats and /metrics: per cell the measured tok/s of each arm, the samples, and
-        whether drafting currently wins (1) or the drafter rests (0)."""
+        whether drafting currently wins (1) or the drafter rests (0), at the cell's own acceptance."""
         out: dict[str, float | int] = {"spec_gate_probes_total": self.probes}
         for (method, bucket), cell in sorted(self.cells.items()):
             name = f"spec_gate_{method}_b{bucket}"
@@ -153,7 +250,8 @@ class SpecGate:
             out[f"{name}_plain_tok_s"] = cell.plain.per_s
             out[f"{name}_draft_samples"] = cell.draft.samples
             out[f"{name}_plain_samples"] = cell.plain.samples
-            explored = min(cell.draft.samples, cell.plain.samples) >= self.min_samples
-            out[f"{name}_drafting"] = int(not explored or cell.drafting_wins(self.margin))
+            out[f"{name}_draft_acceptance"] = cell.draft.per_seq_step
+            explored = self._exploring(cell) is None
+            out[f"{name}_drafting"] = int(cell.drafting_wins(self.margin) if explored else not cell.resting_prior)
             out[f"{name}_probe_wait_steps"] = cell.wait
         return out

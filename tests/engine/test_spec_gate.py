@@ -35,28 +35,41 @@ def test_explores_drafting_first_then_plain():
     assert drive(gate, 6, draft_tok_s=500.0) == [True] * 3 + [False] * 3
 
 
-def test_rests_when_drafting_is_measured_slower_and_probes_ever_more_rarely():
-    gate = SpecGate(min_samples=3, probe_every=50, probe_steps=2, probe_max=400)
+def test_rests_when_drafting_is_measured_slower_and_probes_within_the_budget():
+    gate = SpecGate(min_samples=3, probe_every=10, probe_steps=2, probe_max=400)
     arms = drive(gate, 306, draft_tok_s=500.0)[6:]
     starts = [i for i in range(len(arms)) if arms[i] and not arms[i - 1]]
-    assert starts == [49, 150] and sum(arms) == 4     # 2-step probes after 50, then 100 steps; next after 200
+    # a 2-step probe of an arm that loses half a step per step costs 1 step: 1% of 100 steps
+    assert starts == [99, 200] and sum(arms) == 4
     assert gate.probes == 2
     stats = gate.stats()
     assert stats["spec_gate_dspark_b4_drafting"] == 0
-    assert stats["spec_gate_dspark_b4_probe_wait_steps"] == 200
+    assert stats["spec_gate_dspark_b4_probe_wait_steps"] == 100
     assert stats["spec_gate_dspark_b4_draft_tok_s"] == pytest.approx(500.0)
     assert stats["spec_gate_dspark_b4_plain_tok_s"] == pytest.approx(PLAIN_TOK_S)
+
+
+@pytest.mark.parametrize("draft_tok_s", [200.0, 500.0, 900.0, 1500.0, 3000.0])
+def test_probes_cost_at_most_the_budget_and_a_near_tie_is_probed_more_often(draft_tok_s):
+    gate = SpecGate(min_samples=3, probe_every=4, probe_steps=2, probe_max=10_000, probe_budget=0.01)
+    arms = drive(gate, 2006, draft_tok_s=draft_tok_s)[6:]
+    winner = draft_tok_s > PLAIN_TOK_S * 1.03
+    probe_steps = sum(a != winner for a in arms)
+    loss = 1 - min(draft_tok_s, PLAIN_TOK_S) / max(draft_tok_s, PLAIN_TOK_S)
+    assert probe_steps * loss <= 0.01 * len(arms) + 2 * loss       # within the budget (one probe's rounding)
+    wait = gate.stats()["spec_gate_dspark_b4_probe_wait_steps"]
+    assert wait == max(4, -(-round(2 * loss * 1000) // 10))        # ceil(2 × loss / 1%)
 
 
 def test_keeps_drafting_when_it_is_measured_faster():
     gate = SpecGate(min_samples=3, probe_every=50, probe_steps=2)
     arms = drive(gate, 206, draft_tok_s=1500.0)[6:]
-    assert sum(not a for a in arms) == 4          # only the probes of plain decoding
+    assert sum(not a for a in arms) == 4          # only the probes of plain decoding (every 67 steps)
     assert gate.stats()["spec_gate_dspark_b4_drafting"] == 1
 
 
 def test_resumes_drafting_after_a_probe_shows_it_winning():
-    gate = SpecGate(min_samples=3, probe_every=20, probe_steps=2)
+    gate = SpecGate(min_samples=3, probe_every=20, probe_steps=2, probe_max=20)
     drive(gate, 40, draft_tok_s=400.0)
     assert not gate.should_draft("dspark", 4, measured=False)      # resting
     # conditions change: drafting now pays (a longer context, a warmer drafter): the next probes see it
@@ -64,8 +77,52 @@ def test_resumes_drafting_after_a_probe_shows_it_winning():
     first = arms.index(True)
     assert first < 30 and all(arms[first:first + 20])    # the next probe sees it, then it drafts on
     assert gate.should_draft("dspark", 4, measured=False)
-    # the flip reset the wait to 20; the plain probe 20 steps later confirmed drafting and doubled it
-    assert gate.stats()["spec_gate_dspark_b4_probe_wait_steps"] == 40
+
+
+def test_a_batch_drafts_by_its_own_requests_acceptance():
+    """Cost is the cell's, acceptance is the requests': a cell that learned to rest on requests that
+    accept 1.2 tokens per drafting step drafts for requests that have shown 3."""
+    from specd.engine.spec_gate import Acceptance
+
+    gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0)
+    for _ in range(10):                 # drafting steps emit 1.2 tokens per request and take 2× as long
+        drafted = gate.should_draft("dspark", 4)
+        tokens, seconds = (4.8, 4 * 2 / PLAIN_TOK_S) if drafted else (4, 4 / PLAIN_TOK_S)
+        gate.observe("dspark", 4, drafted, tokens, seconds)
+    assert gate.stats()["spec_gate_dspark_b4_draft_acceptance"] == pytest.approx(1.2)
+    new = [Acceptance() for _ in range(4)]
+    assert not gate.should_draft("dspark", 4, measured=False, requests=new)       # the cell's 1.2: rest
+    good = []
+    for _ in range(4):
+        r = Acceptance()
+        for _ in range(6):
+            r.add(3)
+        good.append(r)
+    assert gate.acceptance("dspark", 4, good) == pytest.approx((3 * r.steps + 2 * 1.2) / (r.steps + 2))
+    assert gate.should_draft("dspark", 4, measured=False, requests=good)          # ~2.6 > 2 × 1.03: draft
+    assert not gate.should_draft("dspark", 4, measured=False, requests=good[:1] + new[:3])   # mean ~1.6
+
+
+def test_a_heavier_load_starts_resting_where_a_lighter_one_rests():
+    gate = SpecGate(min_samples=3, probe_every=50, probe_steps=2)
+    drive(gate, 20, draft_tok_s=500.0, sequences=2)                  # bucket 2: drafting lost
+    arms = drive(gate, 4, draft_tok_s=500.0, sequences=8)
+    assert arms == [False, False, False, True]      # plain explored, then drafting probed at once
+    assert gate.should_draft("dspark", 8)           # the probe's second step
+    assert gate.should_draft("dspark", 1)           # a lighter bucket still explores drafting first
+
+
+def test_the_step_before_a_probe_of_drafting_is_announced():
+    gate = SpecGate(min_samples=3, probe_every=10, probe_steps=2, probe_max=10)
+    announced = []
+    for _ in range(30):
+        drafted = gate.should_draft("dspark", 4)
+        announced.append(not drafted and gate.probe_next("dspark", 4))
+        gate.observe("dspark", 4, drafted, 4, 4 / (500.0 if drafted else PLAIN_TOK_S))
+    arms_after = [gate.should_draft("dspark", 4, measured=False)]
+    starts = [i + 1 for i, a in enumerate(announced) if a]
+    assert starts == [15, 26]       # explore 3 + 3; 10 steps after it, and 10 after the first 2-step probe
+    assert not arms_after[0]
 
 
 def test_a_near_tie_rests_the_drafter():
@@ -184,8 +241,11 @@ class ScriptedGate:
     def __init__(self, arms):
         self.arms = iter(arms)
 
-    def should_draft(self, method, sequences, measured=True):
+    def should_draft(self, method, sequences, measured=True, requests=None):
         return next(self.arms, True)
+
+    def probe_next(self, method, sequences):
+        return False
 
     def observe(self, *args):
         pass
@@ -218,3 +278,43 @@ def test_a_rest_keeps_the_context_and_stitches_the_features_after_it(engine):
     assert got == want
     assert gaps[0] == 0 and gaps[-1] >= 6                       # the rest's positions are missing: gapped
     assert seq.spec_verifications > 2                            # it drafted again after the rest
+
+
+class AnnouncingGate(ScriptedGate):
+    """Rests as scripted and announces a probe of drafting at the scripted steps."""
+
+    def __init__(self, arms, announce):
+        super().__init__(arms)
+        self.announce = iter(announce)
+
+    def probe_next(self, method, sequences):
+        return next(self.announce, False)
+
+
+def test_the_step_before_a_probe_captures_features_and_drafting_steps_record_acceptance(engine):
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    want = run(engine, "none", max_tokens=30)["0"]
+    # draft twice, rest 5 steps (the 5th announces the probe), then draft
+    engine.spec_gate = AnnouncingGate([True] * 2 + [False] * 5, [False] * 4 + [True])
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    engine.add_request(Request("pre", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
+    seq = engine._seqs["pre"]
+    got, feats_while_resting, verifications = [], [], []
+    while engine.has_work():
+        before = seq.spec_verifications
+        for out in engine.step():
+            got += out.token_ids
+        verifications.append(seq.spec_verifications - before)
+        feats_while_resting.append(seq.draft_feats is not None)
+    engine.spec_gate = SpecGate()
+    assert got == want
+    # step 0 is the prefill; drafting steps 1-2, resting steps 3-7: only the announced one (7) captured
+    assert verifications[1:3] == [1, 1] and verifications[3:8] == [0] * 5 and verifications[8] == 1
+    assert feats_while_resting[3:8] == [False] * 4 + [True]
+    # every drafting step is on the request's own acceptance record: ≥ 1 token per step
+    steps = sum(verifications)
+    record = seq.gate_acceptance
+    assert record.steps == pytest.approx(sum(0.8 ** i for i in range(steps)), rel=1e-6)
+    assert record.tokens >= record.steps
