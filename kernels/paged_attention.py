@@ -29,9 +29,12 @@ LOG2E = 1.4426950408889634
 # the K/V tiles within registers and shared memory.
 BLOCK_N_NARROW = 64
 BLOCK_N_WIDE = 32
-# Query rows per program: at least 16 (tl.dot's minimum), at most 64 rows of (token, head).
+# Query rows per program: at least 16 (tl.dot's minimum), at most 128 rows of (token, head). On the H200
+# (session 5, run F), 128 rows × 4 warps beat 64 × 4 on every prefill shape swept: 4-12% on Qwen-0.5B and
+# Qwen3-8B, 2k new tokens on 4k and 8k on 16k (docs/design/kernels.md). Decode and verify tiles (≤ 64 rows)
+# are unchanged.
 MIN_BLOCK_M = 16
-MAX_BLOCK_M = 64
+MAX_BLOCK_M = 128
 # KV splits (flash-decoding). On the H200 (132 SMs), decode with B*Hkv programs was fastest near
 # 8 programs per SM: Qwen3-8B B=32 ctx 4096 took 139 us with 4 splits against 174 us unsplit,
 # Qwen-0.5B B=32 ctx 4096 29 us with 16 against 96 us (bench/kernels_gpu.py; docs/design/kernels.md).
@@ -113,8 +116,8 @@ def paged_attention_triton(
     Without ``max_q_len`` the grid assumes every sequence has at least one query token, so no
     query block is longer than ``T - B + 1``. ``num_splits`` overrides the KV-split heuristic.
     ``max_block_m`` (a power of two) and ``num_warps`` are tuning hooks for the prefill sweep of
-    bench/kernels_gpu.py: with GQA 7 (Qwen-0.5B) 64 rows hold only 9 query tokens, so a long prefill
-    re-reads each K/V tile once per 9 tokens; the defaults stay until the sweep has measured a better one.
+    bench/kernels_gpu.py: with GQA 7 (Qwen-0.5B) 64 rows held only 9 query tokens, so a long prefill
+    re-read each K/V tile once per 9 tokens; the default (128 rows, Triton's 4 warps) is the sweep's.
     """
     _check_args(q, k_pool, v_pool, block_tables, cu_q_lens, seq_lens)
     num_tokens, num_q_heads, head_dim = q.shape

@@ -17,6 +17,8 @@
 #                                          #   GPU1: serve-plan ${KV_PLAN:-gpu-agentic-idle}
 #   bash bench/gpu/session.sh last         # GPU0: prefill tile sweep, bench speedup (none/dspark/dspark-g7), gpu-agentic
 #                                          #   | GPU1: serve-plan gpu-agentic-idle (session 4's closing measurements)
+#   bash bench/gpu/session.sh speedup      # one GPU: bench speedup only (${SPEED_ROWS}, ${SPEED_REPEATS:-2} repeats)
+#   bash bench/gpu/session.sh idle         # one GPU: serve-plan gpu-agentic-idle only
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
 # most 64 MiB with the working tree (~17 MB): the 491 MB GGUF goes in eleven 45 MB pieces, N=0..10, made with
@@ -247,6 +249,25 @@ PY
     grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
     pack last
     ;;
+  speedup)
+    # the gate's measurement alone (session 5): ~200 s for three rows
+    mkdir -p "$RES/speedup"
+    unpack_drafter
+    W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
+    python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
+      --rows "${SPEED_ROWS:-none,dspark,dspark-g7}" --workloads "$W" --concurrency 1,4,8,16,32 --requests 8 \
+      --max-tokens 48 --repeats "${SPEED_REPEATS:-2}" --device cuda --budget-s "${SPEED_BUDGET:-200}" \
+      --out "$RES/speedup/speedup" > /tmp/logs/speedup.log 2>&1
+    echo "speedup rc=$?"; tail -n 14 /tmp/logs/speedup.log
+    pack speedup
+    ;;
+  idle)
+    mkdir -p "$RES/idle"
+    python -m bench serve-plan --plan gpu-agentic-idle --model "$MODEL" --device cuda --sessions .carry/sessions \
+      --out "$RES/idle/idle" --work /tmp/sp6 --budget-s "${SERVE_BUDGET:-480}" --no-progress > /tmp/logs/serve-plan.log 2>&1
+    echo "idle plan rc=$?"; grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
+    pack idle
+    ;;
   *)
-    sed -n 2,34p "$0"; exit 2 ;;
+    sed -n 2,36p "$0"; exit 2 ;;
 esac

@@ -112,6 +112,31 @@ def test_a_heavier_load_starts_resting_where_a_lighter_one_rests():
     assert gate.should_draft("dspark", 1)           # a lighter bucket still explores drafting first
 
 
+def drive_as_the_engine(gate: SpecGate, steps: int, draft_tok_s: float, sequences: int) -> tuple[list[bool], int]:
+    """As the engine does: an announced resting step captures features and is not reported."""
+    arms, announced = [], 0
+    for _ in range(steps):
+        drafted = gate.should_draft("dspark", sequences)
+        arms.append(drafted)
+        if not drafted and gate.probe_next("dspark", sequences):
+            announced += 1
+            continue
+        gate.observe("dspark", sequences, drafted, sequences, sequences / (draft_tok_s if drafted else PLAIN_TOK_S))
+    return arms, announced
+
+
+def test_announcing_never_stalls_a_cell():
+    """Regression (H200, session 5): the last exploring step of a cell with the resting prior was
+    announced, so never reported, so announced again at every step: every resting step captured."""
+    gate = SpecGate(min_samples=3, probe_every=10, probe_steps=2, probe_max=10)
+    drive_as_the_engine(gate, 20, draft_tok_s=500.0, sequences=2)
+    arms, announced = drive_as_the_engine(gate, 100, draft_tok_s=500.0, sequences=8)
+    assert gate.cells[("dspark", 8)].resting_prior
+    assert gate.cells[("dspark", 8)].plain.samples >= 3 and gate.cells[("dspark", 8)].draft.samples >= 2
+    assert announced <= sum(a and not b for a, b in zip(arms[1:], arms)) + 1     # one per probe at most
+    assert sum(arms) >= 8                                                          # probes keep coming
+
+
 def test_the_step_before_a_probe_of_drafting_is_announced():
     gate = SpecGate(min_samples=3, probe_every=10, probe_steps=2, probe_max=10)
     announced = []
