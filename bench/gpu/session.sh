@@ -19,6 +19,8 @@
 #                                          #   | GPU1: serve-plan gpu-agentic-idle (session 4's closing measurements)
 #   bash bench/gpu/session.sh speedup      # one GPU: bench speedup only (${SPEED_ROWS}, ${SPEED_REPEATS:-2} repeats)
 #   bash bench/gpu/session.sh idle         # one GPU: serve-plan gpu-agentic-idle only
+#   bash bench/gpu/session.sh closing      # GPU0: bench speedup (none/dspark/dspark-g7/ngram), then serve-plan
+#                                          #   gpu-zero-hit | GPU1: serve-plan gpu-agentic-idle (session 5's last call)
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
 # most 64 MiB with the working tree (~17 MB): the 491 MB GGUF goes in eleven 45 MB pieces, N=0..10, made with
@@ -268,6 +270,32 @@ PY
     echo "idle plan rc=$?"; grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
     pack idle
     ;;
+  closing)
+    mkdir -p "$RES/closing"
+    unpack_drafter
+    W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
+    (
+      CUDA_VISIBLE_DEVICES=0 python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
+        --rows "${SPEED_ROWS:-none,dspark,dspark-g7,ngram}" --workloads "$W" --concurrency 1,4,8,16,32 --requests 8 \
+        --max-tokens 48 --repeats 2 --device cuda --budget-s "${SPEED_BUDGET:-250}" \
+        --out "$RES/closing/speedup" > /tmp/logs/speedup.log 2>&1
+      echo "speedup rc=$?"
+      CUDA_VISIBLE_DEVICES=0 python -m bench serve-plan --plan gpu-zero-hit --model "$MODEL" --device cuda \
+        --sessions .carry/sessions --out "$RES/closing/zero-hit" --work /tmp/sp7 --budget-s "${ZERO_BUDGET:-170}" \
+        --no-progress > /tmp/logs/zero-hit.log 2>&1
+      echo "zero-hit plan rc=$?"
+    ) &
+    a=$!
+    CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench serve-plan --plan gpu-agentic-idle --model "$MODEL" \
+      --device cuda --sessions .carry/sessions --out "$RES/closing/idle" --work /tmp/sp6 --budget-s "${SERVE_BUDGET:-470}" \
+      --no-progress > /tmp/logs/serve-plan.log 2>&1 &
+    b=$!
+    wait $a; wait $b; echo "idle plan rc=$?"
+    tail -n 14 /tmp/logs/speedup.log
+    grep -v "it/s" /tmp/logs/zero-hit.log | tail -n 8
+    grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
+    pack closing
+    ;;
   *)
-    sed -n 2,36p "$0"; exit 2 ;;
+    sed -n 2,38p "$0"; exit 2 ;;
 esac
