@@ -22,6 +22,18 @@ then the leases. The next turn arrives a think time after the answer.
 Each workload's arrivals are rescaled to one window (``--window``) so the three overlap; think times
 are left alone (creative writers pause for minutes, tools for seconds). Token hit rate =
 Σ hit tokens / Σ prompt tokens over all turns.
+
+``--sessions-file`` replays a built session file instead (e.g. the GPU plans' ``agentic-coding.jsonl``),
+the way ``bench serve`` plays it: think times × ``--time-scale``, and with ``--arrivals closed`` every
+session opens at 0 (a closed loop whose concurrency covers all sessions); ``--half-life`` matches the
+plan's kvd half-life. Why: a policy gap measured on a GPU plan should be reproducible here on the same
+sessions, not only on the profile mix.
+
+``--cleaner``: kvd runs here without a cleaner thread, so by default (``inline``) a request that finds
+the GPU tier full drops the policy's victim (a pressure drop) instead of waiting for it to be demoted;
+the order of victims then decides which chains survive. ``keeps-up`` makes such a request wait for a
+cleaning pass (instant on the simulated clock): the daemon when its copies always keep up. The two
+bound the H200, whose cleaner keeps up only part of the time (docs/design/eviction.md, session 5).
 """
 from __future__ import annotations
 
@@ -97,7 +109,8 @@ class Stream:
     turns: list[tuple[list[int], list[int], float]] = field(default_factory=list)  # (messages, answer, think)
 
 
-def session_stream(s: Any, rng_salt: str) -> Stream:
+def session_stream(s: Any, rng_salt: str, time_scale: float = 1.0) -> Stream:
+    """A session as a token stream; think times × ``time_scale`` (bench serve's ``--time-scale``)."""
     system = stand_in_tokens(s.system or "")
     tools = stand_in_tokens(json.dumps(s.tools, sort_keys=True)) if s.tools else []
     kinds = [(len(system), int(BlockKind.SYSTEM))] if system else []
@@ -107,7 +120,7 @@ def session_stream(s: Any, rng_salt: str) -> Stream:
     for t in s.turns:
         msgs = [tok for m in t.messages for tok in stand_in_tokens(f"{m.role}: {m.content}\n")]
         answer = [rng.randrange(VOCAB) for _ in range(t.max_tokens)]
-        st.turns.append((msgs, answer, t.think_time_s))
+        st.turns.append((msgs, answer, t.think_time_s * time_scale))
     return st
 
 
@@ -121,6 +134,20 @@ def load_streams(workloads: list[str], sessions: int, window_s: float, seed: int
         ss = build_sessions(w, BuildOptions(split="eval", sessions=sessions, seed=seed, max_chars=max_chars))
         span = max(s.arrival_s for s in ss) or 1.0
         out += [replace_arrival(session_stream(s, str(seed)), s.arrival_s * window_s / span) for s in ss]
+    return out
+
+
+def load_session_file(path: Path, sessions: int, time_scale: float, arrivals: str, seed: int) -> list[Stream]:
+    """The first ``sessions`` sessions of a built file, as ``bench serve`` plays them: think times and
+    recorded arrivals × ``time_scale``; ``closed`` opens every session at 0 (bench serve's closed loop,
+    its concurrency at least the session count, as in the GPU plans). Texts are kept whole: the file's
+    builder already cut them."""
+    from bench.workloads.format import read_sessions
+
+    out = []
+    for s in read_sessions(path)[:sessions]:
+        st = session_stream(s, str(seed), time_scale)
+        out.append(replace_arrival(st, 0.0 if arrivals == "closed" else s.arrival_s * time_scale))
     return out
 
 
@@ -139,20 +166,33 @@ class Replay:
     """Event-driven replay of the streams through one KvdCore (see the module docstring)."""
 
     def __init__(self, streams: list[Stream], variant: Variant, gpu_blocks: int, dram_blocks: int,
-                 run_dir: Path, costs: Costs) -> None:
+                 run_dir: Path, costs: Costs, half_life_s: float | None = None, cleaner: str = "inline") -> None:
         self.streams, self.variant, self.costs = streams, variant, costs
         self.now = 0.0
+        extra = {} if half_life_s is None else {"half_life_s": half_life_s}   # None: the service default
         cfg = KvdConfig(run_dir=run_dir, policy=variant.policy, gpu_blocks=gpu_blocks, dram_blocks=dram_blocks,
                         max_groups=1, move_workers=0, lease_ttl_s=1e6, admission=variant.admission,
-                        frequency_per_session=variant.per_session)
+                        frequency_per_session=variant.per_session, **extra)
         self.core = KvdCore(cfg, clock=lambda: self.now)
         self.core.attach("replay", "full", 16)
         group = self.core.groups["full"]
         if variant.policy == "reuse":  # the ablated terms; swapped before any block exists
             group.policy = ReusePolicy(group.policy.tiers, cfg.half_life_s, GATES[variant.admission], variant.terms)
+        if cleaner == "keeps-up":
+            group.wait_for_room = self._clean_now
         self.hints = SessionHints(BLOCK, ReturnTimeModel())
         self.root = namespace_root("stand-in", "stand-in", "bf16", "ablation", BLOCK)
         self.prompt_tokens = self.hit_tokens = self.refused = 0
+
+    def _clean_now(self, group: Any, tier: Any) -> None:
+        """``--cleaner keeps-up``: a request that finds a tier full waits for a cleaning pass, as the
+        daemon's requests wait (pressure_wait_ms) for its cleaner thread. Inline (the default) a full
+        tier drops its victim at once, and the cleaner runs only at each lookup's wait_ready: requests
+        of thousands of blocks then drop most of what the tier below would have kept. On the simulated
+        clock the pass takes no time, so this is the bound where the copies always finish in time."""
+        if tier in group.marks and group.would_demote(tier):
+            group.marks[tier].cleaning = True
+            self.core.clean()
 
     def run(self) -> dict[str, Any]:
         events: list[tuple[float, int, str, int, int]] = []   # (time, seq, kind, stream, turn)
@@ -178,7 +218,8 @@ class Replay:
         self.core.close()
         return {"variant": self.variant.name, "token_hit_rate": self.hit_tokens / max(1, self.prompt_tokens),
                 "prompt_tokens": self.prompt_tokens, "hit_tokens": self.hit_tokens, "refused_allocations": self.refused,
-                "demotions": stats.get("demotions", 0), "promotions": stats.get("promotions", 0)}
+                "demotions": stats.get("demotions", 0), "promotions": stats.get("promotions", 0),
+                "pressure_drops": stats.get("pressure_drops", 0)}
 
     def _tokens(self, i: int, k: int) -> tuple[list[int], list[int]]:
         st = self.streams[i]
@@ -241,28 +282,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-chars", type=int, default=6000,
                    help="truncate every long text (system prompt, file): keeps one request within the GPU tier")
+    p.add_argument("--sessions-file", type=Path,
+                   help="replay this session file (docs/workloads.md) instead of --workloads; --sessions caps it")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="--sessions-file: think times (and recorded arrivals) x this, as bench serve --time-scale")
+    p.add_argument("--arrivals", choices=["closed", "recorded"], default="closed",
+                   help="--sessions-file: every session at 0 (bench serve's closed loop) or at its arrival_s")
+    p.add_argument("--cleaner", choices=["inline", "keeps-up"], default="inline",
+                   help="inline: a full tier drops (no cleaner thread); keeps-up: requests wait for a cleaning pass")
+    p.add_argument("--half-life", type=float, default=None, help="kvd half_life_s (default: KvdConfig's)")
     p.add_argument("--variants", default="", help="comma-separated variant names (default: all)")
     p.add_argument("--out", type=Path, help="write the rows as JSON here")
 
 
 def run(args: argparse.Namespace) -> int:
-    streams = load_streams(args.workloads.split(","), args.sessions, args.window, args.seed,
-                           args.max_chars)
+    if args.sessions_file:
+        streams = load_session_file(args.sessions_file, args.sessions, args.time_scale, args.arrivals, args.seed)
+    else:
+        streams = load_streams(args.workloads.split(","), args.sessions, args.window, args.seed, args.max_chars)
     unique = unique_blocks(streams)
     gpu, dram = max(1, int(args.gpu * unique)), int(args.dram * unique)
     print(f"{len(streams)} sessions, {sum(len(s.turns) for s in streams)} turns, {unique} unique blocks; "
           f"GPU {gpu} blocks, DRAM {dram} blocks")
     chosen = [v for v in VARIANTS if not args.variants or v.name in args.variants.split(",")]
     rows = []
-    print(f"| variant | token hit rate | demotions | promotions | refused allocations |\n|---|---|---|---|---|")
+    print("| variant | token hit rate | demotions | promotions | pressure drops | refused allocations |\n"
+          "|---|---|---|---|---|---|")
     for v in chosen:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="kvd-abl-") as d:
-            row = Replay(streams, v, gpu, 0 if v.policy == "lru" else dram, Path(d), Costs()).run()
+            row = Replay(streams, v, gpu, 0 if v.policy == "lru" else dram, Path(d), Costs(), args.half_life,
+                         args.cleaner).run()
         row["seconds"] = round(time.perf_counter() - t0, 1)
         rows.append(row)
         print(f"| {v.name} | {100 * row['token_hit_rate']:.2f}% | {row['demotions']} | {row['promotions']} "
-              f"| {row['refused_allocations']} |", flush=True)
+              f"| {row['pressure_drops']} | {row['refused_allocations']} |", flush=True)
     if args.out:
         args.out.write_text(json.dumps({"unique_blocks": unique, "gpu_blocks": gpu, "dram_blocks": dram,
                                         "args": {k: str(v) for k, v in vars(args).items() if k != "run"},

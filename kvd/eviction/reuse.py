@@ -12,7 +12,11 @@ value(b) ~ P(reuse within the horizon) x recompute cost saved / bytes, kept as a
   - DEAD_PENALTY for a lease's unreused tail leaf and for a branch superseded by a newer sibling
 Bytes are equal inside one group's pool, so they drop out. Every term but the penalties is
 non-decreasing from a child to its parent (a lookup touches the whole prefix), so leaves go before
-ancestors; in the last tier (drop) only leaves are candidates. The key is time-invariant
+ancestors, and equal keys go deepest first (the heap orders by key, then -depth, then age): a session's
+turn often ties over its whole chain (per-session counts, one expected return), and the engine releases
+the prefix's lookup lease before the new blocks' write lease, so by age alone the prefix's tail went
+first and a pressure drop there stranded the newer blocks behind it (docs/design/eviction.md, session 5).
+In the last tier (drop) only leaves are candidates. The key is time-invariant
 (kvd.temperature.log_key), so a heap per tier orders the cache without re-sorting it.
 """
 from __future__ import annotations
@@ -59,7 +63,7 @@ class ReusePolicy(EvictionPolicy):
                  terms: ReuseTerms = ReuseTerms()) -> None:
         super().__init__(tiers, half_life_s, gate)
         self.terms = terms
-        self._heaps: dict[Tier, list[tuple[float, int, BlockRecord]]] = {t: [] for t in tiers}
+        self._heaps: dict[Tier, list[tuple[float, int, int, BlockRecord]]] = {t: [] for t in tiers}
         self._seq = itertools.count()
 
     def key(self, rec: BlockRecord) -> float:
@@ -83,7 +87,7 @@ class ReusePolicy(EvictionPolicy):
         rec.policy_state = seq  # the one valid heap entry of rec
         if rec.children and rec.tier == self.tiers[-1]:
             return
-        heapq.heappush(self._heaps[rec.tier], (self.key(rec), seq, rec))
+        heapq.heappush(self._heaps[rec.tier], (self.key(rec), -rec.depth, seq, rec))   # ties: deepest first
 
     def on_touched(self, rec: BlockRecord, now: float) -> None:
         if rec.policy_state is not None:
@@ -97,8 +101,8 @@ class ReusePolicy(EvictionPolicy):
         leaves_only = tier == self.tiers[-1]
         while heap and len(out) < n:
             entry = heapq.heappop(heap)
-            rec = entry[2]
-            if rec.policy_state != entry[1] or rec.tier != tier:
+            rec = entry[3]
+            if rec.policy_state != entry[2] or rec.tier != tier:
                 continue  # stale entry
             if leaves_only and rec.children:
                 continue  # waits off-heap (see on_created)

@@ -115,3 +115,28 @@ def test_a_session_rereading_its_history_adds_recency_not_frequency(make_core, c
     assert (own, shared) == (2.0, 5.0)                        # the owner's 3 re-reads added nothing
     own, shared = count_after(False)
     assert (own, shared) == (5.0, 5.0)                        # every lookup counted: no difference
+
+
+def test_reuse_ties_go_leaf_first_whatever_the_release_order(make_core, clock):
+    """A session's second turn: its prefix 0-1 comes back through a lookup lease, the new blocks 2-3 through
+    a write lease, and the engine releases the lookup lease first. With per-session counts and one expected
+    return for the whole turn, all four keys tie; the tie must go to the deepest block (a dropped parent
+    strands its children: a hit is a prefix), not to the older heap entry, which was the prefix's tail 1.
+    A DRAM tier below, because in the last tier only leaves are candidates anyway; in the GPU tier any block
+    is, and a full GPU tier whose cleaner is behind drops its victim at once (a pressure drop)."""
+    core = make_core(policy="reuse", gpu_blocks=4, dram_blocks=4)
+    hints = {"session": "s", "turn_end": True, "expected_return_s": 30.0}
+    first, ids = core.allocate("c", "full", 2)
+    core.commit("c", first, [(ids[0], h(0), None), (ids[1], h(1), h(0))])
+    core.release("c", first, hints)
+    clock.t += 10
+    look = core.lookup("c", "full", [h(0), h(1)], session="s")
+    write, ids = core.allocate("c", "full", 2)
+    core.commit("c", write, [(ids[0], h(2), h(1)), (ids[1], h(3), h(2))])
+    core.release("c", look.lease, hints)
+    core.release("c", write, hints)
+    pol = core.groups["full"].policy
+    assert len({pol.key(r) for r in core.groups["full"].index}) == 1          # a tie, as described
+    assert [r.hash for r in pol.victims(Tier.GPU, 4)] == [h(3), h(2), h(1), h(0)]
+    core.allocate("c", "full", 1)                                             # GPU full: drops one
+    assert resident(core) == {h(0), h(1), h(2)} and core.stats()["pressure_drops"] == 1
