@@ -219,26 +219,36 @@ class SpecEngine:
             # KV is valid for the scheduled tokens and the accepted drafts; the last emitted token is pending
             valid[id(sched)] += len(toks) - 1 if sched.draft else 0
             sched.seq.num_computed_tokens += valid[id(sched)]
+        t3 = time.perf_counter()
+        self._commit(batch)          # before the output phase: kvd answers while it runs, not during the next settle
+        t4 = time.perf_counter()
         if captured is not None:
             self._keep_features(batch, capture, captured, valid)
-        for sched, toks in emitted:
-            outputs.append(self._emit(sched.seq, toks, now))
-        t3 = time.perf_counter()
-        for s in batch:
-            if s.seq.status is SeqStatus.RUNNING:
-                self.blocks.commit_full(s.seq)
+        with self.blocks.posting():  # the finished sequences' releases: one frame
+            for sched, toks in emitted:
+                outputs.append(self._emit(sched.seq, toks, now))
+        t5 = time.perf_counter()
         self.drafts.publish([s.seq for s in batch])
-        t4 = time.perf_counter()
+        t6 = time.perf_counter()
         c = self._counters
         c["steps_total"] += 1
         c["schedule_seconds_total"] += t1 - t0          # includes kvd lookups, allocations and drafting
         c["forward_seconds_total"] += t2 - t1           # model + sampling/verification, synchronised by .tolist()
-        c["output_seconds_total"] += t3 - t2            # detokenize, stop checks, finishing
-        c["commit_seconds_total"] += t4 - t3            # publishing full blocks to kvd (target and draft)
+        c["output_seconds_total"] += (t3 - t2) + (t5 - t4)      # detokenize, stop checks, finishing
+        c["commit_seconds_total"] += (t4 - t3) + (t6 - t5)      # publishing full blocks to kvd (target and draft)
         if self._scheduled_step:
-            self._update_overhead(batch, t4 - t0)
-        self._observe_gate(batch, {id(s.seq): len(toks) for s, toks in emitted}, t4 - t0)
+            self._update_overhead(batch, t6 - t0)
+        self._observe_gate(batch, {id(s.seq): len(toks) for s, toks in emitted}, t6 - t0)
         return outputs
+
+    def _commit(self, batch: list[ScheduledSeq]) -> None:
+        """Publish the step's newly full, computed blocks, in one frame to kvd, as soon as their KV is
+        computed. The CPU probe (docs/design/kvd.md, "Session 5") found the next step's ``settle`` waiting
+        ~0.6 ms for these answers when they were posted after the output phase. Committing before
+        ``_emit`` publishes the same blocks: a sequence that finishes in ``_emit`` is running now, and
+        ``_finish`` commits exactly what is full and computed (nothing left then) before it releases."""
+        with self.blocks.posting():
+            self.blocks.commit_step([s.seq for s in batch if s.seq.status is SeqStatus.RUNNING])
 
     def _observe_gate(self, batch: list[ScheduledSeq], emitted: dict[int, int], seconds: float) -> None:
         """Report a finished pure decode step to the gate, under each gated method's arm. A step with

@@ -137,6 +137,11 @@ class HybridBlockManager(BlockManager):
             self.others[g].ensure_slots(gs, new_tokens)       # type: ignore[arg-type]
         super().ensure_slots(seq, new_tokens)
 
+    def may_commit(self, seq: Sequence) -> bool:
+        """Always: a sliding-window group gives back blocks behind the window as the sequence grows,
+        also at steps that fill no block (``_drop_behind_window``)."""
+        return True
+
     def commit_full(self, seq: Sequence) -> None:
         super().commit_full(seq)
         for g, gs in self.group_seqs(seq).items():

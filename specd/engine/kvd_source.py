@@ -294,6 +294,19 @@ class KvdBlockSource:
                     held.append(block)
         return out
 
+    @contextmanager
+    def posting(self) -> Iterator[None]:
+        """Send the ops posted inside (a step's commits and releases) as one frame at the end
+        (``KvdClient.cork``); kvd does and answers the same as for one frame each. A failure to send
+        degrades, as a failed post does."""
+        corked = self._connected and self.client.cork()
+        try:
+            yield
+        finally:
+            if corked:
+                with self._degrading():
+                    self.client.uncork()
+
     def settle(self) -> None:
         """Take the answers of every posted op, waiting for them."""
         if not self._connected or not self.client.unsettled:
@@ -375,7 +388,8 @@ class KvdBlockSource:
         waited = [v for op, v in self.client.round_trips.items() if op != "heartbeat"]
         out["kvd_blocking_calls_total"] = sum(n for n, _ in waited)        # the engine's thread waited
         out["kvd_blocking_seconds_total"] = sum(sec for _, sec in waited)
-        out["kvd_posted_total"] = sum(n for n, _ in self.client.posts.values())
+        out["kvd_posted_total"] = sum(n for op, (n, _) in self.client.posts.items() if op != "batch")   # ops
+        out["kvd_post_frames_total"] = self.client.frames_posted    # frames those ops went in (and watches)
         out["kvd_promotion_failures_total"] = self.promotion_failures
         return out
 

@@ -8,7 +8,8 @@
 persistent stacks (bench/serve.py's plan, alternating configurations) and reads, around every cell,
 specd's ``kvd_rpc_*`` counters (round trips by op type, specd/engine/kvd_source.py), its step count,
 and kvd's ``server.busy`` (seconds the loop spent per verb) and ``demote_*`` counters (copies into
-the lower tiers a request waited for). It writes ``probe.json`` and prints a table per configuration.
+the lower tiers a request waited for). It writes ``probe.json`` and prints a table per configuration,
+then the engine's phase timers in ms per step (``phase_summary``).
 """
 from __future__ import annotations
 
@@ -107,6 +108,27 @@ def summary(rows: list[dict[str, Any]], baseline: str) -> str:
     return "\n".join(lines)
 
 
+PHASES = ("schedule", "forward", "output", "commit")
+
+
+def phase_summary(rows: list[dict[str, Any]]) -> str:
+    """Per configuration: the engine's own phase timers (``<phase>_seconds_total`` / ``steps_total``) in
+    ms per step, the median over the cells (min-max). Wall-clock throughput on a shared machine is noisy;
+    these say where a step's time went, cell by cell."""
+    lines = ["| config | steps/cell | " + " | ".join(f"{ph} ms/step p50 (min-max)" for ph in PHASES)
+             + " | total ms/step p50 |", "|" + "---|" * (len(PHASES) + 3)]
+    for cfg in dict.fromkeys(r["config"] for r in rows):
+        rs = [r for r in rows if r["config"] == cfg]
+        cells = []
+        for ph in PHASES:
+            per = [1e3 * r.get(f"{ph}_seconds_total", 0.0) / max(1, r["steps_total"]) for r in rs]
+            cells.append(f"{statistics.median(per):.3f} ({min(per):.3f}-{max(per):.3f})")
+        total = [1e3 * sum(r.get(f"{ph}_seconds_total", 0.0) for ph in PHASES) / max(1, r["steps_total"]) for r in rs]
+        lines.append(f"| {cfg} | {statistics.median(r['steps_total'] for r in rs):.0f} | " + " | ".join(cells)
+                     + f" | {statistics.median(total):.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
@@ -114,7 +136,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = run(args)
     (args.out / "probe.json").write_text(json.dumps(rows, indent=1))
-    text = summary(rows, args.configs[0])
+    text = summary(rows, args.configs[0]) + "\n\n" + phase_summary(rows)
     (args.out / "probe.md").write_text(text + "\n")
     print(text)
 

@@ -96,3 +96,71 @@ def test_a_posted_op_whose_reply_never_comes_is_reported_lost(tmp_path):
         finally:
             thread.join(5)
             client.close()
+
+
+# -- corked posts (KvdClient.cork / uncork): a step's posts in one batch frame ---------------------------
+def test_corked_posts_go_in_one_frame_and_each_op_gets_its_own_answer(kvd):
+    first, (a,) = kvd.allocate("full", 1)
+    assert kvd.commit(first, [(a, h(0), None)]) == [a]
+    second, (b,) = kvd.allocate("full", 1)
+    frames, got = kvd.frames_posted, []
+    assert kvd.cork()
+    kvd.post(P.Commit(lease=second, blocks=[(b, h(0), None)]), got.append)
+    kvd.post(P.Release(lease=999), got.append, needed=False)
+    kvd.post(P.Release(lease=first), got.append, needed=False)
+    assert kvd.frames_posted == frames and kvd.unsettled == 3 and kvd.awaiting   # held, not sent yet
+    kvd.uncork()
+    assert kvd.frames_posted == frames + 1 and kvd.posts["batch"][0] == 1
+    assert kvd.posts["commit"][0] == 1 and kvd.posts["release"][0] == 2          # ops are still counted by verb
+    kvd.settle()
+    assert got[0] == [a] and isinstance(got[1], UnknownLease) and got[2] == {}   # as if posted one by one
+    assert kvd.unsettled == 0
+
+
+def test_a_call_while_corked_sends_the_held_posts_first(kvd):
+    lease, _ = kvd.allocate("full", 4)                # the pool is full
+    got = []
+    assert kvd.cork() and not kvd.cork()              # nested: the outer uncork sends
+    kvd.post(P.Release(lease=lease), got.append)
+    assert len(kvd.allocate("full", 4)[1]) == 4      # the held release reached kvd before the allocate
+    frames = kvd.frames_posted
+    kvd.uncork()
+    assert kvd.frames_posted == frames and "batch" not in kvd.posts   # nothing left; a lone op went as itself
+    kvd.settle()
+    assert got == [{}]
+
+
+def test_settle_while_corked_waits_for_the_held_posts(kvd):
+    first, (a,) = kvd.allocate("full", 1)
+    second, (b,) = kvd.allocate("full", 1)
+    got = []
+    kvd.cork()
+    kvd.post(P.Commit(lease=first, blocks=[(a, h(1), None)]), got.append)
+    kvd.post(P.Commit(lease=second, blocks=[(b, h(1), None)]), got.append)
+    kvd.settle(needed_only=True)
+    assert got == [[a], [a]] and kvd.unsettled == 0   # the second is a duplicate of the first
+    kvd.uncork()
+    assert kvd.posts["batch"][0] == 1
+
+
+def test_a_lost_corked_frame_reports_every_op_lost(tmp_path):
+    with fake_kvd_socket(tmp_path / "run") as router:
+        def answer_only_the_second() -> None:
+            router.recv_multipart()                                   # the batch frame: dropped
+            ident, payload = router.recv_multipart()
+            router.send_multipart([ident, P.encode_reply(P.unpack(payload)["id"], {})])
+        thread = threading.Thread(target=answer_only_the_second, daemon=True)
+        thread.start()
+        client = KvdClient(tmp_path / "run", timeout_s=3.0)
+        got = []
+        try:
+            client.cork()
+            client.post(P.Heartbeat(), got.append)
+            client.post(P.Heartbeat(), got.append)
+            client.uncork()
+            client.heartbeat()
+            client.settle()
+            assert len(got) == 2 and all(isinstance(g, KvdUnavailable) for g in got)
+        finally:
+            thread.join(5)
+            client.close()
