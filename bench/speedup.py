@@ -43,6 +43,8 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     "dflash-g7": {"method": "dflash", "schedule": "fixed", "gamma": 7},
     "eagle3": {"method": "eagle3", "schedule": "fixed", "gamma": 7},
     "ngram": {"method": "ngram", "schedule": "fixed", "gamma": 7},
+    "ngram-gated": {"method": "ngram", "schedule": "gated", "gamma": 7},
+    "dspark-g7-gated": {"method": "dspark", "schedule": "gated", "gamma": 7},
 }
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline

@@ -45,8 +45,9 @@ class SpeculationParams(BaseModel):
 
     method: Literal["none", "ngram", "dspark", "dflash", "eagle3"] | None = Field(
         None, description="Speculation method; 'none' turns speculation off for this request.")
-    schedule: Literal["confidence", "fixed"] | None = Field(
-        None, description="confidence: the causal scheduler picks how many drafts to verify; fixed: all of them.")
+    schedule: Literal["confidence", "fixed", "gated"] | None = Field(
+        None, description="confidence: the causal scheduler picks how many drafts to verify; fixed: all of them, "
+                          "every step; gated: all of them, in the steps where drafting is measured faster.")
     num_speculative_tokens: int | None = Field(None, ge=1, le=32, description="γ: drafts proposed per step.")
 
     @model_validator(mode="after")

@@ -253,10 +253,12 @@ PY
     ;;
   speedup)
     # the gate's measurement alone (session 5): ~200 s for three rows
+    # SPEED_DRAFTERS= (empty) for rows that need no trained drafter (none, ngram, ngram-gated): no stash needed
     mkdir -p "$RES/speedup"
-    unpack_drafter
+    DRAFTERS=${SPEED_DRAFTERS-dspark=/tmp/dsp}
+    if [ -n "$DRAFTERS" ]; then unpack_drafter; fi
     W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
-    python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
+    python -m bench speedup --model "$MODEL" --drafters "$DRAFTERS" \
       --rows "${SPEED_ROWS:-none,dspark,dspark-g7}" --workloads "$W" --concurrency 1,4,8,16,32 --requests 8 \
       --max-tokens 48 --repeats "${SPEED_REPEATS:-2}" --device cuda --budget-s "${SPEED_BUDGET:-200}" \
       --out "$RES/speedup/speedup" > /tmp/logs/speedup.log 2>&1

@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "stories260K.gguf"
 TRAINED_METHODS = ("dspark", "dflash", "eagle3")    # the methods that need a drafter directory
-SCHEDULES = ("confidence", "fixed")
+SCHEDULES = ("confidence", "fixed", "gated")
 
 
 class EngineConfig(BaseModel):
@@ -52,9 +52,11 @@ class EngineConfig(BaseModel):
                     "listed here wins over `drafter`.",
     )
     spec_schedule: str | None = Field(
-        None, pattern="^(confidence|fixed)$",
+        None, pattern="^(confidence|fixed|gated)$",
         description="Drafts verified per request: confidence (the causal scheduler, needs a drafter with a "
-                    "confidence head) or fixed (all num_speculative_tokens). None: confidence when the drafts "
+                    "confidence head; the measured gate decides whether to draft at all), fixed (all "
+                    "num_speculative_tokens, every step) or gated (all of them, in the steps where the measured "
+                    "gate finds drafting faster: any method, ngram included). None: confidence when the drafts "
                     "carry confidences, fixed otherwise.",
     )
 

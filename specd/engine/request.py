@@ -16,7 +16,7 @@ class Request:
     session: str | None = None
     arrival_s: float = 0.0
     speculation: str | None = None     # per-request method override ("none" turns it off)
-    # per-request overrides of EngineConfig.spec_schedule ("confidence" | "fixed") and of γ (drafts per
+    # per-request overrides of EngineConfig.spec_schedule ("confidence" | "fixed" | "gated") and of γ (drafts per
     # verification, at most the drafter's block); None = the deployment's. Checked by engine.add_request.
     spec_schedule: str | None = None
     num_speculative_tokens: int | None = None

@@ -62,8 +62,9 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                      "--max-tokens", "12", "--repeats", "2", "--warmup-tokens", "2", "--out", str(out)])
     assert rc == 0
     result = json.loads((out / "speedup.json").read_text())
-    assert result["rows"] == ["none", "dspark", "dspark-g7", "ngram"]
+    assert result["rows"] == ["none", "dspark", "dspark-g7", "ngram", "ngram-gated", "dspark-g7-gated"]
     assert result["skipped_rows"] == ["dflash-g7", "eagle3"]            # no drafter given for them
+    assert result["row_settings"]["ngram-gated"]["spec_schedule"] == "gated"
     assert result["row_settings"]["dspark-g7"] == {"speculation": "dspark", "spec_schedule": "fixed",
                                                    "num_speculative_tokens": 7}
     assert set(result["workloads"]) == {"stories-greedy", "stories-t1"}
@@ -96,7 +97,7 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     md = (out / "speedup.md").read_text()
     assert "## stories-greedy" in md and "## Summary across workloads" in md
     assert md.count("never slower than none at concurrency") == 4
-    assert "Timed runs that captured CUDA graphs: 0 of 32" in md          # CPU: no graphs at all
+    assert "Timed runs that captured CUDA graphs: 0 of 48" in md          # CPU: no graphs at all (2 × 2 × 6 rows × 2)
 
 
 def test_budget_cuts_cells_and_still_writes(tmp_path):

@@ -343,3 +343,48 @@ def test_the_step_before_a_probe_captures_features_and_drafting_steps_record_acc
     record = seq.gate_acceptance
     assert record.steps == pytest.approx(sum(0.8 ** i for i in range(steps)), rel=1e-6)
     assert record.tokens >= record.steps
+
+
+def test_the_gated_schedule_rests_a_slow_ngram_proposer_and_stays_exact(engine):
+    """Fixed γ, any method: ngram on the ``gated`` schedule is rested where it is measured slower, in a
+    cell of its own (``ngram_gated``), and the greedy output is plain decoding's."""
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    want = run(engine, "none", max_tokens=30)
+    engine._proposer("ngram")
+    real = engine._proposers["ngram"]
+
+    class SlowNgram:
+        def __init__(self, inner):
+            self.inner, self.method, self.capture_layers = inner, inner.method, ()
+            self.has_confidence = False
+
+        def propose(self, seqs, limits):
+            time.sleep(0.1)
+            return self.inner.propose(seqs, limits)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    engine._proposers["ngram"] = SlowNgram(real)
+    engine.spec_gate = SpecGate(min_samples=3, probe_every=1000, probe_max=1000, probe_steps=1)
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    try:
+        before = engine.stats()
+        for i, p in enumerate(PROMPTS):
+            engine.add_request(Request(f"ng{i}", engine.tokenizer.encode(p), params, speculation="ngram",
+                                       spec_schedule="gated", num_speculative_tokens=4))
+        got = collections.defaultdict(list)
+        while engine.has_work():
+            for out in engine.step():
+                got[out.id.removeprefix("ng")] += out.token_ids
+        after = engine.stats()
+    finally:
+        engine._proposers["ngram"] = real
+        engine.spec_gate = SpecGate()
+    assert dict(got) == want
+    assert after["spec_gate_ngram_gated_b4_draft_samples"] == 3          # explored, then rested
+    assert after["spec_gate_ngram_gated_b4_drafting"] == 0
+    assert after["spec_paused_steps_total"] - before["spec_paused_steps_total"] >= 20
+    assert "spec_gate_ngram_b4_draft_samples" not in after                # not the confidence cell
