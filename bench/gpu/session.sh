@@ -61,6 +61,21 @@ pack() {  # pack $RES/<phase> (+ logs) into one tarball under $OUT
   ls -la "$OUT"
 }
 
+speedup_run() {  # speedup_run GPU DRAFTERS ROWS BUDGET_S OUT: bench speedup on the five eval workloads
+  local W
+  W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
+  CUDA_VISIBLE_DEVICES=$1 python -m bench speedup --model "$MODEL" --drafters "$2" --rows "$3" --workloads "$W" \
+    --concurrency 1,4,8,16,32 --requests 8 --max-tokens 48 --repeats "${SPEED_REPEATS:-2}" --device cuda \
+    --budget-s "$4" --out "$5" > /tmp/logs/speedup.log 2>&1
+  echo "speedup rc=$?"
+}
+
+plan_run() {  # plan_run GPU PLAN OUT WORK BUDGET_S LOG: one serve-plan, its log in /tmp/logs/LOG.log
+  CUDA_VISIBLE_DEVICES=$1 python -m bench serve-plan --plan "$2" --model "$MODEL" --device cuda \
+    --sessions .carry/sessions --out "$3" --work "$4" --budget-s "$5" --no-progress > "/tmp/logs/$6.log" 2>&1
+  echo "$2 plan rc=$?"
+}
+
 case "${1:-}" in
   piece)
     n=$(printf "%02d" "$2")
@@ -224,28 +239,18 @@ PY
     # plan's five configs need ~460 s; at 440 s `standard` was cut).
     mkdir -p "$RES/last"
     unpack_drafter
-    W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
     (
       # the prefill tile-size sweep first (~1 min): bench/kernels_gpu.py sweep_prefill
       CUDA_VISIBLE_DEVICES=0 timeout "${SWEEP_TIMEOUT:-90}" python -m bench.kernels_gpu --prefill-sweep \
         --out "$RES/last/prefill-sweep.json" > /tmp/logs/prefill-sweep.log 2>&1
       echo "prefill sweep rc=$?"
-      CUDA_VISIBLE_DEVICES=0 python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
-        --rows "${SPEED_ROWS:-none,dspark,dspark-g7}" --workloads "$W" --concurrency 1,4,8,16,32 --requests 8 \
-        --max-tokens 48 --repeats 2 --device cuda --budget-s "${SPEED_BUDGET:-165}" \
-        --out "$RES/last/speedup" > /tmp/logs/speedup.log 2>&1
-      echo "speedup rc=$?"
-      CUDA_VISIBLE_DEVICES=0 python -m bench serve-plan --plan gpu-agentic --model "$MODEL" --device cuda \
-        --sessions .carry/sessions --out "$RES/last/agentic" --work /tmp/sp5 --budget-s "${AGENTIC_BUDGET:-225}" \
-        --no-progress > /tmp/logs/agentic-plan.log 2>&1
-      echo "agentic plan rc=$?"
+      speedup_run 0 dspark=/tmp/dsp "${SPEED_ROWS:-none,dspark,dspark-g7}" "${SPEED_BUDGET:-165}" "$RES/last/speedup"
+      plan_run 0 gpu-agentic "$RES/last/agentic" /tmp/sp5 "${AGENTIC_BUDGET:-225}" agentic-plan
     ) &
     a=$!
-    CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench serve-plan --plan gpu-agentic-idle --model "$MODEL" \
-      --device cuda --sessions .carry/sessions --out "$RES/last/idle" --work /tmp/sp6 --budget-s "${SERVE_BUDGET:-480}" \
-      --no-progress > /tmp/logs/serve-plan.log 2>&1 &
+    plan_run "$(second_gpu)" gpu-agentic-idle "$RES/last/idle" /tmp/sp6 "${SERVE_BUDGET:-480}" serve-plan &
     b=$!
-    wait $a; wait $b; echo "idle plan rc=$?"
+    wait $a; wait $b
     tail -n 3 /tmp/logs/prefill-sweep.log; tail -n 14 /tmp/logs/speedup.log
     grep -v "it/s" /tmp/logs/agentic-plan.log | tail -n 8
     grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
@@ -257,42 +262,28 @@ PY
     mkdir -p "$RES/speedup"
     DRAFTERS=${SPEED_DRAFTERS-dspark=/tmp/dsp}
     if [ -n "$DRAFTERS" ]; then unpack_drafter; fi
-    W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
-    python -m bench speedup --model "$MODEL" --drafters "$DRAFTERS" \
-      --rows "${SPEED_ROWS:-none,dspark,dspark-g7}" --workloads "$W" --concurrency 1,4,8,16,32 --requests 8 \
-      --max-tokens 48 --repeats "${SPEED_REPEATS:-2}" --device cuda --budget-s "${SPEED_BUDGET:-200}" \
-      --out "$RES/speedup/speedup" > /tmp/logs/speedup.log 2>&1
-    echo "speedup rc=$?"; tail -n 14 /tmp/logs/speedup.log
+    speedup_run 0 "$DRAFTERS" "${SPEED_ROWS:-none,dspark,dspark-g7}" "${SPEED_BUDGET:-200}" "$RES/speedup/speedup"
+    tail -n 14 /tmp/logs/speedup.log
     pack speedup
     ;;
   idle)
     mkdir -p "$RES/idle"
-    python -m bench serve-plan --plan gpu-agentic-idle --model "$MODEL" --device cuda --sessions .carry/sessions \
-      --out "$RES/idle/idle" --work /tmp/sp6 --budget-s "${SERVE_BUDGET:-480}" --no-progress > /tmp/logs/serve-plan.log 2>&1
-    echo "idle plan rc=$?"; grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
+    plan_run 0 gpu-agentic-idle "$RES/idle/idle" /tmp/sp6 "${SERVE_BUDGET:-480}" serve-plan
+    grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
     pack idle
     ;;
   closing)
     mkdir -p "$RES/closing"
     unpack_drafter
-    W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
     (
-      CUDA_VISIBLE_DEVICES=0 python -m bench speedup --model "$MODEL" --drafters dspark=/tmp/dsp \
-        --rows "${SPEED_ROWS:-none,dspark,dspark-g7,ngram}" --workloads "$W" --concurrency 1,4,8,16,32 --requests 8 \
-        --max-tokens 48 --repeats 2 --device cuda --budget-s "${SPEED_BUDGET:-250}" \
-        --out "$RES/closing/speedup" > /tmp/logs/speedup.log 2>&1
-      echo "speedup rc=$?"
-      CUDA_VISIBLE_DEVICES=0 python -m bench serve-plan --plan gpu-zero-hit --model "$MODEL" --device cuda \
-        --sessions .carry/sessions --out "$RES/closing/zero-hit" --work /tmp/sp7 --budget-s "${ZERO_BUDGET:-170}" \
-        --no-progress > /tmp/logs/zero-hit.log 2>&1
-      echo "zero-hit plan rc=$?"
+      speedup_run 0 dspark=/tmp/dsp "${SPEED_ROWS:-none,dspark,dspark-g7,ngram}" "${SPEED_BUDGET:-250}" \
+        "$RES/closing/speedup"
+      plan_run 0 gpu-zero-hit "$RES/closing/zero-hit" /tmp/sp7 "${ZERO_BUDGET:-170}" zero-hit
     ) &
     a=$!
-    CUDA_VISIBLE_DEVICES=$(second_gpu) python -m bench serve-plan --plan gpu-agentic-idle --model "$MODEL" \
-      --device cuda --sessions .carry/sessions --out "$RES/closing/idle" --work /tmp/sp6 --budget-s "${SERVE_BUDGET:-470}" \
-      --no-progress > /tmp/logs/serve-plan.log 2>&1 &
+    plan_run "$(second_gpu)" gpu-agentic-idle "$RES/closing/idle" /tmp/sp6 "${SERVE_BUDGET:-470}" serve-plan &
     b=$!
-    wait $a; wait $b; echo "idle plan rc=$?"
+    wait $a; wait $b
     tail -n 14 /tmp/logs/speedup.log
     grep -v "it/s" /tmp/logs/zero-hit.log | tail -n 8
     grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8

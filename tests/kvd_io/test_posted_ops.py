@@ -77,15 +77,22 @@ def test_settle_without_kvd_raises_unavailable(tmp_path):
             client.close()
 
 
+def answer_only_the_second_frame(router) -> threading.Thread:
+    """A fake kvd that drops the first frame it gets (a posted op, or a corked batch) and answers the
+    second: kvd answers in order, so the client must report the first one lost."""
+    def run() -> None:
+        router.recv_multipart()
+        ident, payload = router.recv_multipart()
+        router.send_multipart([ident, P.encode_reply(P.unpack(payload)["id"], {})])
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_a_posted_op_whose_reply_never_comes_is_reported_lost(tmp_path):
     """kvd answers in order, so a later id's reply means an earlier posted one will never come."""
     with fake_kvd_socket(tmp_path / "run") as router:
-        def answer_only_the_second() -> None:
-            router.recv_multipart()                                   # the posted heartbeat: dropped
-            ident, payload = router.recv_multipart()
-            router.send_multipart([ident, P.encode_reply(P.unpack(payload)["id"], {})])
-        thread = threading.Thread(target=answer_only_the_second, daemon=True)
-        thread.start()
+        thread = answer_only_the_second_frame(router)
         client = KvdClient(tmp_path / "run", timeout_s=3.0)
         got = []
         try:
@@ -145,12 +152,7 @@ def test_settle_while_corked_waits_for_the_held_posts(kvd):
 
 def test_a_lost_corked_frame_reports_every_op_lost(tmp_path):
     with fake_kvd_socket(tmp_path / "run") as router:
-        def answer_only_the_second() -> None:
-            router.recv_multipart()                                   # the batch frame: dropped
-            ident, payload = router.recv_multipart()
-            router.send_multipart([ident, P.encode_reply(P.unpack(payload)["id"], {})])
-        thread = threading.Thread(target=answer_only_the_second, daemon=True)
-        thread.start()
+        thread = answer_only_the_second_frame(router)
         client = KvdClient(tmp_path / "run", timeout_s=3.0)
         got = []
         try:
