@@ -17,6 +17,7 @@ class NgramProposer:
     method = "ngram"
     capture_layers: tuple[int, ...] = ()
     has_confidence = False
+    proposes_cheaply = True     # a lookup on the host: the gate decides after it, on the drafts it found
 
     def __init__(self, drafter):
         self.drafter = drafter

@@ -359,6 +359,7 @@ def test_the_gated_schedule_rests_a_slow_ngram_proposer_and_stays_exact(engine):
         def __init__(self, inner):
             self.inner, self.method, self.capture_layers = inner, inner.method, ()
             self.has_confidence = False
+            self.proposes_cheaply = False     # it sleeps: the gate must decide before it is asked
 
         def propose(self, seqs, limits):
             time.sleep(0.1)
@@ -388,3 +389,55 @@ def test_the_gated_schedule_rests_a_slow_ngram_proposer_and_stays_exact(engine):
     assert after["spec_gate_ngram_gated_b4_drafting"] == 0
     assert after["spec_paused_steps_total"] - before["spec_paused_steps_total"] >= 20
     assert "spec_gate_ngram_b4_draft_samples" not in after                # not the confidence cell
+
+
+class RecordingGate(ScriptedGate):
+    """Always the same answer; records how many gated requests each decision was asked about."""
+
+    def __init__(self, draft: bool):
+        super().__init__([])
+        self.draft, self.asked = draft, []
+
+    def should_draft(self, method, sequences, measured=True, requests=None):
+        self.asked.append(len(requests or []))
+        return self.draft
+
+
+def run_ngram_gated(engine, tag: str, max_tokens: int = 40):
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(Request(f"{tag}{i}", engine.tokenizer.encode(p), params, speculation="ngram",
+                                   spec_schedule="gated"))
+    seqs = [engine._seqs[f"{tag}{i}"] for i in range(len(PROMPTS))]
+    got, steps = collections.defaultdict(list), 0
+    while engine.has_work():
+        steps += 1
+        for out in engine.step():
+            got[out.id.removeprefix(tag)] += out.token_ids
+    return dict(got), seqs, steps
+
+
+def test_a_cheap_proposer_is_gated_after_it_proposes_on_the_requests_it_found_drafts_for(engine):
+    """ngram costs nothing to ask: the gate decides after the lookup, only about the requests that got a
+    draft; a rest drops those drafts; the acceptance records count steps with a draft."""
+    want = run(engine, "none", max_tokens=40)
+    try:
+        engine.spec_gate = RecordingGate(draft=False)
+        got, seqs, steps = run_ngram_gated(engine, "rest")
+        assert got == want and all(s.spec_verifications == 0 for s in seqs)
+        asked = engine.spec_gate.asked
+        assert asked and all(n >= 1 for n in asked)        # never asked about a step with no draft found
+        assert len(asked) < steps                           # some steps found none: not asked there
+        assert all(s.gate_acceptance.steps == 0 for s in seqs)
+
+        engine.spec_gate = RecordingGate(draft=True)
+        got, seqs, _ = run_ngram_gated(engine, "draft")
+        assert got == want
+        assert sum(s.spec_verifications for s in seqs) > 0
+        for s in seqs:     # one record per step that verified a draft, none for the steps between
+            assert s.gate_acceptance.steps == pytest.approx(sum(0.8 ** i for i in range(s.spec_verifications)))
+    finally:
+        engine.spec_gate = SpecGate()
