@@ -132,8 +132,8 @@ class KvdClient:
         # posted ops kvd answers out of order (a parked wait_ready): id -> (op type, on_reply, deadline)
         self._watches: dict[int, tuple[str, Callable[[Any], None], float]] = {}
         self._watched: dict[int, dict[str, Any]] = {}     # watch id -> its reply, not handed out yet
-        # posts held while corked (``cork``): (op, on_reply, needed), sent as one batch frame by ``uncork``
-        self._corked: Optional[list[tuple[P.Op, Optional[Callable[[Any], None]], bool]]] = None
+        # posts held while corked (``cork``): (op's wire map, on_reply, needed), sent as one batch frame by ``uncork``
+        self._corked: Optional[list[tuple[dict[str, Any], Optional[Callable[[Any], None]], bool]]] = None
 
     # ---- transport ----
     def _unreachable(self, why: str) -> KvdUnavailable:
@@ -141,6 +141,11 @@ class KvdClient:
 
     def request(self, op: P.Op, timeout_s: Optional[float] = None) -> dict[str, Any]:
         """Send one op, return the raw reply map (``ok`` true) or raise its typed error."""
+        return self.request_fields(P.op_fields(op), timeout_s)
+
+    def request_fields(self, fields: dict[str, Any], timeout_s: Optional[float] = None) -> dict[str, Any]:
+        """``request`` for an op's wire map (``P.op_fields``, or a ``P.*_fields`` builder for values the
+        caller built itself: kvd validates them)."""
         if not self.path.exists():
             raise self._unreachable("no socket file")
         timeout_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
@@ -148,11 +153,11 @@ class KvdClient:
             self._send_held()                  # held posts go first: kvd sees every frame in call order
             t0 = time.perf_counter()
             req_id = next(self._ids)
-            self._sock.send(P.encode_op(req_id, op))
+            self._sock.send(P.encode_fields(req_id, fields))
             try:
                 reply = self._await(req_id, timeout_ms)
             finally:
-                self._count(self.round_trips, op.type, t0)
+                self._count(self.round_trips, fields["type"], t0)
         if not reply.get("ok"):
             raise error_from_wire(reply.get("error") or {})
         return reply
@@ -164,9 +169,15 @@ class KvdClient:
         KvdClientError, on the caller's thread (never the heartbeat thread's). ``needed=False`` (a
         release): ``settle`` does not wait for this reply; a later settle or ``drain`` hands it out.
         While corked (``cork``) the op is held and sent with the others at ``uncork``."""
-        if self._corked is not None and self._hold(op, on_reply, needed):
+        self.post_fields(P.op_fields(op), on_reply, needed)
+
+    def post_fields(self, fields: dict[str, Any], on_reply: Optional[Callable[[Any], None]] = None,
+                    needed: bool = True) -> None:
+        """``post`` for an op's wire map (``P.commit_fields``: a step's commits, built by the engine from
+        its own block ids and hashes, skip the client-side validation; kvd still validates them)."""
+        if self._corked is not None and self._hold(fields, on_reply, needed):
             return
-        self._send_unanswered(op, self._booking(op.type, on_reply, needed))
+        self._send_unanswered(fields, self._booking(fields["type"], on_reply, needed))
 
     def _booking(self, op_type: str, on_reply: Optional[Callable[[Any], None]], needed: bool) -> Callable[[int], None]:
         """Who takes a posted frame's reply (``settle``), and whether ``settle`` must wait for it."""
@@ -201,19 +212,21 @@ class KvdClient:
             finally:
                 self._corked = None
 
-    def _hold(self, op: P.Op, on_reply: Optional[Callable[[Any], None]], needed: bool) -> bool:
+    def _hold(self, fields: dict[str, Any], on_reply: Optional[Callable[[Any], None]], needed: bool) -> bool:
         """Keep a post for the corked frame; False when not corked any more (the caller sends it)."""
         with self._lock:
             if self._corked is None:
                 return False
             t0 = time.perf_counter()
-            self._corked.append((op, on_reply, needed))
-            self._count(self.posts, op.type, t0)
+            self._corked.append((fields, on_reply, needed))
+            self._count(self.posts, fields["type"], t0)
             return True
 
     def _send_held(self) -> None:
         """Send the held posts, in order, as one posted ``batch`` frame (``uncork``). The reference path,
-        one frame each as ``post`` sends them, serves a lone op and a batch too large for one frame.
+        one frame each as ``post`` sends them, serves a lone op and a batch too large for one frame. The
+        frame is packed from the held wire maps directly (``P.batch_fields``): the same bytes as
+        ``P.encode_op(id, P.Batch(ops=...))``, without re-validating and copying every op on the way out.
         Caller holds the lock."""
         held = self._corked
         if not held:
@@ -224,17 +237,17 @@ class KvdClient:
         if 1 < len(held) <= P.MAX_BATCH_OPS:
             t0 = time.perf_counter()
             req_id = next(self._ids)
-            frame = P.encode_op(req_id, P.Batch(ops=[op.model_dump() for op, _, _ in held]))
+            frame = P.encode_fields(req_id, P.batch_fields([fields for fields, _, _ in held]))
             if len(frame) <= P.MAX_FRAME_BYTES:
                 self._sock.send(frame)
                 self._booking("batch", _split_batch(held), any(n for _, _, n in held))(req_id)
                 self._count(self.posts, "batch", t0)
                 self.frames_posted += 1
                 return
-        for op, on_reply, needed in held:       # the reference path: one posted frame per op
+        for fields, on_reply, needed in held:       # the reference path: one posted frame per op
             req_id = next(self._ids)
-            self._sock.send(P.encode_op(req_id, op))
-            self._booking(op.type, on_reply, needed)(req_id)
+            self._sock.send(P.encode_fields(req_id, fields))
+            self._booking(fields["type"], on_reply, needed)(req_id)
             self.frames_posted += 1
 
     def settle(self, timeout_s: Optional[float] = None, needed_only: bool = False) -> int:
@@ -296,10 +309,11 @@ class KvdClient:
         ``post``: kvd answers a parked op out of order, and ``settle`` (before every forward) would wait
         for it. Returns the id, for ``unwatch``."""
         deadline = time.monotonic() + op.timeout_s + self.timeout_s
-        return self._send_unanswered(op, lambda req_id: self._watches.__setitem__(req_id, (op.type, on_reply, deadline)))
+        return self._send_unanswered(P.op_fields(op),
+                                     lambda req_id: self._watches.__setitem__(req_id, (op.type, on_reply, deadline)))
 
-    def _send_unanswered(self, op: P.Op, book: Callable[[int], None]) -> int:
-        """Send ``op`` without waiting; ``book(id)`` records, under the same lock, who takes its reply
+    def _send_unanswered(self, fields: dict[str, Any], book: Callable[[int], None]) -> int:
+        """Send an op (its wire map) without waiting; ``book(id)`` records, under the same lock, who takes its reply
         (``post``'s settle or ``watch``'s poll). Returns the request id."""
         if not self.path.exists():
             raise self._unreachable("no socket file")
@@ -307,9 +321,9 @@ class KvdClient:
             self._send_held()
             t0 = time.perf_counter()
             req_id = next(self._ids)
-            self._sock.send(P.encode_op(req_id, op))
+            self._sock.send(P.encode_fields(req_id, fields))
             book(req_id)
-            self._count(self.posts, op.type, t0)
+            self._count(self.posts, fields["type"], t0)
             self.frames_posted += 1
         return req_id
 
@@ -428,8 +442,13 @@ class KvdClient:
     def batch(self, ops: Sequence[P.Op]) -> list[Any]:
         """Run several ops in one round trip; each item is its typed result or a KvdClientError
         instance (returned, not raised, so one failure does not hide the other results)."""
-        reply = self.request(P.Batch(ops=[op.model_dump() for op in ops]))
-        return [decode_result(op.type, r) if r.get("ok") else error_from_wire(r.get("error") or {})
+        return self.batch_fields([P.op_fields(op) for op in ops])
+
+    def batch_fields(self, ops: Sequence[dict[str, Any]]) -> list[Any]:
+        """``batch`` for op wire maps (``P.lookup_fields``: the admissions' lookups, built by the engine
+        from its own hashes; kvd validates them)."""
+        reply = self.request_fields(P.batch_fields(list(ops)))
+        return [decode_result(op["type"], r) if r.get("ok") else error_from_wire(r.get("error") or {})
                 for op, r in zip(ops, reply["results"])]
 
     def stats(self) -> dict[str, Any]:
@@ -489,18 +508,18 @@ class KvdClient:
         self.close()
 
 
-def _split_batch(held: list[tuple[P.Op, Optional[Callable[[Any], None]], bool]]) -> Callable[[Any], None]:
+def _split_batch(held: list[tuple[dict[str, Any], Optional[Callable[[Any], None]], bool]]) -> Callable[[Any], None]:
     """The on_reply of a corked batch frame: hand each op's own result (or the frame's error: kvd lost,
     the whole frame refused) to that op's on_reply, in order, as if it had been posted alone."""
     def on_reply(out: Any) -> None:
         results = out.get("results") if isinstance(out, dict) else None
-        for i, (op, cb, _) in enumerate(held):
+        for i, (fields, cb, _) in enumerate(held):
             if cb is None:
                 continue
             if results is None:
                 cb(out)
             else:
-                cb(_outcome(op.type, results[i] if i < len(results) else None))
+                cb(_outcome(fields["type"], results[i] if i < len(results) else None))
     return on_reply
 
 

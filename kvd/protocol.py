@@ -332,7 +332,46 @@ def encode_request(req_id: int, op_type: str, **fields: Any) -> bytes:
 
 def encode_op(req_id: int, op: Op) -> bytes:
     """A request frame for an already-built op (the client validates before sending)."""
-    return pack({"v": PROTOCOL_VERSION, "id": req_id, **op.model_dump()})
+    return encode_fields(req_id, op_fields(op))
+
+
+# ---- wire maps: a validated op's map (the reference) and the engine's hot ops built directly ----
+# Why: building a pydantic op validates every hash of it on the client, then ``model_dump`` copies it back
+# out, and kvd validates the same values again on receipt. For values the engine built itself (ints and
+# kvd.hashing's 16-byte hashes) the client-side pass buys nothing: a 32-prompt admission lookup batch cost
+# ~125 us to build and encode, ~22 us directly (docs/design/kvd.md "Session 5"). Each ``*_fields`` returns
+# exactly the map ``<Op>(...).model_dump()`` returns for the same arguments (same keys, same order: the same
+# frame bytes; tests/kvd_io/test_wire_fields.py), without validating it: bad values are refused by kvd with
+# the typed error ``bad_request``, as any frame is. Callers with untrusted values build the op instead.
+
+def op_fields(op: Op) -> dict[str, Any]:
+    """The wire map of a built (validated) op: the reference for the ``*_fields`` builders."""
+    return op.model_dump()
+
+
+def encode_fields(req_id: int, fields: dict[str, Any]) -> bytes:
+    """A request frame for an op's wire map (``op_fields`` or a ``*_fields`` builder)."""
+    return pack({"v": PROTOCOL_VERSION, "id": req_id, **fields})
+
+
+def commit_fields(lease: int, blocks: list[tuple[int, bytes, Optional[bytes]]]) -> dict[str, Any]:
+    """``Commit(lease=lease, blocks=blocks).model_dump()``, unvalidated (a step's posted commits)."""
+    return {"type": "commit", "lease": lease, "blocks": blocks}
+
+
+def lookup_fields(group: str, hashes: list[bytes], session: Optional[str] = None, tokens: Optional[int] = None,
+                  block_tokens: Optional[int] = None, recompute_s: Optional[float] = None) -> dict[str, Any]:
+    """``Lookup(...).model_dump()`` for the same arguments, unvalidated (the admissions' lookups)."""
+    return {"type": "lookup", "group": group, "hashes": hashes, "session": session, "tokens": tokens,
+            "block_tokens": block_tokens, "recompute_s": recompute_s}
+
+
+def batch_fields(ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """``Batch(ops=ops).model_dump()`` for op maps. Over MAX_BATCH_OPS it takes the reference path, which
+    raises the ValidationError a built Batch raises: the fast path never sends what the client refused."""
+    if len(ops) > MAX_BATCH_OPS:
+        return op_fields(Batch(ops=ops))
+    return {"type": "batch", "ops": ops}
 
 
 def encode_reply(req_id: Optional[int], result: dict[str, Any]) -> bytes:
