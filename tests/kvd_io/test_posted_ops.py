@@ -1,6 +1,7 @@
 """Posted ops (KvdClient.post / settle): sent without waiting, answered in order, errors handed back.
 
-A real KvdCore behind a KvdServer on a thread; a raw ROUTER stands in for a kvd that loses a reply."""
+The fixture ``kvd`` (conftest.py): a real KvdCore behind a KvdServer on a thread; a raw ROUTER stands in for
+a kvd that loses a reply."""
 from __future__ import annotations
 
 import hashlib
@@ -10,30 +11,11 @@ import pytest
 
 from client.kvd_client import KvdClient, KvdUnavailable, UnknownLease
 from kvd import protocol as P
-from kvd.config import KvdConfig
-from kvd.core import KvdCore
-from kvd.server import KvdServer
 from tests.fake_kvd import fake_kvd_socket
 
 
 def h(i: int) -> bytes:
     return hashlib.blake2b(b"p%d" % i, digest_size=16).digest()
-
-
-@pytest.fixture
-def kvd(tmp_path):
-    core = KvdCore(KvdConfig(run_dir=tmp_path / "run", device="cpu", gpu_blocks=4, dram_blocks=0, max_groups=1))
-    server = KvdServer(core, tmp_path / "run")
-    server.bind()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    client = KvdClient(tmp_path / "run", timeout_s=5.0)
-    client.attach("full", 64)
-    yield client
-    client.close()
-    server.request_stop()
-    thread.join(5)
-    server.close()
 
 
 def test_a_posted_release_is_applied_before_a_later_call(kvd):

@@ -6,15 +6,11 @@ no longer validates must still be refused by kvd with a typed error."""
 from __future__ import annotations
 
 import hashlib
-import threading
 
 import pytest
 
-from client.kvd_client import BadRequest, KvdClient
+from client.kvd_client import BadRequest
 from kvd import protocol as P
-from kvd.config import KvdConfig
-from kvd.core import KvdCore
-from kvd.server import KvdServer
 
 
 def h(i: int) -> bytes:
@@ -75,22 +71,6 @@ def test_kvd_still_refuses_what_the_fast_path_does_not_check(fields):
         with pytest.raises(P.ProtocolError) as err:
             P.decode_request(frame)
         assert err.value.code == P.ErrorCode.BAD_REQUEST and err.value.req_id == 4
-
-
-@pytest.fixture
-def kvd(tmp_path):
-    core = KvdCore(KvdConfig(run_dir=tmp_path / "run", device="cpu", gpu_blocks=4, dram_blocks=0, max_groups=1))
-    server = KvdServer(core, tmp_path / "run")
-    server.bind()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    client = KvdClient(tmp_path / "run", timeout_s=5.0)
-    client.attach("full", 64)
-    yield client
-    client.close()
-    server.request_stop()
-    thread.join(5)
-    server.close()
 
 
 def test_posted_commit_fields_get_the_same_answers_as_built_commits(kvd):
