@@ -190,8 +190,7 @@ class Replay:
         tier drops its victim at once, and the cleaner runs only at each lookup's wait_ready: requests
         of thousands of blocks then drop most of what the tier below would have kept. On the simulated
         clock the pass takes no time, so this is the bound where the copies always finish in time."""
-        if tier in group.marks and group.would_demote(tier):
-            group.marks[tier].cleaning = True
+        if group.ask_cleaning(tier):
             self.core.clean()
 
     def run(self) -> dict[str, Any]:

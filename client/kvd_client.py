@@ -245,10 +245,7 @@ class KvdClient:
                 self.frames_posted += 1
                 return
         for fields, on_reply, needed in held:       # the reference path: one posted frame per op
-            req_id = next(self._ids)
-            self._sock.send(P.encode_fields(req_id, fields))
-            self._booking(fields["type"], on_reply, needed)(req_id)
-            self.frames_posted += 1
+            self._send_posted(fields, self._booking(fields["type"], on_reply, needed))
 
     def settle(self, timeout_s: Optional[float] = None, needed_only: bool = False) -> int:
         """Wait for every posted op's reply (``needed_only``: only up to the last one sent with
@@ -320,11 +317,17 @@ class KvdClient:
         with self._lock:
             self._send_held()
             t0 = time.perf_counter()
-            req_id = next(self._ids)
-            self._sock.send(P.encode_fields(req_id, fields))
-            book(req_id)
+            req_id = self._send_posted(fields, book)
             self._count(self.posts, fields["type"], t0)
-            self.frames_posted += 1
+        return req_id
+
+    def _send_posted(self, fields: dict[str, Any], book: Callable[[int], None]) -> int:
+        """One posted frame: send the op's wire map under a new id and ``book`` its reply. Caller holds
+        the lock."""
+        req_id = next(self._ids)
+        self._sock.send(P.encode_fields(req_id, fields))
+        book(req_id)
+        self.frames_posted += 1
         return req_id
 
     def unwatch(self, req_id: int) -> None:

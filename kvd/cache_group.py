@@ -112,6 +112,15 @@ class CacheGroup:
         victims = self.policy.victims(tier, 1) if lower is not None and tier in self.marks else []
         return bool(victims) and self.policy.admits(victims[0], lower)   # type: ignore[arg-type]
 
+    def ask_cleaning(self, tier: Tier) -> bool:
+        """A request found ``tier`` full: if the cleaner could free a slot by copying (``would_demote``),
+        mark the tier to clean up to its high mark now, even if no pass has seen it below low yet. False:
+        nothing a cleaning pass could free, the drop (or out_of_blocks) comes at once."""
+        if not self.would_demote(tier):
+            return False
+        self.marks[tier].cleaning = True
+        return True
+
     def _pressure_drop(self, rec: BlockRecord) -> None:
         lower = self._lower(rec.tier)
         if lower is not None:

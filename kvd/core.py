@@ -606,9 +606,8 @@ class KvdCore:
         """A request found ``tier`` full: wait up to ``pressure_wait_ms`` (lock released) for the cleaner
         to free a slot. Only with a cleaner thread; inline, nothing would free one."""
         wait_s = self.config.pressure_wait_ms / 1000
-        if wait_s <= 0 or not self.cleaner.threaded or not g.would_demote(tier):
-            return   # nothing the cleaner could free by copying: the drop (or out_of_blocks) comes at once
-        g.marks[tier].cleaning = True   # clean up to the high mark even if this pass has not seen low yet
+        if wait_s <= 0 or not self.cleaner.threaded or not g.ask_cleaning(tier):
+            return   # nothing to wait for: the drop (or out_of_blocks) comes at once
         t0 = time.perf_counter()
         deadline = t0 + wait_s
         pool = g.pools[tier]

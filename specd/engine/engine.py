@@ -317,11 +317,13 @@ class SpecEngine:
                 if draft.tokens and self._room_for(sched.seq, 1 + len(draft.tokens)):
                     sched.draft = draft
 
+    def _schedule_of(self, seq: Sequence) -> str | None:
+        """The request's schedule, else the deployment's (None: unset)."""
+        return seq.request.spec_schedule or self.config.spec_schedule
+
     def _wants_confidence(self, seq: Sequence) -> bool:
-        """The request's schedule, else the deployment's; unset means confidence wherever the drafts
-        carry confidences (the caller checks that)."""
-        schedule = seq.request.spec_schedule or self.config.spec_schedule
-        return schedule in (None, "confidence")
+        """Unset means confidence wherever the drafts carry confidences (the caller checks that)."""
+        return self._schedule_of(seq) in (None, "confidence")
 
     def _schedule(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], drafts: list[Draft],
                   temperatures: list[float] | None) -> list[Draft]:
@@ -343,16 +345,8 @@ class SpecEngine:
                     group: list[ScheduledSeq]) -> list[ScheduledSeq]:
         """``group`` minus the requests the measured gate rests this step. Gate cells are per method and
         schedule (``_gate_key``): a confidence-scheduled step and a fixed-γ one cost differently."""
-        keyed: dict[str, list[ScheduledSeq]] = {}
-        for sched in group:
-            if self._gated(proposer, sched.seq):
-                keyed.setdefault(self._gate_key(method, sched.seq), []).append(sched)
         resting: set[int] = set()
-        for key, members in keyed.items():
-            if self._gate_drafts(batch, key, members):
-                if self._gate_arms.get(key):        # on each drafting request's acceptance record
-                    self._gate_drafting.extend(s.seq for s in members)
-                continue
+        for key, members in self._gate_rests(batch, method, proposer, group):
             if not self.spec_gate.probe_next(key, len(batch)):
                 self._rest([s.seq for s in members])
             else:                # capture this step's features: the probe drafts from a fresh context
@@ -369,34 +363,37 @@ class SpecEngine:
         (H200, run I: gated before proposing, ngram kept 1.09× of its 1.63× on extraction at c = 1).
         A resting request's draft is dropped. Lossless: ngram's drafts are a deterministic function of
         the context, and whether one is verified changes no output distribution."""
-        keyed: dict[str, list[int]] = {}
-        for i, (sched, draft) in enumerate(zip(group, drafts)):
-            if draft.tokens and self._gated(proposer, sched.seq):
-                keyed.setdefault(self._gate_key(method, sched.seq), []).append(i)
-        drafts = list(drafts)
-        for key, found in keyed.items():
-            members = [group[i] for i in found]
-            if self._gate_drafts(batch, key, members):
-                if self._gate_arms.get(key):
-                    self._gate_drafting.extend(s.seq for s in members)
-                continue
-            for i in found:
-                drafts[i] = drafts[i].truncated(0)
-        return drafts
+        found = [s for s, d in zip(group, drafts) if d.tokens]
+        resting = {id(s) for _, members in self._gate_rests(batch, method, proposer, found) for s in members}
+        return [d.truncated(0) if id(s) in resting else d for s, d in zip(group, drafts)]
+
+    def _gate_rests(self, batch: list[ScheduledSeq], method: str, proposer,
+                    candidates: list[ScheduledSeq]) -> list[tuple[str, list[ScheduledSeq]]]:
+        """Ask the gate once per gate key about the gated requests among ``candidates``; the keys it rests,
+        with their requests. The ones that draft go on the acceptance records (``_gate_drafting``)."""
+        keyed: dict[str, list[ScheduledSeq]] = {}
+        for sched in candidates:
+            if self._gated(proposer, sched.seq):
+                keyed.setdefault(self._gate_key(method, sched.seq), []).append(sched)
+        rests = []
+        for key, members in keyed.items():
+            if not self._gate_drafts(batch, key, members):
+                rests.append((key, members))
+            elif self._gate_arms.get(key):          # the gate is on and chose to draft
+                self._gate_drafting.extend(s.seq for s in members)
+        return rests
 
     def _gate_key(self, method: str, seq: Sequence) -> str:
         """The gate cell family of ``seq``: its method, with ``_gated`` for the fixed-γ gated schedule
         (an underscore: the key ends up in Prometheus metric names)."""
-        gated = (seq.request.spec_schedule or self.config.spec_schedule) == "gated"
-        return f"{method}_gated" if gated else method
+        return f"{method}_gated" if self._schedule_of(seq) == "gated" else method
 
     def _gate_drafts(self, batch: list[ScheduledSeq], method: str, gated: list[ScheduledSeq]) -> bool:
         """The measured pre-draft gate (specd/engine/spec_gate.py): do the ``gated`` requests of gate key
         ``method`` draft this step? Confidence-scheduled requests of feature drafters with a confidence
         head and requests on the ``gated`` schedule are gated; ``fixed`` requests always draft (their γ is
-        what was asked for). A profile injected into
-        ``self.sps`` (tests pinning the scheduler's decisions) keeps the gate off, as it keeps the overhead
-        average off. Lossless: the answer depends on earlier steps' measured rates and acceptance only,
+        what was asked for). A profile injected into ``self.sps`` (tests pinning the scheduler's decisions)
+        keeps the gate off, as it keeps the overhead average off. Lossless: the answer depends on earlier steps' measured rates and acceptance only,
         never on this step's drafts."""
         if self.spec_gate is None or (self.sps is not None and not self._track_overhead):
             return True
@@ -429,7 +426,7 @@ class SpecEngine:
         """Does the measured gate decide whether ``seq`` drafts? Confidence-scheduled requests of feature
         drafters with a confidence head, and every request on the ``gated`` schedule (fixed γ, any method:
         on the H200 ngram ran at 1.24× plain decoding at c = 1 and 0.57× at c = 32, run H)."""
-        if (seq.request.spec_schedule or self.config.spec_schedule) == "gated":
+        if self._schedule_of(seq) == "gated":
             return True
         confident = getattr(proposer, "capture_layers", ()) and getattr(proposer, "has_confidence", True)
         return bool(confident) and self._wants_confidence(seq)

@@ -152,9 +152,12 @@ class SpecGate:
     def acceptance(self, method: str, sequences: int, requests: list[Acceptance] | None) -> float | None:
         """The batch's predicted tokens per request per drafting step: the mean over ``requests`` of each
         one's own record shrunk toward the cell's (a new request is the cell's). None: no record."""
+        return self._acceptance(self._cell(method, sequences), requests)
+
+    def _acceptance(self, cell: Cell, requests: list[Acceptance] | None) -> float | None:
         if not requests:
             return None
-        prior = self._cell(method, sequences).draft.per_seq_step
+        prior = cell.draft.per_seq_step
         if prior <= 0:
             return None
         k = self.prior_steps
@@ -171,7 +174,7 @@ class SpecGate:
         explore = self._exploring(cell)
         if explore is not None:
             return explore if measured else not cell.resting_prior
-        winner = cell.drafting_wins(self.margin, self.acceptance(method, sequences, requests))
+        winner = cell.drafting_wins(self.margin, self._acceptance(cell, requests))
         if not measured:
             return winner
         if cell.probe_left:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from contextlib import contextmanager
 
 import pytest
 
@@ -59,32 +60,33 @@ def test_settle_without_kvd_raises_unavailable(tmp_path):
             client.close()
 
 
-def answer_only_the_second_frame(router) -> threading.Thread:
-    """A fake kvd that drops the first frame it gets (a posted op, or a corked batch) and answers the
-    second: kvd answers in order, so the client must report the first one lost."""
-    def run() -> None:
-        router.recv_multipart()
-        ident, payload = router.recv_multipart()
-        router.send_multipart([ident, P.encode_reply(P.unpack(payload)["id"], {})])
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
+@contextmanager
+def client_losing_the_first_frame(tmp_path):
+    """A client of a fake kvd that drops the first frame it gets (a posted op, or a corked batch) and
+    answers the second: kvd answers in order, so the client must report the first one lost."""
+    with fake_kvd_socket(tmp_path / "run") as router:
+        def run() -> None:
+            router.recv_multipart()
+            ident, payload = router.recv_multipart()
+            router.send_multipart([ident, P.encode_reply(P.unpack(payload)["id"], {})])
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        client = KvdClient(tmp_path / "run", timeout_s=3.0)
+        try:
+            yield client
+        finally:
+            thread.join(5)
+            client.close()
 
 
 def test_a_posted_op_whose_reply_never_comes_is_reported_lost(tmp_path):
     """kvd answers in order, so a later id's reply means an earlier posted one will never come."""
-    with fake_kvd_socket(tmp_path / "run") as router:
-        thread = answer_only_the_second_frame(router)
-        client = KvdClient(tmp_path / "run", timeout_s=3.0)
+    with client_losing_the_first_frame(tmp_path) as client:
         got = []
-        try:
-            client.post(P.Heartbeat(), got.append)
-            client.heartbeat()
-            client.settle()
-            assert len(got) == 1 and isinstance(got[0], KvdUnavailable)
-        finally:
-            thread.join(5)
-            client.close()
+        client.post(P.Heartbeat(), got.append)
+        client.heartbeat()
+        client.settle()
+        assert len(got) == 1 and isinstance(got[0], KvdUnavailable)
 
 
 # -- corked posts (KvdClient.cork / uncork): a step's posts in one batch frame ---------------------------
@@ -133,18 +135,12 @@ def test_settle_while_corked_waits_for_the_held_posts(kvd):
 
 
 def test_a_lost_corked_frame_reports_every_op_lost(tmp_path):
-    with fake_kvd_socket(tmp_path / "run") as router:
-        thread = answer_only_the_second_frame(router)
-        client = KvdClient(tmp_path / "run", timeout_s=3.0)
+    with client_losing_the_first_frame(tmp_path) as client:
         got = []
-        try:
-            client.cork()
-            client.post(P.Heartbeat(), got.append)
-            client.post(P.Heartbeat(), got.append)
-            client.uncork()
-            client.heartbeat()
-            client.settle()
-            assert len(got) == 2 and all(isinstance(g, KvdUnavailable) for g in got)
-        finally:
-            thread.join(5)
-            client.close()
+        client.cork()
+        client.post(P.Heartbeat(), got.append)
+        client.post(P.Heartbeat(), got.append)
+        client.uncork()
+        client.heartbeat()
+        client.settle()
+        assert len(got) == 2 and all(isinstance(g, KvdUnavailable) for g in got)
