@@ -18,8 +18,9 @@ shrunk toward the cell's (``PRIOR_STEPS`` steps of weight), and the predicted dr
 rate × (the batch's mean acceptance / the cell's). A new request starts at the cell's acceptance.
 
 Recovery: the losing arm is probed for ``probe_steps`` steps, as often as a probe budget allows: the wait
-before the next probe is the probe's expected cost (its steps × the fraction of a step the loser loses)
-over ``PROBE_BUDGET`` (1% of the cell's steps), between ``probe_every`` and ``probe_max`` steps. A
+before the next probe is the probe's expected cost (its steps × their length in winner's steps × the
+fraction of its rate the loser loses) over ``PROBE_BUDGET`` (1% of the cell's time), between
+``probe_every`` and ``probe_max`` steps. A
 near-tie is probed often (it is cheap and likely to flip), a clear loser rarely. (Until session 4 the wait
 doubled after each confirming probe; after two workloads where drafting lost, it had grown to hundreds of
 steps, and the third workload, where drafting won, ran out before the next probe.) Measurements age by
@@ -74,22 +75,30 @@ class Rate:
     tokens: float = 0.0
     seconds: float = 0.0
     seq_steps: float = 0.0
+    steps: float = 0.0
     samples: int = 0
 
     def add(self, tokens: int, seconds: float, sequences: int) -> None:
         self.tokens += tokens
         self.seconds += seconds
         self.seq_steps += sequences
+        self.steps += 1.0
         self.samples += 1
 
     def age(self, decay: float) -> None:
         self.tokens *= decay
         self.seconds *= decay
         self.seq_steps *= decay
+        self.steps *= decay
 
     @property
     def per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def step_s(self) -> float:
+        """Seconds per step of this arm (decayed like the rate)."""
+        return self.seconds / self.steps if self.steps > 0 else 0.0
 
     @property
     def per_seq_step(self) -> float:
@@ -214,10 +223,17 @@ class SpecGate:
         return None
 
     def _wait(self, cell: Cell, winner: bool) -> int:
-        """Measured steps until the probe after this one: its expected cost within the probe budget."""
-        win, lose = (cell.draft.per_s, cell.plain.per_s) if winner else (cell.plain.per_s, cell.draft.per_s)
-        loss = 1.0 - lose / win if win > 0 else 1.0
-        steps = ceil(self.probe_steps * max(0.0, loss) / self.probe_budget - 1e-9)   # 20.000001 is 20
+        """Measured steps until the probe after this one: its expected cost within the probe budget.
+
+        The cost is counted in time, not steps: a probe's steps last ``lose.step_s`` each and lose
+        ``loss`` of the winner's rate over that time, while the wait's steps last ``win.step_s``. So the
+        wait is probe_steps × (lose.step_s / win.step_s) × loss / budget steps of the winner. (Until
+        session 6 the step-length ratio was left out; on the H200 a drafting step at c ≥ 8 lasts 3-5 plain
+        steps, so a probe of drafting cost 3-5× its budget: ~3-5% of a resting cell, not 1%.)"""
+        win, lose = (cell.draft, cell.plain) if winner else (cell.plain, cell.draft)
+        loss = 1.0 - lose.per_s / win.per_s if win.per_s > 0 else 1.0
+        length = lose.step_s / win.step_s if win.step_s > 0 and lose.step_s > 0 else 1.0
+        steps = ceil(self.probe_steps * length * max(0.0, loss) / self.probe_budget - 1e-9)   # 20.000001 is 20
         return max(self.probe_every, min(self.probe_max, steps))
 
     def _cell(self, method: str, sequences: int) -> Cell:
