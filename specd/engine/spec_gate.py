@@ -14,8 +14,12 @@ emits are a property of the requests in it. One engine serves workloads whose dr
 different rates (on the H200, fixed γ = 7 ran at 1.46× plain decoding on extraction and 0.59× on creative
 writing at concurrency 1). So the cell's measured drafting rate is scaled, for each step, by the requests
 in the batch: each request that has drafted carries its own decayed record of tokens per drafting step,
-shrunk toward the cell's (``PRIOR_STEPS`` steps of weight), and the predicted drafting rate is the cell's
-rate × (the batch's mean acceptance / the cell's). A new request starts at the cell's acceptance.
+shrunk toward the cell's drafting requests (``PRIOR_STEPS`` steps of weight), and the predicted drafting
+rate is the cell's rate × (the batch's predicted tokens per sequence / the cell's measured ones), where a
+sequence that does not draft this step counts one token. A new request starts at the cell's acceptance.
+(Until session 6 the records, tokens per *drafting request*, were compared with the cell's tokens per
+*sequence*. For ngram, gated over the few requests it found a match for, that overrated every match by
+the share of the batch that found none: on the H200, ngram-gated drafted on at c = 32 at 0.57× plain.)
 
 Recovery: the losing arm is probed for ``probe_steps`` steps, as often as a probe budget allows: the wait
 before the next probe is the probe's expected cost (its steps × their length in winner's steps × the
@@ -76,20 +80,27 @@ class Rate:
     seconds: float = 0.0
     seq_steps: float = 0.0
     steps: float = 0.0
+    drafter_tokens: float = 0.0   # tokens emitted by the sequences that drafted (drafting arm only)
+    drafter_steps: float = 0.0    # their sequence-steps
     samples: int = 0
 
-    def add(self, tokens: int, seconds: float, sequences: int) -> None:
+    def add(self, tokens: int, seconds: float, sequences: int, drafters: tuple[int, int] | None = None) -> None:
         self.tokens += tokens
         self.seconds += seconds
         self.seq_steps += sequences
         self.steps += 1.0
         self.samples += 1
+        n, emitted = drafters if drafters is not None else (sequences, tokens)
+        self.drafter_steps += n
+        self.drafter_tokens += emitted
 
     def age(self, decay: float) -> None:
         self.tokens *= decay
         self.seconds *= decay
         self.seq_steps *= decay
         self.steps *= decay
+        self.drafter_tokens *= decay
+        self.drafter_steps *= decay
 
     @property
     def per_s(self) -> float:
@@ -103,6 +114,12 @@ class Rate:
     @property
     def per_seq_step(self) -> float:
         return self.tokens / self.seq_steps if self.seq_steps > 0 else 0.0
+
+    @property
+    def per_drafter_step(self) -> float:
+        """Tokens per drafting request per drafting step: the unit of a request's own record. It differs
+        from ``per_seq_step`` when only some of the batch drafts (ngram finds a match for a few)."""
+        return self.drafter_tokens / self.drafter_steps if self.drafter_steps > 0 else 0.0
 
 
 @dataclass
@@ -130,8 +147,9 @@ class Cell:
     resting_prior: bool = False   # started resting: a smaller bucket of the method had drafting lose
 
     def draft_rate(self, acceptance: float | None) -> float:
-        """The drafting rate predicted for a batch of this ``acceptance`` (tokens per request per drafting
-        step), from the cell's measured rate and acceptance."""
+        """The drafting rate predicted for a batch whose drafting step emits ``acceptance`` tokens per
+        sequence (all of the batch's sequences, drafting or not), from the cell's measured rate and
+        tokens per sequence."""
         measured = self.draft.per_seq_step
         if acceptance is None or measured <= 0:
             return self.draft.per_s
@@ -159,18 +177,21 @@ class SpecGate:
         self.probes = 0
 
     def acceptance(self, method: str, sequences: int, requests: list[Acceptance] | None) -> float | None:
-        """The batch's predicted tokens per request per drafting step: the mean over ``requests`` of each
-        one's own record shrunk toward the cell's (a new request is the cell's). None: no record."""
-        return self._acceptance(self._cell(method, sequences), requests)
+        """The batch's predicted tokens per sequence of a drafting step, when ``requests`` draft in a batch
+        of ``sequences``: each drafting request's own record shrunk toward the cell's drafting requests
+        (a new request is the cell's), and one token for each sequence that does not draft. None: no
+        record yet."""
+        return self._acceptance(self._cell(method, sequences), requests, sequences)
 
-    def _acceptance(self, cell: Cell, requests: list[Acceptance] | None) -> float | None:
+    def _acceptance(self, cell: Cell, requests: list[Acceptance] | None, sequences: int) -> float | None:
         if not requests:
             return None
-        prior = cell.draft.per_seq_step
+        prior = cell.draft.per_drafter_step
         if prior <= 0:
             return None
         k = self.prior_steps
-        return sum((r.tokens + k * prior) / (r.steps + k) for r in requests) / len(requests)
+        drafting = sum((r.tokens + k * prior) / (r.steps + k) for r in requests)
+        return (drafting + max(0, sequences - len(requests))) / max(sequences, len(requests))
 
     def should_draft(self, method: str, sequences: int, measured: bool = True,
                      requests: list[Acceptance] | None = None) -> bool:
@@ -183,7 +204,7 @@ class SpecGate:
         explore = self._exploring(cell)
         if explore is not None:
             return explore if measured else not cell.resting_prior
-        winner = cell.drafting_wins(self.margin, self._acceptance(cell, requests))
+        winner = cell.drafting_wins(self.margin, self._acceptance(cell, requests, sequences))
         if not measured:
             return winner
         if cell.probe_left:
@@ -251,16 +272,23 @@ class SpecGate:
                 return not cell.drafting_wins(self.margin)
         return False
 
-    def observe(self, method: str, sequences: int, drafted: bool, tokens: int, seconds: float) -> None:
+    def observe(self, method: str, sequences: int, drafted: bool, tokens: int, seconds: float,
+                drafters: tuple[int, int] | None = None) -> None:
         """A finished measured step: ``tokens`` emitted by the whole batch of ``sequences`` in ``seconds``
-        of wall time (drafting included), with ``method``'s scheduled requests drafting or resting."""
+        of wall time (drafting included), with ``method``'s scheduled requests drafting or resting.
+        ``drafters``: (how many of the sequences drafted, the tokens they emitted); None: all of them."""
         if tokens < 0 or not seconds > 0 or sequences < 1:
             raise GateError(f"a step emits ≥ 0 tokens in > 0 s for ≥ 1 sequence, got {tokens} in {seconds} "
                             f"for {sequences}")
+        if drafters is not None and not (0 <= drafters[0] <= sequences and 0 <= drafters[1] <= tokens):
+            raise GateError(f"drafters {drafters} do not fit a step of {sequences} sequences and {tokens} tokens")
         cell = self._cell(method, sequences)
         cell.draft.age(self.decay)
         cell.plain.age(self.decay)
-        (cell.draft if drafted else cell.plain).add(tokens, seconds, sequences)
+        if drafted:
+            cell.draft.add(tokens, seconds, sequences, drafters)
+        else:
+            cell.plain.add(tokens, seconds, sequences)
 
     def stats(self) -> dict[str, float | int]:
         """Flat, for engine stats and /metrics: per cell the measured tok/s of each arm, the samples, and

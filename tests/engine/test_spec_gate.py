@@ -116,6 +116,34 @@ def test_a_batch_drafts_by_its_own_requests_acceptance():
     assert not gate.should_draft("dspark", 4, measured=False, requests=good[:1] + new[:3])   # mean ~1.6
 
 
+def test_a_partly_drafting_batch_is_rated_per_sequence():
+    """ngram is gated over the few requests it found a match for. Regression (H200, session 6, run J):
+    their records (tokens per drafting request) were compared with the cell's tokens per sequence of the
+    whole batch, which overrated a match by the share of the batch that found none; ngram-gated drafted
+    on at c = 32 at 0.57× plain decoding."""
+    from specd.engine.spec_gate import Acceptance
+
+    gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0)
+    matched = []
+    for _ in range(4):
+        r = Acceptance()
+        for _ in range(6):
+            r.add(3)
+        matched.append(r)
+    for _ in range(10):     # 4 of 32 draft and emit 3 tokens each; the step takes twice a plain step
+        drafted = gate.should_draft("ngram", 32, requests=matched)
+        if drafted:
+            gate.observe("ngram", 32, True, 28 + 12, 2 * 32 / PLAIN_TOK_S, drafters=(4, 12))
+        else:
+            gate.observe("ngram", 32, False, 32, 32 / PLAIN_TOK_S)
+    cell = gate.cells[("ngram", 32)]
+    assert cell.draft.per_drafter_step == pytest.approx(3.0) and cell.draft.per_seq_step == pytest.approx(1.25)
+    assert gate.acceptance("ngram", 32, matched) == pytest.approx(1.25)     # (4 × 3 + 28 × 1) / 32
+    assert not gate.should_draft("ngram", 32, measured=False, requests=matched)   # 20 tok/ms-unit < 32: rest
+    with pytest.raises(GateError):
+        gate.observe("ngram", 32, True, 40, 0.01, drafters=(33, 12))
+
+
 def test_a_heavier_load_starts_resting_where_a_lighter_one_rests():
     gate = SpecGate(min_samples=3, probe_every=50, probe_steps=2)
     drive(gate, 20, draft_tok_s=500.0, sequences=2)                  # bucket 2: drafting lost
@@ -277,10 +305,13 @@ class ScriptedGate:
     """Drafts or rests as scripted (then drafts): the engine's side of a rest, without timing."""
 
     def __init__(self, arms):
-        self.arms = iter(arms)
+        self.arms = list(arms)
 
     def should_draft(self, method, sequences, measured=True, requests=None):
-        return next(self.arms, True)
+        """The next scripted arm; an unmeasured question (a prompt chunk's) reads it without using it."""
+        if not measured:
+            return self.arms[0] if self.arms else True
+        return self.arms.pop(0) if self.arms else True
 
     def probe_next(self, method, sequences):
         return False
@@ -316,6 +347,45 @@ def test_a_rest_keeps_the_context_and_stitches_the_features_after_it(engine):
     assert got == want
     assert gaps[0] == 0 and gaps[-1] >= 6                       # the rest's positions are missing: gapped
     assert seq.spec_verifications > 2                            # it drafted again after the rest
+
+
+@pytest.mark.parametrize("drafts_first", [True, False])
+def test_a_prompt_captures_features_only_where_its_cell_drafts(engine, drafts_first):
+    """A rest drops unabsorbed features, so a prompt whose first decode step would rest captures none
+    (on the H200 that capture was the scheduled row's whole loss where it rested: 2-5%)."""
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    want = run(engine, "none", max_tokens=12)["0"]
+    engine.spec_gate = ScriptedGate([drafts_first] * 3)
+    captures = []
+    real_run = engine.runner.run
+
+    def spy(batch, capture):
+        captures.append(tuple(capture))
+        return real_run(batch, capture)
+
+    engine.runner.run = spy
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        prompt = engine.tokenizer.encode(PROMPTS[0])
+        engine.add_request(Request("p", prompt, params, speculation="dspark"))
+        seq = engine._seqs["p"]
+        got = []
+        for out in engine.step():                          # the prefill
+            got += out.token_ids
+        feats = None if seq.draft_feats is None else len(seq.draft_feats)
+        while engine.has_work():
+            for out in engine.step():
+                got += out.token_ids
+    finally:
+        engine.runner.run = real_run
+        engine.spec_gate = SpecGate()
+    assert got == want
+    if drafts_first:
+        assert captures[0] and feats == len(prompt)       # the whole prompt's features, for the first draft
+    else:
+        assert captures[0] == () and feats is None        # a plain prefill: nothing captured, nothing kept
 
 
 class AnnouncingGate(ScriptedGate):
