@@ -21,6 +21,8 @@
 #   bash bench/gpu/session.sh idle         # one GPU: serve-plan gpu-agentic-idle only
 #   bash bench/gpu/session.sh closing      # GPU0: bench speedup (none/dspark/dspark-g7/ngram), then serve-plan
 #                                          #   gpu-zero-hit | GPU1: serve-plan gpu-agentic-idle (session 5's last call)
+#   bash bench/gpu/session.sh pair         # GPU0: bench speedup (${SPEED_ROWS}, ${SPEED_REPEATS:-2} repeats) |
+#                                          #   GPU1: serve-plan ${KV_PLAN:-gpu-mooncake} (session 6)
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
 # most 64 MiB with the working tree (~17 MB): the 491 MB GGUF goes in eleven 45 MB pieces, N=0..10, made with
@@ -271,6 +273,19 @@ PY
     plan_run 0 gpu-agentic-idle "$RES/idle/idle" /tmp/sp6 "${SERVE_BUDGET:-480}" serve-plan
     grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
     pack idle
+    ;;
+  pair)
+    mkdir -p "$RES/pair"
+    DRAFTERS=${SPEED_DRAFTERS-dspark=/tmp/dsp}
+    if [ -n "$DRAFTERS" ]; then unpack_drafter; fi
+    speedup_run 0 "$DRAFTERS" "${SPEED_ROWS:-none,dspark,ngram-gated}" "${SPEED_BUDGET:-280}" "$RES/pair/speedup" &
+    a=$!
+    plan_run "$(second_gpu)" "${KV_PLAN:-gpu-mooncake}" "$RES/pair/plan" /tmp/sp8 "${SERVE_BUDGET:-400}" serve-plan &
+    b=$!
+    wait $a; wait $b
+    tail -n 14 /tmp/logs/speedup.log
+    grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 12
+    pack pair
     ;;
   closing)
     mkdir -p "$RES/closing"

@@ -80,6 +80,6 @@ def test_plans_are_guarded(tmp_path):
 def test_every_bundled_plan_loads():
     """The GPU session script names these plans; a broken one would only fail on the device."""
     names = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "bench" / "plans").glob("*.json"))
-    assert {"gpu-all", "gpu-kv", "gpu-creative", "gpu-agentic", "gpu-agentic-idle", "gpu-zero-hit", "cpu-tiny"} <= set(names)
+    assert {"gpu-all", "gpu-kv", "gpu-creative", "gpu-agentic", "gpu-agentic-idle", "gpu-zero-hit", "gpu-mooncake", "cpu-tiny"} <= set(names)
     for name in names:
         assert load_plan(name)["name"] == name
