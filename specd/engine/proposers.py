@@ -24,7 +24,19 @@ class NgramProposer:
         self.max_tokens = drafter.config.gamma    # the longest proposal it can make (requests may ask for fewer)
 
     def propose(self, seqs, limits) -> list[Draft]:
-        return [Draft(self.drafter.propose(s.all_ids)[:k]) for s, k in zip(seqs, limits)]
+        """Each sequence's proposal from its own incremental index (specd/drafter/ngram_index.py: the
+        drafter's ``propose`` is the reference it matches), kept on the sequence."""
+        from specd.drafter.ngram_index import NgramIndex
+
+        cfg = self.drafter.config
+        drafts = []
+        for seq, k in zip(seqs, limits):
+            index = seq.ngram_index
+            if index is None:
+                index = seq.ngram_index = NgramIndex(cfg.ngram_max, cfg.gamma)
+            index.sync(seq.request.prompt_ids, seq.output_ids)
+            drafts.append(Draft(index.propose()[:k]))
+        return drafts
 
 
 class FeatureProposer:

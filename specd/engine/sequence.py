@@ -41,6 +41,7 @@ class Sequence:
     first_token_s: float | None = None
     draft_feats: torch.Tensor | None = None     # [n, d] fused target features not yet absorbed by the drafter
     draft_ctx: Any = None                       # the drafter's DraftContext: K/V of the absorbed positions
+    ngram_index: Any = None                     # prompt lookup's NgramIndex over all_ids (ngram requests only)
     num_draft_published: int = 0                # leading blocks of draft_ctx in kvd's draft group (or hit there)
     spec_verifications: int = 0                 # verify passes that carried drafts for this sequence
     spec_drafted: int = 0
