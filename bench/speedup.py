@@ -386,6 +386,10 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                     runs[row].append(r)
                     progress(f"{name} c={level} {row} rep {rep}: {r.throughput_tok_s:.1f} tok/s, tau {_num(r.tau)}")
             workloads[name][str(level)] = summarize_cell(runs, args.tolerance)
+            # the spec gate's cells after this cell (measured rates per arm, samples, drafting or resting):
+            # why a gated row drafted or rested, readable from the JSON of any run
+            workloads[name][str(level)]["gate"] = {k: v for k, v in engine.stats().items()
+                                                   if k.startswith("spec_gate_")}
     profiles.write()
     return {"rows": rows, "skipped_rows": skipped, "cut": cut,
             "row_settings": {row: row_fields(row, cap) for row in rows}, "workloads": workloads,

@@ -26,7 +26,7 @@ from specd.engine.block_source import OutOfBlocks
 from specd.engine.proposers import load_proposer
 from specd.engine.scheduler import ScheduledSeq, Scheduler
 from specd.engine.speculation import METHODS, Draft, verify
-from specd.engine.spec_gate import SpecGate
+from specd.engine.spec_gate import Drafters, SpecGate
 from specd.engine.spec_scheduler import SpsProfile, calibrate, profile_points, schedule_verify
 from specd.engine.sequence import Sequence, SeqStatus
 from specd.loader import load_model, resolve_device, resolve_dtype
@@ -264,9 +264,11 @@ class SpecEngine:
         if self.spec_gate is None or profiled or not self._pure_decode(batch):
             return
         tokens = sum(emitted.values())
+        drafts = {id(s.seq): s.num_draft for s in batch}
         for method, drafted in arms.items():
             seqs = drafting.get(method, [])
-            drafters = (len(seqs), sum(emitted.get(id(s), 1) for s in seqs)) if drafted else None
+            drafters = Drafters(len(seqs), sum(emitted.get(id(s), 1) for s in seqs),
+                                sum(drafts.get(id(s), 0) for s in seqs)) if drafted else None
             self.spec_gate.observe(method, len(batch), drafted, tokens, seconds, drafters)
 
     @staticmethod
@@ -390,20 +392,23 @@ class SpecEngine:
         A resting request's draft is dropped. Lossless: ngram's drafts are a deterministic function of
         the context, and whether one is verified changes no output distribution."""
         found = [s for s, d in zip(group, drafts) if d.tokens]
-        resting = {id(s) for _, members in self._gate_rests(batch, method, proposer, found) for s in members}
+        lengths = {id(s): len(d.tokens) for s, d in zip(group, drafts) if d.tokens}
+        resting = {id(s) for _, members in self._gate_rests(batch, method, proposer, found, lengths) for s in members}
         return [d.truncated(0) if id(s) in resting else d for s, d in zip(group, drafts)]
 
-    def _gate_rests(self, batch: list[ScheduledSeq], method: str, proposer,
-                    candidates: list[ScheduledSeq]) -> list[tuple[str, list[ScheduledSeq]]]:
+    def _gate_rests(self, batch: list[ScheduledSeq], method: str, proposer, candidates: list[ScheduledSeq],
+                    lengths: dict[int, int] | None = None) -> list[tuple[str, list[ScheduledSeq]]]:
         """Ask the gate once per gate key about the gated requests among ``candidates``; the keys it rests,
-        with their requests. The ones that draft go on the acceptance records (``_gate_drafting``)."""
+        with their requests. The ones that draft go on the acceptance records (``_gate_drafting``).
+        ``lengths``: each candidate's draft length, when proposed before the gate (the tokens to verify)."""
         keyed: dict[str, list[ScheduledSeq]] = {}
         for sched in candidates:
             if self._gated(proposer, sched.seq):
                 keyed.setdefault(self._gate_key(method, sched.seq), []).append(sched)
         rests = []
         for key, members in keyed.items():
-            if not self._gate_drafts(batch, key, members):
+            verify = None if lengths is None else sum(lengths[id(s)] for s in members)
+            if not self._gate_drafts(batch, key, members, verify):
                 rests.append((key, members))
             elif self._gate_arms.get(key):          # the gate is on and chose to draft
                 self._gate_drafting.setdefault(key, []).extend(s.seq for s in members)
@@ -414,7 +419,8 @@ class SpecEngine:
         (an underscore: the key ends up in Prometheus metric names)."""
         return f"{method}_gated" if self._schedule_of(seq) == "gated" else method
 
-    def _gate_drafts(self, batch: list[ScheduledSeq], method: str, gated: list[ScheduledSeq]) -> bool:
+    def _gate_drafts(self, batch: list[ScheduledSeq], method: str, gated: list[ScheduledSeq],
+                     verify: int | None = None) -> bool:
         """The measured pre-draft gate (specd/engine/spec_gate.py): do the ``gated`` requests of gate key
         ``method`` draft this step? Confidence-scheduled requests of feature drafters with a confidence
         head and requests on the ``gated`` schedule are gated; ``fixed`` requests always draft (their γ is
@@ -424,7 +430,7 @@ class SpecEngine:
         if self.spec_gate is None or (self.sps is not None and not self._track_overhead):
             return True
         drafting = self.spec_gate.should_draft(method, len(batch), measured=self._pure_decode(batch),
-                                               requests=[s.seq.gate_acceptance for s in gated])
+                                               requests=[s.seq.gate_acceptance for s in gated], verify=verify)
         self._gate_arms[method] = drafting
         self._counters["spec_paused_steps_total"] += not drafting
         return drafting

@@ -70,6 +70,16 @@ def load_bucket(sequences: int) -> int:
     return 1 << (max(1, sequences).bit_length() - 1)
 
 
+@dataclass(frozen=True)
+class Drafters:
+    """The drafting side of a measured drafting step: how many sequences drafted, the tokens they
+    emitted, and the draft tokens verified (0: not reported)."""
+
+    count: int
+    emitted: int
+    verified: int = 0
+
+
 @dataclass
 class Rate:
     """Exponentially decayed sums of emitted tokens, seconds and sequence-steps: the rate is tokens over
@@ -82,17 +92,19 @@ class Rate:
     steps: float = 0.0
     drafter_tokens: float = 0.0   # tokens emitted by the sequences that drafted (drafting arm only)
     drafter_steps: float = 0.0    # their sequence-steps
+    verified: float = 0.0         # draft tokens verified (drafting arm only; 0 when not reported)
     samples: int = 0
 
-    def add(self, tokens: int, seconds: float, sequences: int, drafters: tuple[int, int] | None = None) -> None:
+    def add(self, tokens: int, seconds: float, sequences: int, drafters: Drafters | None = None) -> None:
         self.tokens += tokens
         self.seconds += seconds
         self.seq_steps += sequences
         self.steps += 1.0
         self.samples += 1
-        n, emitted = drafters if drafters is not None else (sequences, tokens)
-        self.drafter_steps += n
-        self.drafter_tokens += emitted
+        d = drafters if drafters is not None else Drafters(sequences, tokens)
+        self.drafter_steps += d.count
+        self.drafter_tokens += d.emitted
+        self.verified += d.verified
 
     def age(self, decay: float) -> None:
         self.tokens *= decay
@@ -101,6 +113,7 @@ class Rate:
         self.steps *= decay
         self.drafter_tokens *= decay
         self.drafter_steps *= decay
+        self.verified *= decay
 
     @property
     def per_s(self) -> float:
@@ -146,17 +159,33 @@ class Cell:
     probe_arm: bool = False   # the arm the current probe runs (fixed when it starts)
     resting_prior: bool = False   # started resting: a smaller bucket of the method had drafting lose
 
-    def draft_rate(self, acceptance: float | None) -> float:
+    def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:
         """The drafting rate predicted for a batch whose drafting step emits ``acceptance`` tokens per
-        sequence (all of the batch's sequences, drafting or not), from the cell's measured rate and
-        tokens per sequence."""
+        sequence (all of the batch's sequences, drafting or not) and verifies ``verify`` draft tokens,
+        from the cell's measured rate, tokens per sequence and step times."""
+        rate = self.draft.per_s
         measured = self.draft.per_seq_step
-        if acceptance is None or measured <= 0:
-            return self.draft.per_s
-        return self.draft.per_s * acceptance / measured
+        if acceptance is not None and measured > 0:
+            rate *= acceptance / measured
+        if verify is not None:
+            rate *= self._time_scale(verify)
+        return rate
 
-    def drafting_wins(self, margin: float = 0.0, acceptance: float | None = None) -> bool:
-        return self.draft_rate(acceptance) > self.plain.per_s * (1.0 + margin)
+    def _time_scale(self, verify: int) -> float:
+        """The cell's drafting step time over the one predicted for ``verify`` draft tokens: a line
+        through the two measured points, a plain step (no draft token) and the mean drafting step
+        (its mean draft tokens). Why: the drafting rate was measured on whichever requests drafted
+        before; a batch where ngram matched for every request verifies several times the tokens of one
+        where it matched for a few (H200, run L: ngram-gated drafted every step of extraction at c = 32,
+        0.81× plain decoding, as fixed-γ ngram did). 1.0 when either point is missing."""
+        mean = self.draft.verified / self.draft.steps if self.draft.steps > 0 else 0.0
+        t_draft, t_plain = self.draft.step_s, self.plain.step_s
+        if mean <= 0 or t_plain <= 0 or t_draft <= t_plain:
+            return 1.0
+        return t_draft / (t_plain + (t_draft - t_plain) * max(0, verify) / mean)
+
+    def drafting_wins(self, margin: float = 0.0, acceptance: float | None = None, verify: int | None = None) -> bool:
+        return self.draft_rate(acceptance, verify) > self.plain.per_s * (1.0 + margin)
 
 
 class SpecGate:
@@ -194,17 +223,18 @@ class SpecGate:
         return (drafting + max(0, sequences - len(requests))) / max(sequences, len(requests))
 
     def should_draft(self, method: str, sequences: int, measured: bool = True,
-                     requests: list[Acceptance] | None = None) -> bool:
+                     requests: list[Acceptance] | None = None, verify: int | None = None) -> bool:
         """Does this step draft for ``method``'s scheduled requests, in a batch of ``sequences``?
 
         ``measured``: the step will be reported to ``observe`` (a pure decode step). Only such steps
         explore, probe and advance the probe clock; any other step runs the current winner (drafting while
-        the cell is unexplored). ``requests``: the acceptance records of the requests that would draft."""
+        the cell is unexplored). ``requests``: the acceptance records of the requests that would draft;
+        ``verify``: the draft tokens they would verify, when known before deciding (ngram)."""
         cell = self._cell(method, sequences)
         explore = self._exploring(cell)
         if explore is not None:
             return explore if measured else not cell.resting_prior
-        winner = cell.drafting_wins(self.margin, self._acceptance(cell, requests, sequences))
+        winner = cell.drafting_wins(self.margin, self._acceptance(cell, requests, sequences), verify)
         if not measured:
             return winner
         if cell.probe_left:
@@ -273,14 +303,15 @@ class SpecGate:
         return False
 
     def observe(self, method: str, sequences: int, drafted: bool, tokens: int, seconds: float,
-                drafters: tuple[int, int] | None = None) -> None:
+                drafters: Drafters | None = None) -> None:
         """A finished measured step: ``tokens`` emitted by the whole batch of ``sequences`` in ``seconds``
         of wall time (drafting included), with ``method``'s scheduled requests drafting or resting.
-        ``drafters``: (how many of the sequences drafted, the tokens they emitted); None: all of them."""
+        ``drafters``: the drafting side of a drafting step; None: every sequence drafted."""
         if tokens < 0 or not seconds > 0 or sequences < 1:
             raise GateError(f"a step emits ≥ 0 tokens in > 0 s for ≥ 1 sequence, got {tokens} in {seconds} "
                             f"for {sequences}")
-        if drafters is not None and not (0 <= drafters[0] <= sequences and 0 <= drafters[1] <= tokens):
+        if drafters is not None and not (0 <= drafters.count <= sequences and 0 <= drafters.emitted <= tokens
+                                         and drafters.verified >= 0):
             raise GateError(f"drafters {drafters} do not fit a step of {sequences} sequences and {tokens} tokens")
         cell = self._cell(method, sequences)
         cell.draft.age(self.decay)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specd.engine.spec_gate import GateError, SpecGate, load_bucket
+from specd.engine.spec_gate import Drafters, GateError, SpecGate, load_bucket
 
 torch.set_num_threads(1)
 
@@ -133,7 +133,7 @@ def test_a_partly_drafting_batch_is_rated_per_sequence():
     for _ in range(10):     # 4 of 32 draft and emit 3 tokens each; the step takes twice a plain step
         drafted = gate.should_draft("ngram", 32, requests=matched)
         if drafted:
-            gate.observe("ngram", 32, True, 28 + 12, 2 * 32 / PLAIN_TOK_S, drafters=(4, 12))
+            gate.observe("ngram", 32, True, 28 + 12, 2 * 32 / PLAIN_TOK_S, drafters=Drafters(4, 12, 28))
         else:
             gate.observe("ngram", 32, False, 32, 32 / PLAIN_TOK_S)
     cell = gate.cells[("ngram", 32)]
@@ -141,7 +141,34 @@ def test_a_partly_drafting_batch_is_rated_per_sequence():
     assert gate.acceptance("ngram", 32, matched) == pytest.approx(1.25)     # (4 × 3 + 28 × 1) / 32
     assert not gate.should_draft("ngram", 32, measured=False, requests=matched)   # 20 tok/ms-unit < 32: rest
     with pytest.raises(GateError):
-        gate.observe("ngram", 32, True, 40, 0.01, drafters=(33, 12))
+        gate.observe("ngram", 32, True, 40, 0.01, drafters=Drafters(33, 12))
+
+
+def test_a_step_that_verifies_more_drafts_than_the_measured_ones_is_priced_longer():
+    """Regression (H200, run L): the drafting rate was measured on steps where ngram matched for 4 of
+    32 requests; a step where all 32 match verifies 8× the draft tokens. Its time is read off the line
+    through a plain step (0 draft tokens) and the mean drafting step (28)."""
+    from specd.engine.spec_gate import Acceptance
+
+    gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0)
+    for _ in range(10):     # 4 of 32 draft (28 draft tokens) and emit 2 each, in 1.28 plain steps: 28 < 32
+        drafted = gate.should_draft("ngram", 32, verify=28)
+        if drafted:
+            gate.observe("ngram", 32, True, 28 + 8, 1.28 * 32 / PLAIN_TOK_S, drafters=Drafters(4, 8, 28))
+        else:
+            gate.observe("ngram", 32, False, 32, 32 / PLAIN_TOK_S)
+    good = []
+    for _ in range(32):     # requests that have shown 3 tokens per drafting step
+        r = Acceptance()
+        for _ in range(20):
+            r.add(3)
+        good.append(r)
+    cell = gate.cells[("ngram", 32)]
+    acceptance = gate.acceptance("ngram", 32, good)
+    # all 32 match: ~96 tokens in 1 + 0.28 × 224 / 28 = 3.24 plain steps: ~29.6 per plain step, below 32
+    assert cell.draft_rate(acceptance, 224) == pytest.approx(acceptance * 32 / 3.24 * PLAIN_TOK_S / 32)
+    assert not gate.should_draft("ngram", 32, measured=False, requests=good, verify=224)
+    assert gate.should_draft("ngram", 32, measured=False, requests=good)    # unpriced: the old overrating
 
 
 def test_a_heavier_load_starts_resting_where_a_lighter_one_rests():
@@ -307,7 +334,7 @@ class ScriptedGate:
     def __init__(self, arms):
         self.arms = list(arms)
 
-    def should_draft(self, method, sequences, measured=True, requests=None):
+    def should_draft(self, method, sequences, measured=True, requests=None, verify=None):
         """The next scripted arm; an unmeasured question (a prompt chunk's) reads it without using it."""
         if not measured:
             return self.arms[0] if self.arms else True
@@ -481,7 +508,7 @@ class RecordingGate(ScriptedGate):
         super().__init__([])
         self.draft, self.asked = draft, []
 
-    def should_draft(self, method, sequences, measured=True, requests=None):
+    def should_draft(self, method, sequences, measured=True, requests=None, verify=None):
         self.asked.append(len(requests or []))
         return self.draft
 
