@@ -19,19 +19,25 @@ from typing import Sequence
 
 
 class NgramIndex:
-    def __init__(self, ngram_max: int, gamma: int):
-        if ngram_max < 1 or gamma < 1:
-            raise ValueError(f"ngram_max and gamma must be ≥ 1, got {ngram_max}, {gamma}")
-        self.n_max, self.gamma = ngram_max, gamma
+    """Keys are exact integers, not tuples: an n-gram's tokens packed ``bits`` apart (token ids are
+    below the vocabulary size), so the dicts hold no container the garbage collector must track, and
+    a prompt is registered a whole n at a time (one list and one C-level ``dict.update`` per n: 32
+    prompts of 700 tokens in ~7 ms instead of ~14 ms with a tuple per n-gram, on the CPU machine)."""
+
+    def __init__(self, ngram_max: int, gamma: int, vocab_size: int = 1 << 18):
+        if ngram_max < 1 or gamma < 1 or vocab_size < 1:
+            raise ValueError(f"ngram_max, gamma and vocab_size must be ≥ 1, got {ngram_max}, {gamma}, {vocab_size}")
+        self.n_max, self.gamma, self.vocab_size = ngram_max, gamma, vocab_size
+        self.bits = max(1, (vocab_size - 1).bit_length())
         self.tokens: list[int] = []
-        self.last: list[dict[tuple[int, ...], int]] = [{} for _ in range(ngram_max + 1)]
+        self.last: list[dict[int, int]] = [{} for _ in range(ngram_max + 1)]
         self.registered = 0          # windows with exclusive end e ≤ registered are in ``last``
 
     def sync(self, prompt: Sequence[int], output: Sequence[int]) -> None:
         """Catch up with the history ``prompt + output`` (it only grows; a shorter one starts over)."""
         have, total = len(self.tokens), len(prompt) + len(output)
         if total < have:
-            self.__init__(self.n_max, self.gamma)
+            self.__init__(self.n_max, self.gamma, self.vocab_size)
             have = 0
         if have < len(prompt):
             self.tokens.extend(prompt[have:])
@@ -41,17 +47,36 @@ class NgramIndex:
         self._register(len(self.tokens) - 1)
 
     def _register(self, upto: int) -> None:
-        tokens, last = self.tokens, self.last
-        for e in range(self.registered + 1, upto + 1):
-            for n in range(1, min(self.n_max, e) + 1):
-                last[n][tuple(tokens[e - n:e])] = e
+        """Register the windows ending at e = registered + 1 .. ``upto``: the first n_max − 1 ends one
+        by one (not every n fits before them), the rest a whole n at a time, where the key of the
+        n-gram ending at e is the (n − 1)-gram's with tokens[e − n] packed above it."""
+        start = self.registered + 1
+        tokens, last, bits = self.tokens, self.last, self.bits
+        for e in range(start, min(upto, self.n_max - 1) + 1):
+            key = 0
+            for n in range(1, e + 1):
+                key |= tokens[e - n] << (bits * (n - 1))
+                last[n][key] = e
+        lo = max(start, self.n_max)
+        if lo <= upto:
+            ends = range(lo, upto + 1)
+            keys = tokens[lo - 1:upto]
+            last[1].update(zip(keys, ends))
+            for n in range(2, self.n_max + 1):
+                shift = bits * (n - 1)
+                keys = [k | (t << shift) for k, t in zip(keys, tokens[lo - n:upto - n + 1])]
+                last[n].update(zip(keys, ends))
         self.registered = max(self.registered, upto)
 
     def propose(self) -> list[int]:
         """Up to γ tokens continuing the most recent earlier occurrence of the longest matching suffix."""
-        tokens, size = self.tokens, len(self.tokens)
-        for n in range(min(self.n_max, size - 1), 0, -1):
-            e = self.last[n].get(tuple(tokens[size - n:]))
+        tokens, size, bits = self.tokens, len(self.tokens), self.bits
+        keys, key = [], 0
+        for n in range(1, min(self.n_max, size - 1) + 1):      # the suffix's keys, shortest first
+            key |= tokens[size - n] << (bits * (n - 1))
+            keys.append(key)
+        for n in range(len(keys), 0, -1):
+            e = self.last[n].get(keys[n - 1])
             if e is not None:
                 return tokens[e:e + self.gamma]
         return []

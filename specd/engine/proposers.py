@@ -33,7 +33,7 @@ class NgramProposer:
         for seq, k in zip(seqs, limits):
             index = seq.ngram_index
             if index is None:
-                index = seq.ngram_index = NgramIndex(cfg.ngram_max, cfg.gamma)
+                index = seq.ngram_index = NgramIndex(cfg.ngram_max, cfg.gamma, cfg.vocab_size)
             index.sync(seq.request.prompt_ids, seq.output_ids)
             drafts.append(Draft(index.propose()[:k]))
         return drafts
