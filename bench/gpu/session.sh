@@ -25,8 +25,10 @@
 #                                          #   GPU1: serve-plan ${KV_PLAN:-gpu-mooncake} (session 6)
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
-# most 64 MiB with the working tree (~17 MB): the 491 MB GGUF goes in eleven 45 MB pieces, N=0..10, made with
-# `split -b 45000000 -d -a 2 GGUF .carry/q.`;
+# most 64 MiB with the working tree (~32 MB since session 6's raw results): the 491 MB GGUF goes in
+# seventeen 30 MB pieces, N=0..16, made with `split -b 30000000 -d -a 2 GGUF .carry/q30/q.` and appended
+# with `PIECES=.carry/q30 bash bench/gpu/session.sh piece N` carrying `.carry/q30/q.NN` (until session 5:
+# eleven 45 MB pieces in .carry/q.NN, the default PIECES);
 # and at most 8 files come back: each phase packs its results into one tarball under $OUT.
 # Run it from a clean export of a commit, so the results name the code that made them: `bash bench/gpu/export.sh`
 # here (writes .carry/clean and its COMMIT file, read by bench/provenance.py), carry .carry/clean, and on the
@@ -81,7 +83,8 @@ plan_run() {  # plan_run GPU PLAN OUT WORK BUDGET_S LOG: one serve-plan, its log
 case "${1:-}" in
   piece)
     n=$(printf "%02d" "$2")
-    if [ "$2" = 0 ]; then cat ".carry/q.$n" > "$MODEL"; else cat ".carry/q.$n" >> "$MODEL"; fi
+    P=${PIECES:-.carry}
+    if [ "$2" = 0 ]; then cat "$P/q.$n" > "$MODEL"; else cat "$P/q.$n" >> "$MODEL"; fi
     ls -la "$MODEL"
     if [ -n "$SHA" ]; then echo "$SHA  $MODEL" | sha256sum -c - 2>/dev/null || true; fi
     ;;
