@@ -27,6 +27,19 @@ def drive(gate: SpecGate, steps: int, draft_tok_s: float, sequences: int = 4, me
     return arms
 
 
+def records(count: int, tokens: int, steps: int) -> list:
+    """``count`` requests' acceptance records, each of ``steps`` drafting steps emitting ``tokens``."""
+    from specd.engine.spec_gate import Acceptance
+
+    out = []
+    for _ in range(count):
+        r = Acceptance()
+        for _ in range(steps):
+            r.add(tokens)
+        out.append(r)
+    return out
+
+
 def test_load_buckets_are_powers_of_two():
     assert [load_bucket(n) for n in (0, 1, 2, 3, 4, 7, 8, 31, 32)] == [1, 1, 2, 2, 4, 4, 8, 16, 32]
 
@@ -105,12 +118,8 @@ def test_a_batch_drafts_by_its_own_requests_acceptance():
     assert gate.stats()["spec_gate_dspark_b4_draft_acceptance"] == pytest.approx(1.2)
     new = [Acceptance() for _ in range(4)]
     assert not gate.should_draft("dspark", 4, measured=False, requests=new)       # the cell's 1.2: rest
-    good = []
-    for _ in range(4):
-        r = Acceptance()
-        for _ in range(6):
-            r.add(3)
-        good.append(r)
+    good = records(4, 3, 6)
+    r = good[0]
     assert gate.acceptance("dspark", 4, good) == pytest.approx((3 * r.steps + 2 * 1.2) / (r.steps + 2))
     assert gate.should_draft("dspark", 4, measured=False, requests=good)          # ~2.6 > 2 × 1.03: draft
     assert not gate.should_draft("dspark", 4, measured=False, requests=good[:1] + new[:3])   # mean ~1.6
@@ -121,15 +130,8 @@ def test_a_partly_drafting_batch_is_rated_per_sequence():
     their records (tokens per drafting request) were compared with the cell's tokens per sequence of the
     whole batch, which overrated a match by the share of the batch that found none; ngram-gated drafted
     on at c = 32 at 0.57× plain decoding."""
-    from specd.engine.spec_gate import Acceptance
-
     gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0)
-    matched = []
-    for _ in range(4):
-        r = Acceptance()
-        for _ in range(6):
-            r.add(3)
-        matched.append(r)
+    matched = records(4, 3, 6)
     for _ in range(10):     # 4 of 32 draft and emit 3 tokens each; the step takes twice a plain step
         drafted = gate.should_draft("ngram", 32, requests=matched)
         if drafted:
@@ -148,8 +150,6 @@ def test_a_step_that_verifies_more_drafts_than_the_measured_ones_is_priced_longe
     """Regression (H200, run L): the drafting rate was measured on steps where ngram matched for 4 of
     32 requests; a step where all 32 match verifies 8× the draft tokens. Its time is read off the line
     through a plain step (0 draft tokens) and the mean drafting step (28)."""
-    from specd.engine.spec_gate import Acceptance
-
     gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0)
     for _ in range(10):     # 4 of 32 draft (28 draft tokens) and emit 2 each, in 1.28 plain steps: 28 < 32
         drafted = gate.should_draft("ngram", 32, verify=28)
@@ -157,12 +157,7 @@ def test_a_step_that_verifies_more_drafts_than_the_measured_ones_is_priced_longe
             gate.observe("ngram", 32, True, 28 + 8, 1.28 * 32 / PLAIN_TOK_S, drafters=Drafters(4, 8, 28))
         else:
             gate.observe("ngram", 32, False, 32, 32 / PLAIN_TOK_S)
-    good = []
-    for _ in range(32):     # requests that have shown 3 tokens per drafting step
-        r = Acceptance()
-        for _ in range(20):
-            r.add(3)
-        good.append(r)
+    good = records(32, 3, 20)     # requests that have shown 3 tokens per drafting step
     cell = gate.cells[("ngram", 32)]
     acceptance = gate.acceptance("ngram", 32, good)
     # all 32 match: ~96 tokens in 1 + 0.28 × 224 / 28 = 3.24 plain steps: ~29.6 per plain step, below 32

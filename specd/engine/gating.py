@@ -1,0 +1,159 @@
+"""The engine's side of the measured pre-draft gate (specd/engine/spec_gate.py): which gated requests
+draft this step, which rest, what a finished step reports.
+
+Why a file of its own: the gate decides per (method, load) cell from measured steps, and the engine's
+part of it (asking before or after a proposer runs, resting prompts and decoders, recording each
+request's acceptance, reporting the step) had grown to a third of engine.py. ``GateSteps`` is mixed into
+``SpecEngine``; it reads the engine's ``spec_gate``, ``sps``/``_track_overhead``, ``_counters`` and the
+per-step state initialised in ``SpecEngine.__init__`` (``_gate_arms``, ``_resting``, ``_gate_drafting``,
+``_profiled``), and calls its ``_method``, ``_proposer``, ``_schedule_of`` and ``_wants_confidence``.
+docs/design/speculation.md ("Measured pre-draft gate") says what each rule is for and what it measured.
+"""
+from __future__ import annotations
+
+from specd.engine.scheduler import ScheduledSeq
+from specd.engine.sequence import Sequence
+from specd.engine.spec_gate import Drafters
+from specd.engine.speculation import Draft
+
+
+class GateSteps:
+    def _observe_gate(self, batch: list[ScheduledSeq], emitted: dict[int, int], seconds: float) -> None:
+        """Report a finished pure decode step to the gate, under each gated method's arm. A step with
+        prompt chunks, or one that measured the SPS profile, says nothing about drafting."""
+        arms, self._gate_arms = self._gate_arms, {}
+        self._resting = set()
+        drafting, self._gate_drafting = self._gate_drafting, {}
+        for seqs in drafting.values():   # each gated request's own acceptance: tokens this drafting step emitted
+            for seq in seqs:
+                seq.gate_acceptance.add(emitted.get(id(seq), 1))
+        profiled, self._profiled = self._profiled, False
+        if self.spec_gate is None or profiled or not self._pure_decode(batch):
+            return
+        tokens = sum(emitted.values())
+        drafts = {id(s.seq): s.num_draft for s in batch}
+        for method, drafted in arms.items():
+            seqs = drafting.get(method, [])
+            drafters = Drafters(len(seqs), sum(emitted.get(id(s), 1) for s in seqs),
+                                sum(drafts.get(id(s), 0) for s in seqs)) if drafted else None
+            self.spec_gate.observe(method, len(batch), drafted, tokens, seconds, drafters)
+
+    @staticmethod
+    def _pure_decode(batch: list[ScheduledSeq]) -> bool:
+        return all(s.samples and s.num_tokens == 1 for s in batch)
+
+    def _gate_group(self, batch: list[ScheduledSeq], method: str, proposer,
+                    group: list[ScheduledSeq]) -> list[ScheduledSeq]:
+        """``group`` minus the requests the measured gate rests this step. Gate cells are per method and
+        schedule (``_gate_key``): a confidence-scheduled step and a fixed-γ one cost differently."""
+        resting: set[int] = set()
+        for key, members in self._gate_rests(batch, method, proposer, group):
+            if not self.spec_gate.probe_next(key, len(batch)):
+                self._rest([s.seq for s in members])
+            else:                # capture this step's features: the probe drafts from a fresh context
+                self._gate_arms.pop(key, None)      # and the capture's time is no resting sample
+            resting.update(id(s) for s in members)
+        return [s for s in group if id(s) not in resting] if resting else group
+
+    def _rest_prompts(self, batch: list[ScheduledSeq]) -> None:
+        """Prompt chunks of gated requests capture no features where the gate rests their method at this
+        load (and no probe is announced). Features wait in ``draft_feats`` until a proposal absorbs them,
+        and a rest drops them (``_rest``), so a request that rests from its first decode step captured
+        and fused its whole prompt for nothing. On the H200 (run J) that waste was the scheduled row's
+        whole loss where the gate rested every step: 2-5% of throughput, the most on the longest prompts
+        (knowledge, c = 32: 7.83 against 7.39 ms per step, no verification). Lossless: the features only
+        feed drafts, and the answer depends on earlier steps' measurements only."""
+        if self.spec_gate is None or (self.sps is not None and not self._track_overhead):
+            return
+        for sched in batch:
+            seq = sched.seq
+            if sched.samples and sched.num_tokens == 1:
+                continue                              # decoding: gated in _add_drafts
+            method = self._method(seq)
+            if method in ("none", "ngram") or not self._gated(self._proposer(method), seq):
+                continue
+            key = self._gate_key(method, seq)
+            if (not self.spec_gate.should_draft(key, len(batch), measured=False)
+                    and not self.spec_gate.probe_next(key, len(batch))):
+                self._rest([seq])
+
+    def _gate_found(self, batch: list[ScheduledSeq], method: str, proposer, group: list[ScheduledSeq],
+                    drafts: list[Draft]) -> list[Draft]:
+        """The gate for a proposer that costs nothing to ask (ngram: a host lookup), decided after it
+        proposed, over the requests that got a draft: only verifying costs, and a step where ngram found
+        nothing is a plain step whatever the gate says. Their acceptance records then count steps with
+        a draft, so a request copying from its prompt is not rated by the steps between its copies
+        (H200, run I: gated before proposing, ngram kept 1.09× of its 1.63× on extraction at c = 1).
+        A resting request's draft is dropped. Lossless: ngram's drafts are a deterministic function of
+        the context, and whether one is verified changes no output distribution."""
+        found = [s for s, d in zip(group, drafts) if d.tokens]
+        lengths = {id(s): len(d.tokens) for s, d in zip(group, drafts) if d.tokens}
+        resting = {id(s) for _, members in self._gate_rests(batch, method, proposer, found, lengths) for s in members}
+        return [d.truncated(0) if id(s) in resting else d for s, d in zip(group, drafts)]
+
+    def _gate_rests(self, batch: list[ScheduledSeq], method: str, proposer, candidates: list[ScheduledSeq],
+                    lengths: dict[int, int] | None = None) -> list[tuple[str, list[ScheduledSeq]]]:
+        """Ask the gate once per gate key about the gated requests among ``candidates``; the keys it rests,
+        with their requests. The ones that draft go on the acceptance records (``_gate_drafting``).
+        ``lengths``: each candidate's draft length, when proposed before the gate (the tokens to verify)."""
+        keyed: dict[str, list[ScheduledSeq]] = {}
+        for sched in candidates:
+            if self._gated(proposer, sched.seq):
+                keyed.setdefault(self._gate_key(method, sched.seq), []).append(sched)
+        rests = []
+        for key, members in keyed.items():
+            verify = None if lengths is None else sum(lengths[id(s)] for s in members)
+            if not self._gate_drafts(batch, key, members, verify):
+                rests.append((key, members))
+            elif self._gate_arms.get(key):          # the gate is on and chose to draft
+                self._gate_drafting.setdefault(key, []).extend(s.seq for s in members)
+        return rests
+
+    def _gate_key(self, method: str, seq: Sequence) -> str:
+        """The gate cell family of ``seq``: its method, with ``_gated`` for the fixed-γ gated schedule
+        (an underscore: the key ends up in Prometheus metric names)."""
+        return f"{method}_gated" if self._schedule_of(seq) == "gated" else method
+
+    def _gate_drafts(self, batch: list[ScheduledSeq], method: str, gated: list[ScheduledSeq],
+                     verify: int | None = None) -> bool:
+        """The measured pre-draft gate (specd/engine/spec_gate.py): do the ``gated`` requests of gate key
+        ``method`` draft this step? Confidence-scheduled requests of feature drafters with a confidence
+        head and requests on the ``gated`` schedule are gated; ``fixed`` requests always draft (their γ is
+        what was asked for). A profile injected into ``self.sps`` (tests pinning the scheduler's decisions)
+        keeps the gate off, as it keeps the overhead average off. Lossless: the answer depends on earlier steps' measured rates and acceptance only,
+        never on this step's drafts."""
+        if self.spec_gate is None or (self.sps is not None and not self._track_overhead):
+            return True
+        drafting = self.spec_gate.should_draft(method, len(batch), measured=self._pure_decode(batch),
+                                               requests=[s.seq.gate_acceptance for s in gated], verify=verify)
+        self._gate_arms[method] = drafting
+        self._counters["spec_paused_steps_total"] += not drafting
+        return drafting
+
+    def _rest(self, seqs: list[Sequence]) -> None:
+        """A resting sequence captures no target features, so a step where all of them rest is exactly a
+        plain decode step (on CUDA: the plain decode graph). Its unabsorbed features are dropped; its
+        drafter context is kept, and the features after the rest are appended behind it (``_stitch``)."""
+        for seq in seqs:
+            self._resting.add(id(seq))
+            seq.draft_feats = None
+
+    @staticmethod
+    def _stitch(seq: Sequence, first: int) -> None:
+        """The first features after a rest start at absolute position ``first``; the context ends at
+        ``offset + n``. The positions in between were never captured: the drafter context simply lacks
+        them (its positions are its own, so RoPE distances across the gap are shorter than the true
+        ones: lower acceptance, never a wrong token). ``offset`` grows by the gap, which keeps
+        ``offset + n`` the next absolute position and marks the context as gapped, so it never
+        publishes to kvd again (its blocks would not match the target's)."""
+        ctx = seq.draft_ctx
+        ctx.offset += max(0, first - (ctx.offset + ctx.n))
+
+    def _gated(self, proposer, seq: Sequence) -> bool:
+        """Does the measured gate decide whether ``seq`` drafts? Confidence-scheduled requests of feature
+        drafters with a confidence head, and every request on the ``gated`` schedule (fixed γ, any method:
+        on the H200 ngram ran at 1.24× plain decoding at c = 1 and 0.57× at c = 32, run H)."""
+        if self._schedule_of(seq) == "gated":
+            return True
+        confident = getattr(proposer, "capture_layers", ()) and getattr(proposer, "has_confidence", True)
+        return bool(confident) and self._wants_confidence(seq)
