@@ -50,12 +50,11 @@ class BlockManager:
     # -- hashing -------------------------------------------------------------------------
     def extend_hashes(self, seq: Sequence) -> None:
         """Hash every newly full block of the token stream (prompt + output)."""
-        ids = seq.all_ids
-        bs = self.block_size
-        while (len(seq.hashes) + 1) * bs <= len(ids):
+        bs, total = self.block_size, seq.num_tokens
+        while (len(seq.hashes) + 1) * bs <= total:
             i = len(seq.hashes)
             parent = seq.hashes[-1] if seq.hashes else self.root
-            seq.hashes.append(block_hash(parent, ids[i * bs : (i + 1) * bs]))
+            seq.hashes.append(block_hash(parent, seq.ids(i * bs, (i + 1) * bs)))
 
     # -- prefix match --------------------------------------------------------------------
     def match_prefix(self, seq: Sequence) -> int:

@@ -71,6 +71,13 @@ class GroupSeq:
     def all_ids(self) -> list[int]:
         return self.seq.all_ids
 
+    def ids(self, start: int, end: int) -> list[int]:
+        return self.seq.ids(start, end)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.seq.num_tokens
+
     @property
     def num_computed_tokens(self) -> int:
         return self.seq.num_computed_tokens

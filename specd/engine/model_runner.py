@@ -38,7 +38,7 @@ def host_step(batch: list[ScheduledSeq], block_size: int) -> tuple[HostStep, lis
     sample_rows: list[int] = []
     for sched in batch:
         seq, start = sched.seq, sched.seq.num_computed_tokens
-        toks = seq.all_ids[start: start + sched.num_tokens] + (sched.draft.tokens if sched.draft else [])
+        toks = seq.ids(start, start + sched.num_tokens) + (sched.draft.tokens if sched.draft else [])
         n = len(toks)
         ids.extend(toks)
         pos.extend(range(start, start + n))

@@ -98,7 +98,7 @@ class FeatureProposer:
         self._absorb_all(chosen)
         extra = {"rounds": self.rounds} if self.rounds is not None else {}
         out = self.drafter.draft_contexts([s.draft_ctx for s in chosen], [s.draft_feats for s in chosen],
-                                          [s.all_ids[-1] for s in chosen], [s.request.params for s in chosen],
+                                          [s.last_id for s in chosen], [s.request.params for s in chosen],
                                           [s.generator for s in chosen], **extra)
         tokens = out.tokens.tolist()                                  # the round's one device-to-host copy
         conf = None if out.confidence is None else out.confidence.float().tolist()
@@ -140,7 +140,7 @@ class FeatureProposer:
         ``seq.draft_ctx``); ``seq.draft_feats`` keeps only what the drafter still needs raw."""
         feats = seq.draft_feats
         first = self._open_context(seq)
-        after = torch.tensor(seq.all_ids[first + 1: seq.num_computed_tokens + 1], dtype=torch.int64)
+        after = torch.tensor(seq.ids(first + 1, seq.num_computed_tokens + 1), dtype=torch.int64)
         seq.draft_feats = self.drafter.absorb(seq.draft_ctx, feats, after)
 
     def _open_context(self, seq) -> int:

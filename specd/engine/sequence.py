@@ -63,7 +63,23 @@ class Sequence:
 
     @property
     def all_ids(self) -> list[int]:
+        """A new list of every token: O(context). The step's hot paths read ``ids`` or ``last_id``."""
         return self.request.prompt_ids + self.output_ids
+
+    def ids(self, start: int, end: int) -> list[int]:
+        """``all_ids[start:end]`` without building ``all_ids`` (0 ≤ start ≤ end): per step and sequence,
+        the concatenation cost O(context), ~50 µs at 22k tokens, several times per step."""
+        prompt = self.request.prompt_ids
+        n = len(prompt)
+        if end <= n:
+            return prompt[start:end]
+        if start >= n:
+            return self.output_ids[start - n:end - n]
+        return prompt[start:] + self.output_ids[:end - n]
+
+    @property
+    def last_id(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.request.prompt_ids[-1]
 
     @property
     def num_tokens(self) -> int:
