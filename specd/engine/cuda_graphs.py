@@ -25,6 +25,7 @@ seq_lens, block tables), so one step costs two host-to-device copies and one gra
 from __future__ import annotations
 
 import logging
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +40,17 @@ VERIFY_Q_BOUNDS = (2, 4, 8, 16)   # query bounds of verify-like steps; above 16 
 MAX_GRAPHS = 160                  # beyond this, odd shapes run eagerly rather than pile up graph memory; the
                                   # speculative warm-up needs ~60 (one drafter plus ngram, 32 seqs, γ 7) to
                                   # ~130 (256 seqs), lazily captured prefill shapes up to ~30 more
+INT32_CODE = next(c for c in "ilh" if array(c).itemsize == 4)   # array's typecode of a C int32
 
+
+def write_tables(dst: torch.Tensor, tables: list[list[int]]) -> None:
+    """Write each block table into its row of the int32 ``dst`` (entries past a row's length keep their
+    values: a step reads only its sequences' own blocks). Through ``array('i')`` and ``frombuffer``:
+    ``torch.tensor`` of a Python list costs ~35 ns per entry, and at the agentic load's 22k-token
+    contexts (32 × ~1,400 blocks) the per-step tables took 1.75 ms on the CPU machine; this takes 0.57."""
+    for i, row in enumerate(tables):
+        if row:
+            dst[i, : len(row)] = torch.frombuffer(array(INT32_CODE, row), dtype=torch.int32)
 
 @dataclass(frozen=True)
 class GraphKey:
@@ -179,9 +190,7 @@ class StepGraphs:
         h32[: b + 1] = torch.tensor(step.cu_q_lens, dtype=torch.int32)
         h32[b + 1: s + 1] = step.cu_q_lens[-1]                      # padded sequences: empty query blocks
         h32[ms + 1: ms + 1 + b] = torch.tensor(step.seq_lens, dtype=torch.int32)
-        tables = h32[2 * ms + 1:].view(ms, self.max_blocks)
-        for i, row in enumerate(step.tables):
-            tables[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        write_tables(h32[2 * ms + 1:].view(ms, self.max_blocks), step.tables)
         # ids/positions of padded rows keep whatever valid values they last held; slots are -1.
         self._i64[:2 * t + key.tokens].copy_(h64[:2 * t + key.tokens], non_blocking=True)
         self._i32[: 2 * ms + 1 + b * self.max_blocks].copy_(h32[: 2 * ms + 1 + b * self.max_blocks], non_blocking=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specd.engine.cuda_graphs import GraphKey, HostStep, StepGraphs, decode_keys, graph_key
+from specd.engine.cuda_graphs import GraphKey, HostStep, StepGraphs, decode_keys, graph_key, write_tables
 from specd.engine.kv_layout import KVLayout
 from specd.engine.paged_backend import PagedAttentionBackend, StepMetadata
 from specd.engine.scheduler import ScheduledSeq
@@ -57,8 +57,7 @@ def device_inputs(step: HostStep, sample_rows: list[int], device: torch.device) 
     """The eager path's tensors: exact sizes, no padding."""
     width = max(len(t) for t in step.tables)
     tables = torch.zeros(len(step.tables), width, dtype=torch.int32)
-    for i, row in enumerate(step.tables):
-        tables[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    write_tables(tables, step.tables)
     meta = StepMetadata(
         slot_mapping=torch.tensor(step.slots, dtype=torch.int64, device=device),
         block_tables=tables.to(device),

@@ -83,3 +83,18 @@ def test_padded_path_leaves_other_rows_of_the_pool_alone():
     changed = (pool_view != before).flatten(1).any(1).nonzero().flatten().tolist()
     assert changed, "the steps wrote no KV at all"
     assert len(changed) <= 3 * 4                     # 3 prompts of < 4 blocks each (bs 16, ~12 tokens + 4)
+
+
+def test_write_tables_equals_a_tensor_per_row():
+    """The graph and eager paths write block tables through array('i') + frombuffer (3× cheaper than
+    torch.tensor of a list): the same int32 rows, entries past a row left as they were."""
+    from specd.engine.cuda_graphs import write_tables
+
+    rng = torch.Generator().manual_seed(0)
+    tables = [torch.randint(0, 2**31 - 1, (n,), generator=rng).tolist() for n in (5, 0, 300, 1)]
+    dst = torch.full((4, 300), -7, dtype=torch.int32)
+    want = dst.clone()
+    for i, row in enumerate(tables):
+        want[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    write_tables(dst, tables)
+    assert torch.equal(dst, want)
