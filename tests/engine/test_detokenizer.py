@@ -36,3 +36,47 @@ def test_incomplete_utf8_waits():
     d = Detokenizer(lambda ids: "ab\ufffd" if len(ids) == 1 else "abé")
     assert d.add(1) == "ab"
     assert d.add(2) == "é"
+
+
+# -- the window against the whole decode, on real tokenizers ------------------------------------------
+
+import os  # noqa: E402
+import random  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from specd.loader.gguf import gguf_tokenizer  # noqa: E402
+from specd.loader.gguf_file import GGUFFile  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+STORIES = ROOT / "models" / "stories260K.gguf"
+QWEN = Path(os.environ.get("SPECD_QWEN_GGUF", "") or "/nonexistent")   # as tests/models/test_tokenizer.py
+
+
+def streams(tok, rng: random.Random, count: int) -> list[list[int]]:
+    """Answers the engine could emit: encoded text (multi-byte characters, spaces, newlines) and
+    random ids (byte tokens, half characters, anything)."""
+    texts = ["naïve 日本 ok", "Once upon a time, there was a dog.\n\nThe end.", "  x\r\n\ty é€😀",
+             "def add(a, b):\n    return a + b\n"]
+    out = [tok.encode(t, add_bos=False) for t in texts]
+    for _ in range(count):
+        out.append([rng.randrange(tok.vocab_size) for _ in range(rng.randint(1, 120))])
+    return out
+
+
+@pytest.mark.parametrize("path", [STORIES, QWEN], ids=["stories260K", "qwen2.5"])
+def test_the_window_gives_the_whole_decodes_deltas(path):
+    if not path.is_file():
+        pytest.skip(f"{path} is not on this machine")
+    tok = gguf_tokenizer(GGUFFile(path))
+    rng = random.Random(0)
+    for ids in streams(tok, rng, 60):
+        for stops in ((), ("\n\n",), ("the", "日")):
+            fast, ref = Detokenizer(tok.decode, stops), Detokenizer(tok.decode, stops, incremental=False)
+            for i in ids:
+                assert fast.add(i) == ref.add(i), (ids, stops)
+                if ref.stopped:
+                    break
+            assert fast.stopped == ref.stopped and fast.finish() == ref.finish()
+            assert fast.text == ref.text
