@@ -410,6 +410,33 @@ def test_a_prompt_captures_features_only_where_its_cell_drafts(engine, drafts_fi
         assert captures[0] == () and feats is None        # a plain prefill: nothing captured, nothing kept
 
 
+def test_gated_requests_rest_in_a_step_with_a_prompt_chunk(engine):
+    """A step that prefills a new request is never measured and has a shape the warm-up did not see:
+    the gated decoders beside it rest that step, and draft again after it."""
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    engine.spec_gate = ScriptedGate([True] * 200)     # the gate itself would always draft
+    params = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)
+    try:
+        engine.add_request(Request("a", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
+        a = engine._seqs["a"]
+        for _ in range(3):
+            engine.step()
+        assert a.spec_verifications > 0                 # pure decode steps: it drafts
+        before = a.spec_verifications
+        engine.add_request(Request("b", engine.tokenizer.encode(PROMPTS[1]), params, speculation="dspark"))
+        engine.step()                                   # b's prefill beside a's decode
+        assert a.spec_verifications == before
+        engine.step()                                   # captures features again (a rest dropped them)
+        engine.step()
+        assert a.spec_verifications > before            # and drafts again
+        while engine.has_work():
+            engine.step()
+    finally:
+        engine.spec_gate = SpecGate()
+
+
 class AnnouncingGate(ScriptedGate):
     """Rests as scripted and announces a probe of drafting at the scripted steps."""
 
