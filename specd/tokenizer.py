@@ -17,10 +17,12 @@ from typing import Any, Iterable, Mapping, Sequence
 import tokenizers
 
 from specd.chat_template import render_chat_template
+from specd.segment_cache import SegmentCache
 
 
 class Tokenizer:
-    """Immutable after construction; safe to share between threads for encode/decode."""
+    """Immutable after construction but for the segment cache (locked); safe to share between threads for
+    encode/decode."""
 
     def __init__(
         self,
@@ -37,6 +39,8 @@ class Tokenizer:
         self.stop_ids = frozenset(i for i in ({eos_id} | set(stop_ids)) if i is not None)
         self.add_bos = add_bos and bos_id is not None
         self.chat_template = chat_template
+        # segment-by-segment encoding with cached segments, where that is exact (specd/segment_cache.py)
+        self.segments = SegmentCache.for_tokenizer(inner)
 
     @property
     def vocab_size(self) -> int:
@@ -60,7 +64,7 @@ class Tokenizer:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Text -> ids; BOS prepended when `add_bos` (default: the model's own convention)."""
-        ids = self.inner.encode(text, add_special_tokens=False).ids
+        ids = self.segments.encode(text) if self.segments is not None else self.inner.encode(text, add_special_tokens=False).ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             return [self.bos_id, *ids]
         return ids
