@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 import re
 import threading
+from array import array
 from collections import OrderedDict
 
 import tokenizers
 
 SAFE_NORMALIZERS = {None, "NFC", "NFKC", "NFD", "NFKD"}
 SAFE_PRE_TOKENIZERS = {"Sequence", "Split", "ByteLevel", "Digits"}
-MAX_CACHED_CHARS = 64 << 20      # the cache's text, ~64 MiB of segments (ids cost about the same)
+MAX_CACHED_CHARS = 32 << 20      # the cache's text: 32 MiB of segments, ~8M ids kept as int32 (~32 MiB more)
 MIN_CACHED_CHARS = 256           # shorter segments are encoded each time (a role line, a newline)
 
 
@@ -46,7 +47,7 @@ class SegmentCache:
         ordered = sorted(added, key=len, reverse=True)          # leftmost-longest, as tokenizers matches
         self.pattern = re.compile("(" + "|".join(map(re.escape, ordered)) + ")") if ordered else None
         self.max_chars = max_chars
-        self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._cache: OrderedDict[str, array] = OrderedDict()     # ids as int32: a list of ints costs 36 B each
         self._chars = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
@@ -83,14 +84,14 @@ class SegmentCache:
             if got is not None:
                 self._cache.move_to_end(text)
                 self.hits += 1
-                return list(got)
+                return got.tolist()
         ids = self.inner.encode(text, add_special_tokens=False).ids
         with self._lock:
             self.misses += 1
             if text not in self._cache and len(text) <= self.max_chars:
-                self._cache[text] = ids
+                self._cache[text] = array("i", ids)
                 self._chars += len(text)
                 while self._chars > self.max_chars:
                     old, _ = self._cache.popitem(last=False)
                     self._chars -= len(old)
-        return list(ids)
+        return ids
