@@ -123,6 +123,8 @@ class Final:
     completion_tokens: int
     cached_tokens: int
     engine_ttft_s: float | None = None
+    engine_queue_s: float | None = None     # of the engine's TTFT, before its first scheduled step
+    engine_parked_s: float | None = None    # of that, parked on kvd promotions
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ class IpcTransport:
             if d.usage is not None:
                 u = d.usage
                 final = Final(d.finish_reason or "stop", u.prompt_tokens, u.completion_tokens, u.cached_tokens,
-                              u.ttft_s)
+                              u.ttft_s, u.queue_s, u.parked_s)
             yield Piece(d.text, len(d.token_ids), final)
 
     async def close(self) -> None:
@@ -223,6 +225,8 @@ class RequestRecord:
     completion_tokens: int = 0
     finish_reason: str | None = None
     engine_ttft_s: float | None = None
+    engine_queue_s: float | None = None
+    engine_parked_s: float | None = None
     error: str | None = None
 
     @property
@@ -263,6 +267,7 @@ async def measure(transport: Transport, request: TurnRequest, session: str, reco
                 record.finish_reason, record.prompt_tokens = f.finish_reason, f.prompt_tokens
                 record.completion_tokens, record.cached_tokens = f.completion_tokens, f.cached_tokens
                 record.engine_ttft_s, record.done_s = f.engine_ttft_s, now
+                record.engine_queue_s, record.engine_parked_s = f.engine_queue_s, f.engine_parked_s
     except transport.errors as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     if record.error is None and record.finish_reason is None:

@@ -87,12 +87,47 @@ def by_turn(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def breakdown(records: list[dict]) -> str:
+    """Per config and turn: where the mean TTFT went, in ms. ``before engine`` is the client's TTFT minus
+    the engine's (transport, the server's rendering and tokenizing, its loop finishing a step); ``queue``
+    the engine's wait before the request's first scheduled step, of which ``parked`` on kvd promotions;
+    ``prefill`` from that step to the first token (its prompt chunks, in steps shared with others).
+    Records without the engine's split (before session 6) show only the first column."""
+    cells: dict[str, dict[int, list[dict]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in records:
+        if not r["error"] and r["ttft_s"] is not None and r.get("engine_ttft_s") is not None:
+            cells[r["config"]][r.get("turn", 0)].append(r)
+    turns = sorted({t for c in cells.values() for t in c})
+    lines = ["before engine / queue (parked) / prefill, mean ms", "",
+             "| config | " + " | ".join(f"turn {t}" for t in turns) + " |", "|---|" + "---|" * len(turns)]
+    for config, per_turn in cells.items():
+        parts = []
+        for t in turns:
+            rs = per_turn.get(t)
+            if not rs:
+                parts.append("")
+                continue
+            before = statistics.fmean(r["ttft_s"] - r["engine_ttft_s"] for r in rs)
+            split = [r for r in rs if r.get("engine_queue_s") is not None]
+            if not split:
+                parts.append(f"{1e3 * before:.0f}")
+                continue
+            queue = statistics.fmean(r["engine_queue_s"] for r in split)
+            parked = statistics.fmean(r.get("engine_parked_s") or 0.0 for r in split)
+            prefill = statistics.fmean(r["engine_ttft_s"] - r["engine_queue_s"] for r in split)
+            parts.append(f"{1e3 * before:.0f} / {1e3 * queue:.0f} ({1e3 * parked:.0f}) / {1e3 * prefill:.0f}")
+        lines.append(f"| {config} | " + " | ".join(parts) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.ttft_table", description=__doc__.splitlines()[0])
     p.add_argument("part", type=Path, help="a serve-plan <part>.json or .json.gz")
     p.add_argument("--step", required=True, help="the plan step inside the part (e.g. agentic, agentic-idle)")
     p.add_argument("--baseline", default="prefix-lru", help="the config the ratios divide by")
     p.add_argument("--turns", action="store_true", help="also print the per-turn table (cached/prompt tokens, TTFT)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also print where each turn's mean TTFT went: before the engine, queued (parked), prefill")
     args = p.parse_args(argv)
     try:
         records = load_requests(args.part, args.step)
@@ -100,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.turns:
             print()
             print(by_turn(records))
+        if args.breakdown:
+            print()
+            print(breakdown(records))
     except (TableError, OSError, json.JSONDecodeError) as e:
         p.error(str(e))
     return 0

@@ -252,6 +252,7 @@ class SpecdServer:
         if out.finished:
             usage = {"prompt_tokens": out.usage.prompt_tokens, "completion_tokens": out.usage.completion_tokens,
                      "cached_tokens": out.usage.cached_tokens, "ttft_s": out.usage.ttft_s,
+                     "queue_s": out.usage.queue_s, "parked_s": out.usage.parked_s,
                      "speculation": out.usage.speculation}
             self._send(sock, route.identity, protocol.done_reply(route.msg_id, out.finish_reason or "stop", usage))
 

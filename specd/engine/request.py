@@ -32,6 +32,8 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0          # prompt tokens served from kvd instead of prefilled
     ttft_s: float | None = None     # engine-side time to first token
+    queue_s: float | None = None    # of it, before the first scheduled step (waiting, kvd lookups, parked)
+    parked_s: float = 0.0           # of that, parked on kvd promotions
     speculation: dict | None = None  # {verifications, drafted_tokens, accepted_tokens} when speculation ran
 
 

@@ -104,6 +104,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
+            if seq.admitted_s is None:
+                seq.admitted_s = time.monotonic()
             self.running.append(seq)
             out.append(ScheduledSeq(seq, chunk))
             budget -= chunk
@@ -181,6 +183,7 @@ class Scheduler:
             else:
                 self._give_up(seq)
             self.counters["parked_seconds_total"] += waited
+            seq.parked_total_s += waited
             self.counters["parked_seconds_max"] = max(self.counters["parked_seconds_max"], waited)
             back.append(seq)
         self.parked = [seq for seq in self.parked if seq not in back]

@@ -39,6 +39,8 @@ class Sequence:
     num_cached_tokens: int = 0                  # prompt tokens whose KV came from the cache
     num_computed_tokens: int = 0                # tokens whose KV is in the pool
     first_token_s: float | None = None
+    admitted_s: float | None = None             # when the scheduler first ran it (after waiting and parking)
+    parked_total_s: float = 0.0                 # time parked on kvd promotions before that
     draft_feats: torch.Tensor | None = None     # [n, d] fused target features not yet absorbed by the drafter
     draft_ctx: Any = None                       # the drafter's DraftContext: K/V of the absorbed positions
     ngram_index: Any = None                     # prompt lookup's NgramIndex over all_ids (ngram requests only)
@@ -99,11 +101,14 @@ class Sequence:
 
     def usage(self) -> Usage:
         ttft = None if self.first_token_s is None else self.first_token_s - self.request.arrival_s
+        queue = None if self.admitted_s is None else self.admitted_s - self.request.arrival_s
         return Usage(
             prompt_tokens=len(self.request.prompt_ids),
             completion_tokens=len(self.output_ids),
             cached_tokens=self.num_cached_tokens,
             ttft_s=ttft,
+            queue_s=queue,
+            parked_s=self.parked_total_s,
             speculation=None if not self.spec_verifications else {
                 "verifications": self.spec_verifications, "drafted_tokens": self.spec_drafted,
                 "accepted_tokens": self.spec_accepted},

@@ -37,3 +37,14 @@ def test_by_turn_and_the_command_on_a_gzipped_part(tmp_path, capsys):
     assert "turn 1" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([str(path), "--step", "missing"])
+
+
+def test_breakdown_splits_the_mean_ttft():
+    from bench.ttft_table import breakdown
+
+    records = [dict(rec("ours", 0.30, turn=1), engine_ttft_s=0.25, engine_queue_s=0.10, engine_parked_s=0.06),
+               dict(rec("ours", 0.10, turn=1), engine_ttft_s=0.05, engine_queue_s=0.00, engine_parked_s=0.0),
+               dict(rec("old", 0.20), engine_ttft_s=0.15)]       # a record from before the split
+    table = breakdown(records)
+    assert "| ours |  | 50 / 50 (30) / 100 |" in table     # turn 0 empty, turn 1 split
+    assert "| old | 50 |  |" in table

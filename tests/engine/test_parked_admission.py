@@ -112,10 +112,13 @@ def test_others_keep_decoding_while_a_hit_is_promoted(engine, reference):
         outs = eng.step()
         assert [o.id for o in outs] == ["s"] and len(outs[0].token_ids) == 1   # one token per step: never stalled
         got["s"] += outs[0].token_ids
-    assert eng._seqs["b"].status is SeqStatus.PARKED and not got["b"]
+    b = eng._seqs["b"]
+    assert b.status is SeqStatus.PARKED and not got["b"]
     hold.release()
     for rid, ids in drain(eng).items():
         got[rid] += ids
+    usage = b.usage()                                   # the engine's split of its TTFT (IPC usage, bench records)
+    assert 0 < usage.parked_s <= usage.queue_s <= usage.ttft_s
     assert got["b"] == reference["want"]                # the promoted hit gives the uncached greedy output
     assert got["s"] == reference["want_short"]
     st = eng.stats()
