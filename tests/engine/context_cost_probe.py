@@ -1,7 +1,9 @@
-"""Host cost per decode step that grows with the context: ``host_step`` and ``extend_hashes`` for
-``--seqs`` sequences of ``--context`` tokens, one new token each (docs/design/interfaces.md, "Engine").
+"""Host cost per decode step that grows with the context or the answer, each against the way it was
+done before (docs/design/interfaces.md, "Engine"): ``host_step`` and ``extend_hashes`` for ``--seqs``
+sequences of ``--context`` tokens; writing their block tables (``write_tables`` against a tensor per
+row); and detokenizing a ``--answer``-token answer (the windowed ``Detokenizer`` against the whole decode).
 
-    python -m tests.engine.context_cost_probe [--seqs 32 --context 10000]
+    python -m tests.engine.context_cost_probe [--seqs 32 --context 10000 --answer 1000 --model Q.gguf]
 """
 from __future__ import annotations
 
@@ -9,7 +11,11 @@ import argparse
 import statistics
 import time
 
+import torch
+
 from specd.engine.block_manager import BlockManager
+from specd.engine.cuda_graphs import write_tables
+from specd.engine.detokenizer import Detokenizer
 from specd.engine.model_runner import host_step
 from specd.engine.request import Request
 from specd.engine.scheduler import ScheduledSeq
@@ -46,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.engine.context_cost_probe", description=__doc__.splitlines()[0])
     p.add_argument("--seqs", type=int, default=32)
     p.add_argument("--context", type=int, default=10_000)
+    p.add_argument("--answer", type=int, default=1000, help="answer tokens to detokenize")
+    p.add_argument("--model", default="models/stories260K.gguf", help="whose tokenizer detokenizes")
     args = p.parse_args(argv)
     seqs = decoding(args.seqs, args.context)
     batch = [ScheduledSeq(s, 1) for s in seqs]
@@ -60,6 +68,30 @@ def main(argv: list[str] | None = None) -> int:
             blocks.extend_hashes(seq)
 
     print(f"extend_hashes, one new token each: median {median_ms(one_token_each):.3f} ms")
+
+    tables = [s.block_table for s in seqs]
+    dst = torch.zeros(len(tables), max(map(len, tables)), dtype=torch.int32)
+
+    def per_row():
+        for i, row in enumerate(tables):
+            dst[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+
+    print(f"block tables: a tensor per row {median_ms(per_row, 50):.3f} ms, "
+          f"write_tables {median_ms(lambda: write_tables(dst, tables), 50):.3f} ms")
+
+    from specd.loader.gguf import gguf_tokenizer
+    from specd.loader.gguf_file import GGUFFile
+
+    tok = gguf_tokenizer(GGUFFile(args.model))
+    text = open(__file__).read() * 20
+    ids = tok.encode(text, add_bos=False)[: args.answer]
+    for incremental in (False, True):
+        detok = Detokenizer(tok.decode, incremental=incremental)
+        t0 = time.perf_counter()
+        for i in ids:
+            detok.add(i)
+        name = "windowed" if incremental else "whole decode"
+        print(f"detokenize {len(ids)} tokens, {name}: {1e3 * (time.perf_counter() - t0):.1f} ms")
     return 0
 
 
