@@ -55,8 +55,9 @@ class SegmentCache:
     @classmethod
     def for_tokenizer(cls, inner: tokenizers.Tokenizer) -> "SegmentCache | None":
         """A cache when segment-by-segment encoding is exact for ``inner`` (see the module docstring)."""
-        spec = json.loads(inner.to_str())
-        normalizer, pre = spec.get("normalizer"), spec.get("pre_tokenizer")
+        # each component's own JSON: the whole tokenizer's (its vocabulary) takes ~0.25 s to write for Qwen
+        normalizer = json.loads(inner.normalizer.__getstate__()) if inner.normalizer is not None else None
+        pre = json.loads(inner.pre_tokenizer.__getstate__()) if inner.pre_tokenizer is not None else None
         if (normalizer or {}).get("type") not in SAFE_NORMALIZERS or not pre or not _types(pre) <= SAFE_PRE_TOKENIZERS:
             return None
         added = inner.get_added_tokens_decoder()
