@@ -65,26 +65,29 @@ def summary(records: list[dict], baseline: str) -> str:
     return "\n".join(lines)
 
 
-def by_turn(records: list[dict]) -> str:
-    """Per config and turn index: mean cached / prompt tokens (thousands) and mean TTFT."""
+def turn_table(records: list[dict], cell, keep=lambda r: True) -> list[str]:
+    """A markdown table, a row per config and a column per turn index, of ``cell(requests)`` over the
+    finished requests (``keep``) of each (config, turn); empty where a config has no such request."""
     cells: dict[str, dict[int, list[dict]]] = collections.defaultdict(lambda: collections.defaultdict(list))
     for r in records:
-        if not r["error"] and r["ttft_s"] is not None:
+        if not r["error"] and r["ttft_s"] is not None and keep(r):
             cells[r["config"]][r.get("turn", 0)].append(r)
     turns = sorted({t for c in cells.values() for t in c})
     lines = ["| config | " + " | ".join(f"turn {t}" for t in turns) + " |", "|---|" + "---|" * len(turns)]
     for config, per_turn in cells.items():
-        parts = []
-        for t in turns:
-            rs = per_turn.get(t)
-            if not rs:
-                parts.append("")
-                continue
-            cached = statistics.fmean(r["cached_tokens"] for r in rs) / 1e3
-            prompt = statistics.fmean(r["prompt_tokens"] for r in rs) / 1e3
-            parts.append(f"{cached:.1f}k/{prompt:.1f}k, {1e3 * statistics.fmean(r['ttft_s'] for r in rs):.0f} ms")
+        parts = [cell(per_turn[t]) if per_turn.get(t) else "" for t in turns]
         lines.append(f"| {config} | " + " | ".join(parts) + " |")
-    return "\n".join(lines)
+    return lines
+
+
+def by_turn(records: list[dict]) -> str:
+    """Per config and turn index: mean cached / prompt tokens (thousands) and mean TTFT."""
+    def cell(rs: list[dict]) -> str:
+        cached = statistics.fmean(r["cached_tokens"] for r in rs) / 1e3
+        prompt = statistics.fmean(r["prompt_tokens"] for r in rs) / 1e3
+        return f"{cached:.1f}k/{prompt:.1f}k, {1e3 * statistics.fmean(r['ttft_s'] for r in rs):.0f} ms"
+
+    return "\n".join(turn_table(records, cell))
 
 
 def breakdown(records: list[dict]) -> str:
@@ -93,31 +96,18 @@ def breakdown(records: list[dict]) -> str:
     the engine's wait before the request's first scheduled step, of which ``parked`` on kvd promotions;
     ``prefill`` from that step to the first token (its prompt chunks, in steps shared with others).
     Records without the engine's split (before session 6) show only the first column."""
-    cells: dict[str, dict[int, list[dict]]] = collections.defaultdict(lambda: collections.defaultdict(list))
-    for r in records:
-        if not r["error"] and r["ttft_s"] is not None and r.get("engine_ttft_s") is not None:
-            cells[r["config"]][r.get("turn", 0)].append(r)
-    turns = sorted({t for c in cells.values() for t in c})
-    lines = ["before engine / queue (parked) / prefill, mean ms", "",
-             "| config | " + " | ".join(f"turn {t}" for t in turns) + " |", "|---|" + "---|" * len(turns)]
-    for config, per_turn in cells.items():
-        parts = []
-        for t in turns:
-            rs = per_turn.get(t)
-            if not rs:
-                parts.append("")
-                continue
-            before = statistics.fmean(r["ttft_s"] - r["engine_ttft_s"] for r in rs)
-            split = [r for r in rs if r.get("engine_queue_s") is not None]
-            if not split:
-                parts.append(f"{1e3 * before:.0f}")
-                continue
-            queue = statistics.fmean(r["engine_queue_s"] for r in split)
-            parked = statistics.fmean(r.get("engine_parked_s") or 0.0 for r in split)
-            prefill = statistics.fmean(r["engine_ttft_s"] - r["engine_queue_s"] for r in split)
-            parts.append(f"{1e3 * before:.0f} / {1e3 * queue:.0f} ({1e3 * parked:.0f}) / {1e3 * prefill:.0f}")
-        lines.append(f"| {config} | " + " | ".join(parts) + " |")
-    return "\n".join(lines)
+    def cell(rs: list[dict]) -> str:
+        before = statistics.fmean(r["ttft_s"] - r["engine_ttft_s"] for r in rs)
+        split = [r for r in rs if r.get("engine_queue_s") is not None]
+        if not split:
+            return f"{1e3 * before:.0f}"
+        queue = statistics.fmean(r["engine_queue_s"] for r in split)
+        parked = statistics.fmean(r.get("engine_parked_s") or 0.0 for r in split)
+        prefill = statistics.fmean(r["engine_ttft_s"] - r["engine_queue_s"] for r in split)
+        return f"{1e3 * before:.0f} / {1e3 * queue:.0f} ({1e3 * parked:.0f}) / {1e3 * prefill:.0f}"
+
+    table = turn_table(records, cell, keep=lambda r: r.get("engine_ttft_s") is not None)
+    return "\n".join(["before engine / queue (parked) / prefill, mean ms", "", *table])
 
 
 def main(argv: list[str] | None = None) -> int:
