@@ -64,7 +64,10 @@ class Tokenizer:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Text -> ids; BOS prepended when `add_bos` (default: the model's own convention)."""
-        ids = self.segments.encode(text) if self.segments is not None else self.inner.encode(text, add_special_tokens=False).ids
+        if self.segments is not None:
+            ids = self.segments.encode(text)
+        else:
+            ids = self.inner.encode(text, add_special_tokens=False).ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             return [self.bos_id, *ids]
         return ids

@@ -60,6 +60,11 @@ unpack_drafter() {  # the dspark drafter of train-kv, carried back as bf16 piece
   fi
 }
 
+speed_drafters() {  # DRAFTERS for speedup_run: ${SPEED_DRAFTERS} (empty: none), default the stashed dspark, unpacked
+  DRAFTERS=${SPEED_DRAFTERS-dspark=/tmp/dsp}
+  if [ -n "$DRAFTERS" ]; then unpack_drafter; fi
+}
+
 pack() {  # pack $RES/<phase> (+ logs) into one tarball under $OUT
   tar czf "$OUT/$1.tgz" -C "$RES" "$1" -C /tmp logs 2>/dev/null
   ls -la "$OUT"
@@ -265,8 +270,7 @@ PY
     # the gate's measurement alone (session 5): ~200 s for three rows
     # SPEED_DRAFTERS= (empty) for rows that need no trained drafter (none, ngram, ngram-gated): no stash needed
     mkdir -p "$RES/speedup"
-    DRAFTERS=${SPEED_DRAFTERS-dspark=/tmp/dsp}
-    if [ -n "$DRAFTERS" ]; then unpack_drafter; fi
+    speed_drafters
     speedup_run 0 "$DRAFTERS" "${SPEED_ROWS:-none,dspark,dspark-g7}" "${SPEED_BUDGET:-200}" "$RES/speedup/speedup"
     tail -n 14 /tmp/logs/speedup.log
     pack speedup
@@ -279,8 +283,7 @@ PY
     ;;
   pair)
     mkdir -p "$RES/pair"
-    DRAFTERS=${SPEED_DRAFTERS-dspark=/tmp/dsp}
-    if [ -n "$DRAFTERS" ]; then unpack_drafter; fi
+    speed_drafters
     speedup_run 0 "$DRAFTERS" "${SPEED_ROWS:-none,dspark,ngram-gated}" "${SPEED_BUDGET:-280}" "$RES/pair/speedup" &
     a=$!
     plan_run "$(second_gpu)" "${KV_PLAN:-gpu-mooncake}" "$RES/pair/plan" /tmp/sp8 "${SERVE_BUDGET:-400}" serve-plan &

@@ -53,9 +53,7 @@ class NgramIndex:
         start = self.registered + 1
         tokens, last, bits = self.tokens, self.last, self.bits
         for e in range(start, min(upto, self.n_max - 1) + 1):
-            key = 0
-            for n in range(1, e + 1):
-                key |= tokens[e - n] << (bits * (n - 1))
+            for n, key in enumerate(self._keys(e, e), 1):
                 last[n][key] = e
         lo = max(start, self.n_max)
         if lo <= upto:
@@ -70,13 +68,19 @@ class NgramIndex:
 
     def propose(self) -> list[int]:
         """Up to γ tokens continuing the most recent earlier occurrence of the longest matching suffix."""
-        tokens, size, bits = self.tokens, len(self.tokens), self.bits
-        keys, key = [], 0
-        for n in range(1, min(self.n_max, size - 1) + 1):      # the suffix's keys, shortest first
-            key |= tokens[size - n] << (bits * (n - 1))
-            keys.append(key)
+        size = len(self.tokens)
+        keys = self._keys(size, min(self.n_max, size - 1))     # the suffix's, shortest first
         for n in range(len(keys), 0, -1):
             e = self.last[n].get(keys[n - 1])
             if e is not None:
-                return tokens[e:e + self.gamma]
+                return self.tokens[e:e + self.gamma]
         return []
+
+    def _keys(self, end: int, most: int) -> list[int]:
+        """The keys of the n-grams ending at ``end`` (exclusive), n = 1 .. ``most``: the (n − 1)-gram's
+        key with tokens[end − n] packed above it."""
+        keys, key = [], 0
+        for n in range(1, most + 1):
+            key |= self.tokens[end - n] << (self.bits * (n - 1))
+            keys.append(key)
+        return keys

@@ -143,6 +143,7 @@ class SpecEngine(GateSteps):
         if request.params.seed is not None:
             gen = torch.Generator().manual_seed(request.params.seed)
         seq = Sequence(request, Detokenizer(self.tokenizer.decode, request.params.stop), gen)
+        seq.gate_key = self._gate_key_for(seq)
         self._seqs[request.id] = seq
         self.scheduler.add(seq)
         self._counters["requests_total"] += 1
@@ -274,19 +275,19 @@ class SpecEngine(GateSteps):
         by_method: dict[str, list[ScheduledSeq]] = {}
         for sched in batch:
             seq = sched.seq
-            if sched.samples and sched.num_tokens == 1 and self._method(seq) != "none":
+            if sched.decodes and self._method(seq) != "none":
                 by_method.setdefault(self._method(seq), []).append(sched)
         for method, group in by_method.items():
             proposer = self._proposer(method)
             cheap = getattr(proposer, "proposes_cheaply", False)
             if not cheap:
-                group = self._gate_group(batch, method, proposer, group)
+                group = self._gate_group(batch, group)
                 if not group:
                     continue
             limits = [self._draft_limit(s.seq) for s in group]
             drafts = proposer.propose([s.seq for s in group], limits)
             if cheap:
-                drafts = self._gate_found(batch, method, proposer, group, drafts)
+                drafts = self._gate_found(batch, group, drafts)
             chosen = [i for i, (s, d) in enumerate(zip(group, drafts))
                       if d.confidence is not None and self._wants_confidence(s.seq)]
             if chosen:

@@ -31,23 +31,27 @@ class GateSteps:
         if self.spec_gate is None or profiled or not self._pure_decode(batch):
             return
         tokens = sum(emitted.values())
-        drafts = {id(s.seq): s.num_draft for s in batch}
+        drafts = {id(s.seq): s.num_draft for s in batch} if any(arms.values()) else {}
         for method, drafted in arms.items():
             seqs = drafting.get(method, [])
             drafters = Drafters(len(seqs), sum(emitted.get(id(s), 1) for s in seqs),
                                 sum(drafts.get(id(s), 0) for s in seqs)) if drafted else None
             self.spec_gate.observe(method, len(batch), drafted, tokens, seconds, drafters)
 
+    def _gate_on(self) -> bool:
+        """The gate decides, unless it is off or a profile was injected into ``self.sps`` (tests pinning
+        the scheduler's decisions: it keeps the overhead average off too)."""
+        return self.spec_gate is not None and (self.sps is None or self._track_overhead)
+
     @staticmethod
     def _pure_decode(batch: list[ScheduledSeq]) -> bool:
-        return all(s.samples and s.num_tokens == 1 for s in batch)
+        return all(s.decodes for s in batch)
 
-    def _gate_group(self, batch: list[ScheduledSeq], method: str, proposer,
-                    group: list[ScheduledSeq]) -> list[ScheduledSeq]:
+    def _gate_group(self, batch: list[ScheduledSeq], group: list[ScheduledSeq]) -> list[ScheduledSeq]:
         """``group`` minus the requests the measured gate rests this step. Gate cells are per method and
         schedule (``_gate_key``): a confidence-scheduled step and a fixed-γ one cost differently."""
         resting: set[int] = set()
-        for key, members in self._gate_rests(batch, method, proposer, group):
+        for key, members in self._gate_rests(batch, group):
             if not self.spec_gate.probe_next(key, len(batch)):
                 self._rest([s.seq for s in members])
             else:                # capture this step's features: the probe drafts from a fresh context
@@ -63,24 +67,20 @@ class GateSteps:
         whole loss where the gate rested every step: 2-5% of throughput, the most on the longest prompts
         (knowledge, c = 32: 7.83 against 7.39 ms per step, no verification). Lossless: the features only
         feed drafts, and the answer depends on earlier steps' measurements only."""
-        if self.spec_gate is None or (self.sps is not None and not self._track_overhead):
+        if not self._gate_on():
             return
         for sched in batch:
             seq = sched.seq
-            if sched.samples and sched.num_tokens == 1:
-                continue                              # decoding: gated in _add_drafts
-            method = self._method(seq)
-            if method in ("none", "ngram"):
-                continue
-            key = self._gate_key_of(self._proposer(method), method, seq)
-            if key is None:
-                continue
+            if sched.decodes:
+                continue                              # gated in _add_drafts
+            key = seq.gate_key
+            if key is None or not getattr(self._proposer(self._method(seq)), "capture_layers", ()):
+                continue                              # not gated, or nothing to capture (ngram)
             if (not self.spec_gate.should_draft(key, len(batch), measured=False)
                     and not self.spec_gate.probe_next(key, len(batch))):
                 self._rest([seq])
 
-    def _gate_found(self, batch: list[ScheduledSeq], method: str, proposer, group: list[ScheduledSeq],
-                    drafts: list[Draft]) -> list[Draft]:
+    def _gate_found(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], drafts: list[Draft]) -> list[Draft]:
         """The gate for a proposer that costs nothing to ask (ngram: a host lookup), decided after it
         proposed, over the requests that got a draft: only verifying costs, and a step where ngram found
         nothing is a plain step whatever the gate says. Their acceptance records then count steps with
@@ -90,17 +90,17 @@ class GateSteps:
         the context, and whether one is verified changes no output distribution."""
         found = [s for s, d in zip(group, drafts) if d.tokens]
         lengths = {id(s): len(d.tokens) for s, d in zip(group, drafts) if d.tokens}
-        resting = {id(s) for _, members in self._gate_rests(batch, method, proposer, found, lengths) for s in members}
+        resting = {id(s) for _, members in self._gate_rests(batch, found, lengths) for s in members}
         return [d.truncated(0) if id(s) in resting else d for s, d in zip(group, drafts)]
 
-    def _gate_rests(self, batch: list[ScheduledSeq], method: str, proposer, candidates: list[ScheduledSeq],
+    def _gate_rests(self, batch: list[ScheduledSeq], candidates: list[ScheduledSeq],
                     lengths: dict[int, int] | None = None) -> list[tuple[str, list[ScheduledSeq]]]:
         """Ask the gate once per gate key about the gated requests among ``candidates``; the keys it rests,
         with their requests. The ones that draft go on the acceptance records (``_gate_drafting``).
         ``lengths``: each candidate's draft length, when proposed before the gate (the tokens to verify)."""
         keyed: dict[str, list[ScheduledSeq]] = {}
         for sched in candidates:
-            key = self._gate_key_of(proposer, method, sched.seq)
+            key = sched.seq.gate_key
             if key is not None:
                 keyed.setdefault(key, []).append(sched)
         rests = []
@@ -112,14 +112,14 @@ class GateSteps:
                 self._gate_drafting.setdefault(key, []).extend(s.seq for s in members)
         return rests
 
-    def _gate_key_of(self, proposer, method: str, seq: Sequence) -> str | None:
-        """``seq``'s gate key, or None when the gate does not decide for it; worked out once per request
-        (its method and schedule never change) and kept on the sequence: asked for every request at
-        every step, the checks were a third of the gate's host time per step on the CPU probe."""
-        if not seq.gate_keyed:
-            seq.gate_key = self._gate_key(method, seq) if self._gated(proposer, seq) else None
-            seq.gate_keyed = True
-        return seq.gate_key
+    def _gate_key_for(self, seq: Sequence) -> str | None:
+        """``seq``'s gate key, or None when the gate does not decide for it. Its method and schedule never
+        change, so the engine sets ``seq.gate_key`` once, at admission: asked for every request at every
+        step, these checks were a third of the gate's host time per step on the CPU probe."""
+        method = self._method(seq)
+        if method == "none" or not self._gated(self._proposer(method), seq):
+            return None
+        return self._gate_key(method, seq)
 
     def _gate_key(self, method: str, seq: Sequence) -> str:
         """The gate cell family of ``seq``: its method, with ``_gated`` for the fixed-γ gated schedule
@@ -132,9 +132,9 @@ class GateSteps:
         ``method`` draft this step? Confidence-scheduled requests of feature drafters with a confidence
         head and requests on the ``gated`` schedule are gated; ``fixed`` requests always draft (their γ is
         what was asked for). A profile injected into ``self.sps`` (tests pinning the scheduler's decisions)
-        keeps the gate off, as it keeps the overhead average off. Lossless: the answer depends on earlier steps' measured rates and acceptance only,
+        keeps the gate off (``_gate_on``). Lossless: the answer depends on earlier steps' measured rates and acceptance only,
         never on this step's drafts."""
-        if self.spec_gate is None or (self.sps is not None and not self._track_overhead):
+        if not self._gate_on():
             return True
         # A step with prompt chunks rests them. It is never measured, so drafting there is blind, and its
         # shape (a prefill beside drafts, a token count the warm-up did not see) is captured on the

@@ -26,7 +26,7 @@ class NgramProposer:
     def propose(self, seqs, limits) -> list[Draft]:
         """Each sequence's proposal from its own incremental index (specd/drafter/ngram_index.py: the
         drafter's ``propose`` is the reference it matches), kept on the sequence."""
-        from specd.drafter.ngram_index import NgramIndex
+        from specd.drafter.ngram_index import NgramIndex   # lazily, as every drafter module here
 
         cfg = self.drafter.config
         drafts = []

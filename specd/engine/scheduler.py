@@ -39,6 +39,11 @@ class ScheduledSeq:
         """The chunk reaches the end of the known tokens, so its last logits give the next token."""
         return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
 
+    @property
+    def decodes(self) -> bool:
+        """One token that samples the next: a decode step's sequence (drafts may be verified after it)."""
+        return self.num_tokens == 1 and self.samples
+
 
 PARK_LIMIT_S = 2.0   # past this a promotion is slower than recomputing all but the longest prompts
 

@@ -49,8 +49,7 @@ class Sequence:
     spec_drafted: int = 0
     spec_accepted: int = 0
     gate_acceptance: Acceptance = field(default_factory=Acceptance)   # its drafting steps, for the spec gate
-    gate_key: str | None = None                 # its spec gate cell family (None: not gated), once gate_keyed
-    gate_keyed: bool = False
+    gate_key: str | None = None                 # its spec gate cell family (None: not gated), set at admission
     finish_reason: str | None = None
     parked_s: float | None = None               # when its hit's promotion was found still in flight
     skip_lookup: bool = False                   # gave up a hit that did not land: recompute the prompt
