@@ -144,6 +144,8 @@ class SpecEngine(GateSteps):
             gen = torch.Generator().manual_seed(request.params.seed)
         seq = Sequence(request, Detokenizer(self.tokenizer.decode, request.params.stop), gen)
         seq.gate_key = self._gate_key_for(seq)
+        if seq.gate_key is not None and self.spec_gate is not None:
+            seq.gate_acceptance = self.spec_gate.record(seq.gate_key, request.prompt_ids)
         self._seqs[request.id] = seq
         self.scheduler.add(seq)
         self._counters["requests_total"] += 1

@@ -63,7 +63,8 @@ class GateSteps:
         """Prompt chunks of gated requests capture no features where the gate rests their method at this
         load (and no probe is announced). Features wait in ``draft_feats`` until a proposal absorbs them,
         and a rest drops them (``_rest``), so a request that rests from its first decode step captured
-        and fused its whole prompt for nothing. On the H200 (run J) that waste was the scheduled row's
+        and fused its whole prompt for nothing. The question is asked for a batch of requests like this
+        one (its class's acceptance, ``SpecGate.record``), and a request exploring its class captures. On the H200 (run J) that waste was the scheduled row's
         whole loss where the gate rested every step: 2-5% of throughput, the most on the longest prompts
         (knowledge, c = 32: 7.83 against 7.39 ms per step, no verification). Lossless: the features only
         feed drafts, and the answer depends on earlier steps' measurements only."""
@@ -76,7 +77,10 @@ class GateSteps:
             key = seq.gate_key
             if key is None or not getattr(self._proposer(self._method(seq)), "capture_layers", ()):
                 continue                              # not gated, or nothing to capture (ngram)
-            if (not self.spec_gate.should_draft(key, len(batch), measured=False)
+            record = seq.gate_acceptance
+            if (not self.spec_gate.explores(record)
+                    and not self.spec_gate.should_draft(key, len(batch), measured=False,
+                                                        requests=[record] * len(batch))
                     and not self.spec_gate.probe_next(key, len(batch))):
                 self._rest([seq])
 
@@ -106,10 +110,17 @@ class GateSteps:
         rests = []
         for key, members in keyed.items():
             verify = None if lengths is None else sum(lengths[id(s)] for s in members)
-            if not self._gate_drafts(batch, key, members, verify):
+            if self._gate_drafts(batch, key, members, verify):
+                if self._gate_arms.get(key):        # the gate is on and chose to draft
+                    self._gate_drafting.setdefault(key, []).extend(s.seq for s in members)
+                continue
+            explorers = {id(s) for s in members if self.spec_gate.explores(s.seq.gate_acceptance)}
+            if explorers and self._pure_decode(batch):   # they draft to measure their class (``explores``);
+                self._gate_arms.pop(key, None)            # the step is no sample of the cell
+                self._gate_drafting.setdefault(key, []).extend(s.seq for s in members if id(s) in explorers)
+                members = [s for s in members if id(s) not in explorers]
+            if members:
                 rests.append((key, members))
-            elif self._gate_arms.get(key):          # the gate is on and chose to draft
-                self._gate_drafting.setdefault(key, []).extend(s.seq for s in members)
         return rests
 
     def _gate_key_for(self, seq: Sequence) -> str | None:

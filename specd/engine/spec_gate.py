@@ -16,7 +16,10 @@ writing at concurrency 1). So the cell's measured drafting rate is scaled, for e
 in the batch: each request that has drafted carries its own decayed record of tokens per drafting step,
 shrunk toward the cell's drafting requests (``PRIOR_STEPS`` steps of weight), and the predicted drafting
 rate is the cell's rate × (the batch's predicted tokens per sequence / the cell's measured ones), where a
-sequence that does not draft this step counts one token. A new request starts at the cell's acceptance.
+sequence that does not draft this step counts one token. A new request starts at its prompt class's
+acceptance (its first ``CLASS_TOKENS`` tokens: one application's system turn), pooled over the class's
+requests and shrunk toward the cell's the same way; a class that recurs drafts its first few steps on its
+own (``explores``), so a cell resting on one application still learns another's acceptance.
 (Until session 6 the records, tokens per *drafting request*, were compared with the cell's tokens per
 *sequence*. For ngram, gated over the few requests it found a match for, that overrated every match by
 the share of the batch that found none: on the H200, ngram-gated drafted on at c = 32 at 0.57× plain.)
@@ -44,6 +47,7 @@ steps, never on the drafts of this step; verification is untouched.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from math import ceil
 
@@ -58,6 +62,11 @@ MARGIN = 0.03        # drafting must beat plain decoding by this fraction: a rat
                      # is noisy, and on the H200 near-ties flipped the arms and cost more than they won
 PRIOR_STEPS = 2.0    # weight, in drafting steps, of the cell's acceptance in a request's own estimate
 REQUEST_DECAY = 0.8  # weight of a request's older drafting steps (its text changes: quoting, then prose)
+CLASS_TOKENS = 32    # a prompt class is the first 32 prompt tokens: the chat template's system turn, so one
+                     # application's requests share a class and different applications' do not
+CLASS_DECAY = 0.95   # weight of a class's older drafting steps: pooled over its requests, ~20 steps of memory
+CLASS_EXPLORE = 3    # drafting steps a recurring class takes on its own before the gate trusts its record
+MAX_CLASSES = 4096   # classes remembered (least recently admitted forgotten first): unique prompts stay bounded
 
 
 class GateError(ValueError):
@@ -136,15 +145,40 @@ class Rate:
 
 
 @dataclass
-class Acceptance:
-    """One request's decayed record of its drafting steps: tokens emitted, and steps."""
+class ClassRecord:
+    """A prompt class's pooled record: every drafting step of its requests, decayed by ``CLASS_DECAY``;
+    the requests admitted and the drafting steps taken, undecayed (for its exploration)."""
 
     tokens: float = 0.0
     steps: float = 0.0
+    requests: int = 0
+    samples: int = 0
+
+    def add(self, tokens: int) -> None:
+        self.tokens = self.tokens * CLASS_DECAY + tokens
+        self.steps = self.steps * CLASS_DECAY + 1.0
+        self.samples += 1
+
+
+@dataclass
+class Acceptance:
+    """One request's decayed record of its drafting steps (tokens emitted, and steps), and its prompt
+    class's pooled record (None: no class), which every step it records feeds too."""
+
+    tokens: float = 0.0
+    steps: float = 0.0
+    group: ClassRecord | None = field(default=None, repr=False)
 
     def add(self, tokens: int, decay: float = REQUEST_DECAY) -> None:
         self.tokens = self.tokens * decay + tokens
         self.steps = self.steps * decay + 1.0
+        if self.group is not None:
+            self.group.add(tokens)
+
+
+def prompt_class(prompt_ids: list[int]) -> tuple[int, ...]:
+    """The class of a prompt: its first ``CLASS_TOKENS`` tokens."""
+    return tuple(prompt_ids[:CLASS_TOKENS])
 
 
 @dataclass
@@ -203,12 +237,41 @@ class SpecGate:
         self.margin, self.probe_budget, self.prior_steps = margin, probe_budget, prior_steps
         self.probe_max = probe_max
         self.cells: dict[tuple[str, int], Cell] = {}
+        self.classes: OrderedDict[tuple[str, tuple[int, ...]], ClassRecord] = OrderedDict()
         self.probes = 0
+
+    def record(self, method: str, prompt: list[int]) -> Acceptance:
+        """A new request's acceptance record, tied to its prompt class's pooled record under ``method``
+        (its gate key). A new request starts from its class's acceptance, not the cell's: one engine serves
+        applications whose drafts are accepted at very different rates, and a cell that learned to rest
+        on one of them otherwise rates every new request of another by it (H200, run L: scheduled dspark
+        rested through extraction at c = 1 and 4, where fixed γ = 7 ran at 1.42× and 1.16× plain)."""
+        key = (method, prompt_class(prompt))
+        group = self.classes.get(key)
+        if group is None:
+            group = self.classes[key] = ClassRecord()
+            if len(self.classes) > MAX_CLASSES:
+                self.classes.popitem(last=False)
+        else:
+            self.classes.move_to_end(key)
+        group.requests += 1
+        return Acceptance(group=group)
+
+    @staticmethod
+    def explores(record: Acceptance) -> bool:
+        """Does this request draft whatever its cell decides, to measure its class? A class explores
+        once it recurs (a second request: one-off prompts never pay for it) until it has drafted
+        ``CLASS_EXPLORE`` steps. Why: a resting cell drafts only in probes, and a request that rested from
+        its first step probes from a drafter context without its prompt, which underrates it; an
+        exploring request captures its prompt's features and drafts from its first decode step. The
+        cost is bounded: a few drafting steps per recurring class (``MAX_CLASSES`` of them at most)."""
+        group = record.group
+        return group is not None and group.requests >= 2 and group.samples < CLASS_EXPLORE
 
     def acceptance(self, method: str, sequences: int, requests: list[Acceptance] | None) -> float | None:
         """The batch's predicted tokens per sequence of a drafting step, when ``requests`` draft in a batch
         of ``sequences``: each drafting request's own record shrunk toward the cell's drafting requests
-        (a new request is the cell's), and one token for each sequence that does not draft. None: no
+        (a new request starts at its class's, ``_start``), and one token for each sequence that does not draft. None: no
         record yet."""
         return self._acceptance(self._cell(method, sequences), requests, sequences)
 
@@ -219,8 +282,16 @@ class SpecGate:
         if prior <= 0:
             return None
         k = self.prior_steps
-        drafting = sum((r.tokens + k * prior) / (r.steps + k) for r in requests)
+        drafting = sum((r.tokens + k * self._start(r, prior)) / (r.steps + k) for r in requests)
         return (drafting + max(0, sequences - len(requests))) / max(sequences, len(requests))
+
+    def _start(self, record: Acceptance, prior: float) -> float:
+        """Where a request's estimate starts: its class's pooled record shrunk toward the cell's
+        drafting requests (``prior``) by the same ``prior_steps``, or the cell's without a class record."""
+        group = record.group
+        if group is None or group.steps <= 0:
+            return prior
+        return (group.tokens + self.prior_steps * prior) / (group.steps + self.prior_steps)
 
     def should_draft(self, method: str, sequences: int, measured: bool = True,
                      requests: list[Acceptance] | None = None, verify: int | None = None) -> bool:

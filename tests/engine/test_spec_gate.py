@@ -125,6 +125,68 @@ def test_a_batch_drafts_by_its_own_requests_acceptance():
     assert not gate.should_draft("dspark", 4, measured=False, requests=good[:1] + new[:3])   # mean ~1.6
 
 
+def learned_to_rest(gate: SpecGate, acceptance: float = 1.2, sequences: int = 4) -> None:
+    """Drive ``gate`` until its (dspark, bucket of ``sequences``) cell rests: drafting steps emit
+    ``acceptance`` tokens per request and take twice a plain step."""
+    for _ in range(10):
+        drafted = gate.should_draft("dspark", sequences)
+        tokens, seconds = ((acceptance * sequences, sequences * 2 / PLAIN_TOK_S) if drafted
+                           else (sequences, sequences / PLAIN_TOK_S))
+        gate.observe("dspark", sequences, drafted, tokens, seconds)
+    assert not gate.should_draft("dspark", sequences, measured=False)
+
+
+def test_a_new_request_starts_at_its_prompt_class_acceptance():
+    """Regression (H200, run L): a cell that learned to rest on coding and creative requests rated every
+    new extraction request by them, and rested through extraction at c = 1 and 4, where fixed γ = 7 ran
+    at 1.42× and 1.16× plain decoding. A new request now starts at its class's pooled record."""
+    gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0)
+    learned_to_rest(gate)
+    coding, extraction = [1] * 40 + [2], [7] * 40 + [3]
+    for _ in range(3):                   # three earlier extraction requests drafted 3 tokens per step
+        r = gate.record("dspark", extraction + [len(gate.classes)])
+        for _ in range(2):
+            r.add(3)
+    fresh = gate.record("dspark", extraction + [9])       # same first 32 tokens: same class
+    other = gate.record("dspark", coding)
+    assert fresh.steps == 0 and fresh.group is gate.classes[("dspark", tuple(extraction[:32]))]
+    group = fresh.group
+    start = (group.tokens + 2.0 * 1.2) / (group.steps + 2.0)
+    assert 2.5 < start < 3 and gate.acceptance("dspark", 4, [fresh] * 4) == pytest.approx(start)
+    assert gate.should_draft("dspark", 4, measured=False, requests=[fresh] * 4)
+    assert not gate.should_draft("dspark", 4, measured=False, requests=[other] * 4)   # the cell's 1.2
+    # the class is per gate key: ngram's extraction requests have a record of their own
+    assert gate.record("ngram", extraction).group is not group
+
+
+def test_a_recurring_class_explores_a_few_drafting_steps_and_one_off_prompts_never_do():
+    from specd.engine.spec_gate import CLASS_EXPLORE
+
+    gate = SpecGate()
+    first = gate.record("dspark", [5] * 50)
+    assert not gate.explores(first)                     # a one-off prompt pays nothing
+    second = gate.record("dspark", [5] * 40 + [6] * 10)
+    assert gate.explores(second) and gate.explores(first)   # the class recurs: its requests explore
+    for _ in range(CLASS_EXPLORE):
+        second.add(2)
+    assert not gate.explores(second) and not gate.explores(first)
+    assert not gate.explores(gate.record("dspark", [5] * 32))   # explored once, trusted after
+    from specd.engine.spec_gate import Acceptance
+    assert not gate.explores(Acceptance())              # no class (a test's bare record)
+
+
+def test_prompt_classes_are_bounded(monkeypatch):
+    import specd.engine.spec_gate as sg
+
+    monkeypatch.setattr(sg, "MAX_CLASSES", 3)
+    gate = SpecGate()
+    for i in range(5):
+        gate.record("dspark", [i] * 40)
+    gate.record("dspark", [2] * 40)                     # admitted again: the most recent
+    assert len(gate.classes) == 3
+    assert [k[1][0] for k in gate.classes] == [3, 4, 2]
+
+
 def test_a_partly_drafting_batch_is_rated_per_sequence():
     """ngram is gated over the few requests it found a match for. Regression (H200, session 6, run J):
     their records (tokens per drafting request) were compared with the cell's tokens per sequence of the
@@ -336,6 +398,13 @@ class ScriptedGate:
         return self.arms.pop(0) if self.arms else True
 
     def probe_next(self, method, sequences):
+        return False
+
+    def record(self, method, prompt):
+        from specd.engine.spec_gate import Acceptance
+        return Acceptance()
+
+    def explores(self, record):
         return False
 
     def observe(self, *args):
@@ -573,3 +642,53 @@ def test_a_cheap_proposer_is_gated_after_it_proposes_on_the_requests_it_found_dr
             assert s.gate_acceptance.steps == pytest.approx(sum(0.8 ** i for i in range(s.spec_verifications)))
     finally:
         engine.spec_gate = SpecGate()
+
+
+def test_a_recurring_prompt_class_drafts_its_exploration_where_its_cell_rests_and_stays_exact(engine):
+    """Two requests of one class (a shared 32-token prefix) join a cell that rests a slow drafter: the
+    class recurs, so its requests explore it (capture their prompts and draft until the class has
+    ``CLASS_EXPLORE`` drafting steps), then rest with the cell; both answers are plain decoding's."""
+    from specd.engine.request import Request
+    from specd.engine.spec_gate import CLASS_EXPLORE
+    from specd.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    shared = engine.tokenizer.encode("Once upon a time, there was a little girl named Lily. She loved to play "
+                                     "outside in the park with her friends, and every day she ran")
+    assert len(shared) > 32
+    prompts = {"y1": shared + engine.tokenizer.encode(" to the swings."), "y2": shared + engine.tokenizer.encode(" home.")}
+
+    def serve(tag, speculation):
+        for name, ids in prompts.items():
+            engine.add_request(Request(tag + name, ids, params, speculation=speculation))
+        seqs = {name: engine._seqs[tag + name] for name in prompts}
+        got = collections.defaultdict(list)
+        while engine.has_work():
+            for out in engine.step():
+                got[out.id.removeprefix(tag)] += out.token_ids
+        return dict(got), seqs
+
+    want, _ = serve("plain-", "none")
+    teach = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)
+    engine._proposer("dspark")
+    real = engine._proposers["dspark"]
+    engine._proposers["dspark"] = SlowProposer(real, 0.05)
+    engine.spec_gate = SpecGate(min_samples=3, probe_every=1000, probe_max=1000, probe_steps=1)
+    try:
+        for i in range(2):                                   # two one-off prompts teach bucket 2 to rest
+            engine.add_request(Request(f"x{i}", engine.tokenizer.encode(PROMPTS[i]), teach, speculation="dspark"))
+        while engine.has_work():
+            engine.step()
+        assert engine.stats()["spec_gate_dspark_b2_drafting"] == 0
+        before = engine.stats()["spec_gate_dspark_b2_draft_samples"]
+        got, seqs = serve("spec-", "dspark")
+        after = engine.stats()["spec_gate_dspark_b2_draft_samples"]
+    finally:
+        engine._proposers["dspark"] = real
+        engine.spec_gate = SpecGate()
+    assert got == want
+    # both requests of the class explore in the same steps, two samples a step, until it has CLASS_EXPLORE
+    steps = -(-CLASS_EXPLORE // 2)
+    assert seqs["y1"].spec_verifications == seqs["y2"].spec_verifications == steps
+    assert seqs["y2"].gate_acceptance.group.samples == 2 * steps
+    assert after == before                              # exploring is no sample of the cell
