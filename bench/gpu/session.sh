@@ -7,6 +7,7 @@
 #   bash bench/gpu/session.sh speed        # GPU0: bench speedup (issue 6)    | GPU1: sps-projection (Qwen3-8B shape)
 #   bash bench/gpu/session.sh train-kv     # GPU0: one dspark drafter, 10x the data (issue 6's drafter; resumable:
 #                                          #   run it again until it reports) | GPU1: serve-plan gpu-kv (issue 7)
+#   bash bench/gpu/session.sh train        # one GPU: train-kv's drafter alone, through training (resumable)
 #   bash bench/gpu/session.sh drafter-out N  # part N (0, 1) of the trained dspark drafter in bf16, to carry later
 #   bash bench/gpu/session.sh stash DIR    # copy a carried folder's files to /tmp/stash (the drafter's pieces)
 #   bash bench/gpu/session.sh final        # GPU0: bench speedup with the carried drafter, the draft-round profile,
@@ -61,8 +62,8 @@ unpack_drafter() {  # the dspark drafter of train-kv, carried back as bf16 piece
 }
 
 speed_drafters() {  # DRAFTERS for speedup_run: ${SPEED_DRAFTERS} (empty: none), default the stashed dspark, unpacked
-  DRAFTERS=${SPEED_DRAFTERS-dspark=/tmp/dsp}
-  if [ -n "$DRAFTERS" ]; then unpack_drafter; fi
+  DRAFTERS=${SPEED_DRAFTERS-dspark=/tmp/dsp}   # dspark=/tmp/dp/drafters/dspark: the one `train` left on this machine
+  case "$DRAFTERS" in *=/tmp/dsp*) unpack_drafter ;; esac
 }
 
 pack() {  # pack $RES/<phase> (+ logs) into one tarball under $OUT
@@ -168,6 +169,20 @@ PY
     wait $a; echo "drafter-pipeline rc=$?"
     grep -v "it/s\]" /tmp/logs/drafter-pipeline.log | tail -n 25
     pack train-kv
+    ;;
+  train)
+    # session 7: the dspark drafter alone (train-kv's recipe, no serving plan beside it: one GPU), through
+    # training only (no tuning or acceptance evaluation); resumable: run it again until it prints "trained"
+    mkdir -p "$RES/train"
+    CUDA_VISIBLE_DEVICES=0 timeout "${TRAIN_TIMEOUT:-560}" python -m bench drafter-pipeline --target "$MODEL" \
+      --sessions .carry/qwen-sessions500 --work /tmp/dp --out "$RES/train/acceptance" --methods dspark \
+      --steps "${TRAIN_STEPS:-2500}" --train-sessions 500 --answers engine --budget-s "${TRAIN_BUDGET:-900}" \
+      --gamma 7 --device cuda --stop-after train >> /tmp/logs/drafter-pipeline.log 2>&1
+    rc=$?; echo "drafter-pipeline rc=$rc"
+    grep -v "it/s\]" /tmp/logs/drafter-pipeline.log | tail -n 12
+    if [ -f /tmp/dp/drafters/dspark/drafter.safetensors ]; then echo trained; ls -la /tmp/dp/drafters/dspark; fi
+    cp -r /tmp/dp/stages "$RES/train/" 2>/dev/null; cp /tmp/dp/drafters/dspark/*.json "$RES/train/" 2>/dev/null
+    pack train
     ;;
   drafter-out)
     D=/tmp/dp/drafters/dspark
