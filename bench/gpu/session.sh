@@ -8,6 +8,7 @@
 #   bash bench/gpu/session.sh train-kv     # GPU0: one dspark drafter, 10x the data (issue 6's drafter; resumable:
 #                                          #   run it again until it reports) | GPU1: serve-plan gpu-kv (issue 7)
 #   bash bench/gpu/session.sh train        # one GPU: train-kv's drafter alone, through training (resumable)
+#   bash bench/gpu/session.sh answers-stacks  # one GPU: the data stage's Python stacks every 20 s for 80 s
 #   bash bench/gpu/session.sh drafter-out N  # part N (0, 1) of the trained dspark drafter in bf16, to carry later
 #   bash bench/gpu/session.sh stash DIR    # copy a carried folder's files to /tmp/stash (the drafter's pieces)
 #   bash bench/gpu/session.sh final        # GPU0: bench speedup with the carried drafter, the draft-round profile,
@@ -183,6 +184,17 @@ PY
     if [ -f /tmp/dp/drafters/dspark/drafter.safetensors ]; then echo trained; ls -la /tmp/dp/drafters/dspark; fi
     cp -r /tmp/dp/stages "$RES/train/" 2>/dev/null; cp /tmp/dp/drafters/dspark/*.json "$RES/train/" 2>/dev/null
     pack train
+    ;;
+  answers-stacks)
+    # session 7: the data stage (--answers engine) ran 540 s on the H200 with no output; dump its stacks
+    # every DUMP_EVERY s for DUMP_FOR s (bench/gpu/stack_dump.py), then cut it
+    mkdir -p "$RES/answers-stacks"
+    CUDA_VISIBLE_DEVICES=0 python -m bench.gpu.stack_dump --every "${DUMP_EVERY:-20}" --for "${DUMP_FOR:-80}" \
+      --out "$RES/answers-stacks/stacks.txt" -- bench drafter-pipeline --target "$MODEL" \
+      --sessions .carry/qwen-sessions500 --work /tmp/dp-diag --out "$RES/answers-stacks/acceptance" --methods dspark \
+      --train-sessions 500 --answers engine --stop-after data --device cuda > /tmp/logs/answers-stacks.log 2>&1
+    echo "answers-stacks rc=$?"; tail -n 5 /tmp/logs/answers-stacks.log
+    pack answers-stacks
     ;;
   drafter-out)
     D=/tmp/dp/drafters/dspark
