@@ -76,9 +76,12 @@ def row_invariant(drafter, monkeypatch):
     return drafter
 
 
-def test_static_block_forward_on_padded_buffers_is_bit_identical(row_invariant):
+def test_static_block_forward_on_padded_buffers_matches_the_exact_batch(row_invariant):
     """One BlockGraphs through batches of 16, 1 and 3 (stale keys of the longer batches stay in the
-    buffers): each equals the same function at the exact batch, zero-padded to its bucket."""
+    buffers): each equals the same function at the exact batch, zero-padded to its bucket, to within
+    rounding. Bit-identical on session 6's CPU; on session 7's (another Xeon, other BLAS kernels) the
+    batch of 3 padded to 4 differed by one float32 ULP (1.2e-7 at values up to ~3). A stale key or a
+    wrong bucket shows up as an error of order 1e-1, and a draft never changes an output anyway."""
     drafter = row_invariant
     graphs = BlockGraphs(drafter, 16, 512, CPU, replay_eagerly=True)
     with torch.no_grad():
@@ -87,7 +90,7 @@ def test_static_block_forward_on_padded_buffers_is_bit_identical(row_invariant):
             got = graphs.run(drafter, contexts, anchors).clone()
             key = graphs.key(contexts)
             assert key.batch == bucket(n, 16) and key.context == (256 if max(c.n for c in contexts) <= 256 else 512)
-            assert torch.equal(got, at_bucket(drafter, contexts, anchors, key.context))
+            torch.testing.assert_close(got, at_bucket(drafter, contexts, anchors, key.context), rtol=0, atol=1e-6)
     assert graphs.replays == 4 and graphs.eager_forwards == 0
 
 

@@ -6,7 +6,8 @@ import torch
 
 from specd.models import ContiguousKV
 
-ATOL = 1e-5
+ATOL = 5e-5   # fp32 logits, a few ULPs: 1e-5 held on session 6's CPU; on session 7's (other BLAS kernels)
+             # one logit was 1.14e-5 off. A mixed-up offset or cache row is off by ~1e-1 and more.
 
 
 @torch.no_grad()
