@@ -304,7 +304,7 @@ PY
     ;;
   idle)
     mkdir -p "$RES/idle"
-    plan_run 0 gpu-agentic-idle "$RES/idle/idle" /tmp/sp6 "${SERVE_BUDGET:-480}" serve-plan
+    plan_run 0 "${KV_PLAN:-gpu-agentic-idle}" "$RES/idle/idle" /tmp/sp6 "${SERVE_BUDGET:-480}" serve-plan
     grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
     pack idle
     ;;
