@@ -277,8 +277,10 @@ def stage_data(r: Run) -> dict:
     answers = r.args.answers or data.default_answers(next(model.parameters()).device)
     per_w = read_workload_sessions(r.args.sessions, "train", r.args.train_sessions)
     sessions = [s for w in WORKLOADS for s in per_w[w]]
+    # the answers' progress bar goes to stderr (the device log): in session 7 this stage ran 540 s on the
+    # H200 with nothing in its log to say how far it had got
     pairs = data.answer_sessions(model, tok, sessions, r.args.seed, r.args.max_len, None, r.args.gen_batch,
-                                 progress=False, answers=answers)
+                                 progress=True, answers=answers)
     ddir = r.work / "data"
     ddir.mkdir(exist_ok=True)
     data.save_sequences(ddir / "all.jsonl", [seq for _, seq in pairs])

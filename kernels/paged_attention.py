@@ -173,8 +173,20 @@ def _auto_splits(device: torch.device, q_tiles: int, heads: int, kv_tiles: int) 
     ``kv_tiles`` bounds the context from the block table's width (known without a sync)."""
     if device.type != "cuda" or q_tiles > 1:
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(MAX_SPLITS, (PROGRAMS_PER_SM * sms) // heads, kv_tiles))
+    return split_count(torch.cuda.get_device_properties(device).multi_processor_count, heads, kv_tiles)
+
+
+def split_count(sms: int, heads: int, kv_tiles: int) -> int:
+    """The KV splits of a decode grid of ``heads`` (sequence, KV head) programs: enough for
+    ``PROGRAMS_PER_SM`` programs per SM, at most ``MAX_SPLITS`` and one per KV tile, rounded down to
+    a power of two. Why the rounding: ``NUM_SPLITS`` is a compile-time constant, so every distinct
+    value compiles the kernel again (seconds each). Unrounded, the count takes every value in 1..32 as
+    batch sizes and block-table widths vary (on the H200 with 2 KV heads; even the graph buckets alone
+    give 4, 5, 8, 11, 16, 22 and 32); rounded, it takes six. Suspected, not confirmed, as the cause of
+    the drafter pipeline's data stage compiling for 540 s on the H200 in session 7. Any count is
+    correct: the split only changes which program reduces which KV range."""
+    want = max(1, min(MAX_SPLITS, (PROGRAMS_PER_SM * sms) // max(heads, 1), kv_tiles))
+    return 1 << (want.bit_length() - 1)
 
 
 def _interpreter_lacks_bf16_dot(q: torch.Tensor) -> bool:

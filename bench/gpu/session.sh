@@ -53,6 +53,11 @@ if [ ! -d /tmp/site ] && [ -d .whl ]; then
     > /tmp/logs/pip.log 2>&1 || { tail /tmp/logs/pip.log; exit 1; }
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export TRITON_CACHE_DIR=/tmp/triton-cache   # known place, so triton_compiles can count the kernels built
+
+triton_compiles() {  # compiled Triton kernels so far, per kernel name (one cache entry per specialisation)
+  find "$TRITON_CACHE_DIR" -name '*.json' ! -name '__grp__*' 2>/dev/null | xargs -r -n1 basename | sort | uniq -c
+}
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 second_gpu() { if [ "$GPUS" -ge 2 ]; then echo 1; else echo 0; fi; }
 
@@ -182,6 +187,7 @@ PY
     rc=$?; echo "drafter-pipeline rc=$rc"
     grep -v "it/s\]" /tmp/logs/drafter-pipeline.log | tail -n 12
     if [ -f /tmp/dp/drafters/dspark/drafter.safetensors ]; then echo trained; ls -la /tmp/dp/drafters/dspark; fi
+    triton_compiles | tee "$RES/train/triton-compiles.txt"
     cp -r /tmp/dp/stages "$RES/train/" 2>/dev/null; cp /tmp/dp/drafters/dspark/*.json "$RES/train/" 2>/dev/null
     pack train
     ;;
@@ -194,6 +200,7 @@ PY
       --sessions .carry/qwen-sessions500 --work /tmp/dp-diag --out "$RES/answers-stacks/acceptance" --methods dspark \
       --train-sessions 500 --answers engine --stop-after data --device cuda > /tmp/logs/answers-stacks.log 2>&1
     echo "answers-stacks rc=$?"; tail -n 5 /tmp/logs/answers-stacks.log
+    triton_compiles | tee "$RES/answers-stacks/triton-compiles.txt"
     pack answers-stacks
     ;;
   drafter-out)

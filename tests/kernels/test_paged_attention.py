@@ -112,3 +112,19 @@ def test_prefill_tile_size_hook_matches(max_block_m):
     with pytest.raises(KernelArgumentError):
         _compare(**RAGGED, block_size=16, num_q_heads=8, num_kv_heads=2, head_dim=16, dtype=torch.float32,
                  max_block_m=48)
+
+
+def test_split_counts_are_few_powers_of_two():
+    """NUM_SPLITS is a compile-time constant: each distinct value is another kernel compile. Over every
+    decode batch up to 256 sequences and every block-table width up to 32k tokens, the H200's 132 SMs
+    (Qwen-0.5B: 2 KV heads) give six counts; unrounded, the heuristic took all 32 values in 1..32."""
+    from kernels.paged_attention import MAX_SPLITS, PROGRAMS_PER_SM, split_count
+
+    counts = {split_count(132, 2 * b, t) for b in range(1, 257) for t in range(1, 2049)}
+    assert counts == {1, 2, 4, 8, 16, 32}
+    raw = {max(1, min(MAX_SPLITS, (PROGRAMS_PER_SM * 132) // (2 * b), t)) for b in range(1, 257) for t in range(1, 2049)}
+    assert len(raw) > 25
+    # never more splits than KV tiles or than the SM budget asks for, and at least half of what it asks
+    for b, t in ((1, 3), (1, 2000), (33, 2000), (128, 2000), (200, 5)):
+        want = max(1, min(MAX_SPLITS, (PROGRAMS_PER_SM * 132) // (2 * b), t))
+        assert want / 2 < split_count(132, 2 * b, t) <= want
