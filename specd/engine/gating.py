@@ -26,7 +26,7 @@ class GateSteps:
         drafting, self._gate_drafting = self._gate_drafting, {}
         for seqs in drafting.values():   # each gated request's own acceptance: tokens this drafting step emitted
             for seq in seqs:
-                seq.gate_acceptance.add(emitted.get(id(seq), 1))
+                seq.gate_acceptance.add(emitted.get(id(seq), 1), pool=self._pools(seq))
         profiled, self._profiled = self._profiled, False
         if self.spec_gate is None or profiled or not self._pure_decode(batch):
             return
@@ -37,6 +37,16 @@ class GateSteps:
             drafters = Drafters(len(seqs), sum(emitted.get(id(s), 1) for s in seqs),
                                 sum(drafts.get(id(s), 0) for s in seqs)) if drafted else None
             self.spec_gate.observe(method, len(batch), drafted, tokens, seconds, drafters)
+
+    @staticmethod
+    def _pools(seq: Sequence) -> bool:
+        """Does this request's drafting step count for its prompt class? Not when its drafter context
+        misses part of its history (``DraftContext.offset`` > 0: it rested before its first capture and
+        a probe drafted from a stitched context, or a prefix hit came without the drafter's KV). Such a
+        step underrates what the class's requests draft from a whole context, and a class rated low
+        rests its next requests from their first step, which keeps their contexts gapped."""
+        ctx = seq.draft_ctx
+        return ctx is None or not ctx.offset
 
     def _gate_on(self) -> bool:
         """The gate decides, unless it is off or a profile was injected into ``self.sps`` (tests pinning

@@ -169,10 +169,12 @@ class Acceptance:
     steps: float = 0.0
     group: ClassRecord | None = field(default=None, repr=False)
 
-    def add(self, tokens: int, decay: float = REQUEST_DECAY) -> None:
+    def add(self, tokens: int, decay: float = REQUEST_DECAY, pool: bool = True) -> None:
+        """One drafting step's emitted tokens. ``pool``: also into the class's record; False for a step
+        drafted from a context that misses part of the request's history (the engine's ``_pools``)."""
         self.tokens = self.tokens * decay + tokens
         self.steps = self.steps * decay + 1.0
-        if self.group is not None:
+        if self.group is not None and pool:
             self.group.add(tokens)
 
 

@@ -692,3 +692,23 @@ def test_a_recurring_prompt_class_drafts_its_exploration_where_its_cell_rests_an
     assert seqs["y1"].spec_verifications == seqs["y2"].spec_verifications == steps
     assert seqs["y2"].gate_acceptance.group.samples == 2 * steps
     assert after == before                              # exploring is no sample of the cell
+
+
+def test_only_steps_from_a_whole_drafter_context_feed_the_class():
+    """A probe of a request that rested from its first step drafts from a context missing its prompt
+    (``offset`` > 0); counting it would rate the class low and keep the next requests resting."""
+    from types import SimpleNamespace
+
+    from specd.engine.gating import GateSteps
+
+    gate = SpecGate()
+    whole = gate.record("dspark", [4] * 40)
+    gapped = gate.record("dspark", [4] * 40)
+    seq = lambda record, offset: SimpleNamespace(gate_acceptance=record,
+                                                 draft_ctx=None if offset is None else SimpleNamespace(offset=offset))
+    for s, tokens in ((seq(whole, 0), 3), (seq(gapped, 120), 1), (seq(gapped, None), 2)):
+        s.gate_acceptance.add(tokens, pool=GateSteps._pools(s))
+    group = whole.group
+    assert group is gapped.group and group.samples == 2            # the gapped step is the request's own only
+    assert group.tokens == pytest.approx(3 * 0.95 + 2)
+    assert gapped.steps == pytest.approx(1.8) and gapped.tokens == pytest.approx(1 * 0.8 + 2)
