@@ -38,6 +38,10 @@ from bench.row_profiles import RowProfiles
 
 ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = the engine's (scheduled)
     "none": {"method": "none", "schedule": None, "gamma": None},
+    # plain decoding again, alternated like every row: its ratio to `none` is the run's A/A noise, the
+    # band a "never slower" verdict has to be read against (H200, run L: the per-repeat ratios of
+    # scheduled dspark runs that never drafted ranged 0.92-1.08×)
+    "none-aa": {"method": "none", "schedule": None, "gamma": None},
     "dspark": {"method": "dspark", "schedule": "confidence", "gamma": None},
     "dspark-g7": {"method": "dspark", "schedule": "fixed", "gamma": 7},
     "dflash-g7": {"method": "dflash", "schedule": "fixed", "gamma": 7},

@@ -62,7 +62,7 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                      "--max-tokens", "12", "--repeats", "2", "--warmup-tokens", "2", "--out", str(out)])
     assert rc == 0
     result = json.loads((out / "speedup.json").read_text())
-    assert result["rows"] == ["none", "dspark", "dspark-g7", "ngram", "ngram-gated", "dspark-g7-gated"]
+    assert result["rows"] == ["none", "none-aa", "dspark", "dspark-g7", "ngram", "ngram-gated", "dspark-g7-gated"]
     assert result["skipped_rows"] == ["dflash-g7", "eagle3"]            # no drafter given for them
     assert result["row_settings"]["ngram-gated"]["spec_schedule"] == "gated"
     assert result["row_settings"]["dspark-g7"] == {"speculation": "dspark", "spec_schedule": "fixed",
@@ -81,6 +81,8 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                 assert all(0 < x["tokens"] <= 3 * 12 for x in r["runs"])        # 3 requests of ≤ 12 tokens
                 if row == "none":
                     assert r["tau"] is None and r["throughput_ratio"]["p50"] == pytest.approx(1.0)
+                elif row == "none-aa":      # the A/A row: the same plain decoding, timed as a row of its own
+                    assert r["tau"] is None and [x["tokens"] for x in r["runs"]] == [x["tokens"] for x in base]
                 elif row == "dspark-g7":
                     assert r["tau"] > 1.0 and 1.0 <= r["mean_verified"] <= 7.0
             s = cell["rows"][SCHEDULED]
@@ -97,7 +99,7 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     md = (out / "speedup.md").read_text()
     assert "## stories-greedy" in md and "## Summary across workloads" in md
     assert md.count("never slower than none at concurrency") == 4
-    assert "Timed runs that captured CUDA graphs: 0 of 48" in md          # CPU: no graphs at all (2 × 2 × 6 rows × 2)
+    assert "Timed runs that captured CUDA graphs: 0 of 56" in md          # CPU: no graphs at all (2 × 2 × 7 rows × 2)
 
 
 def test_budget_cuts_cells_and_still_writes(tmp_path):
