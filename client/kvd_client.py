@@ -127,6 +127,7 @@ class KvdClient:
         self.posts: dict[str, list[float]] = {}     # op type -> [posted ops, seconds to send them]
         self.frames_posted = 0                      # frames sent without waiting (a corked batch is one)
         self._posted: dict[int, tuple[str, Optional[Callable[[Any], None]]]] = {}   # id -> (op type, on_reply)
+        self._posted_at: dict[int, float] = {}   # posted id -> when it was sent (monotonic), for ``drain``
         self._arrived: dict[int, Optional[dict[str, Any]]] = {}   # posted id -> its reply (None: lost)
         self._needed = 0          # the last posted id whose reply ``settle`` must wait for
         # posted ops kvd answers out of order (a parked wait_ready): id -> (op type, on_reply, deadline)
@@ -183,6 +184,7 @@ class KvdClient:
         """Who takes a posted frame's reply (``settle``), and whether ``settle`` must wait for it."""
         def book(req_id: int) -> None:
             self._posted[req_id] = (op_type, on_reply)
+            self._posted_at[req_id] = time.monotonic()
             if needed:
                 self._needed = req_id
         return book
@@ -262,8 +264,7 @@ class KvdClient:
                 if last in self._posted and last not in self._arrived:
                     self._await(last, timeout_ms)
             except KvdUnavailable:
-                self._posted.clear()
-                self._arrived.clear()
+                self._forget_posted()
                 raise
             finally:
                 self._count(self.round_trips, "settle", t0)
@@ -273,11 +274,30 @@ class KvdClient:
     def drain(self) -> int:
         """Hand out, in send order, the replies of posted ops that have already come, without waiting
         (up to the first one still unanswered); returns how many. The scheduler takes a posted
-        ``allocate``'s blocks this way at the start of a step."""
+        ``allocate``'s blocks this way at the start of a step. Raises KvdUnavailable (the unanswered
+        ones are dropped) when the oldest unanswered post was sent over ``timeout_s`` ago: a caller that
+        never waits (an engine whose commits are posted and not needed) still learns that kvd is gone
+        within the timeout of a waited call."""
+        late = None
         with self._lock:
             self._read_ready()
             done = self._take_answered()
-        return self._hand_out(done)
+            if self._posted:
+                oldest = min(self._posted)
+                age = time.monotonic() - self._posted_at.get(oldest, time.monotonic())
+                if oldest not in self._arrived and age > self.timeout_s:
+                    late = self._unreachable(f"a posted {self._posted[oldest][0]} unanswered for {age:.1f}s")
+                    self._forget_posted()
+        count = self._hand_out(done)          # outside the lock: a reply's handler may post
+        if late is not None:
+            raise late
+        return count
+
+    def _forget_posted(self) -> None:
+        """Drop every posted op still unanswered (kvd is gone). Caller holds the lock."""
+        self._posted.clear()
+        self._posted_at.clear()
+        self._arrived.clear()
 
     def _read_ready(self) -> None:
         """File every reply already on the socket (never waits). Caller holds the lock."""
@@ -290,6 +310,7 @@ class KvdClient:
         for i in sorted(self._posted):
             if i not in self._arrived:
                 break
+            self._posted_at.pop(i, None)
             done.append((self._posted.pop(i), self._arrived.pop(i)))
         return done
 

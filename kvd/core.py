@@ -336,11 +336,16 @@ class KvdCore:
             # the canonical block for everyone else. Likewise for a lower-tier copy the cleaner is moving
             # down: dropping it would free the slot its copy still reads.
             return BlockId(bid)
-        lease.writes.discard(bid)
         if old is not None and old.tier == Tier.GPU:
-            g.gpu.free(bid)  # a duplicate: the published block stays canonical
+            # A duplicate: the published block stays canonical and this lease holds it too. The writer's
+            # slot stays a private write slot of the lease until the writer gives it back
+            # (``release_blocks``, once its block table points at the canonical block) or the lease ends.
+            # Why not free it here: the writer posts commits without waiting (protocol v3), so its next
+            # forward may still read that slot; freeing it at once made every engine step wait for its
+            # commit answers before the forward (~0.24 ms per step on the CPU probe, docs/design/kvd.md).
             self._hold(g, lease, old, now)
             return BlockId(old.slot)
+        lease.writes.discard(bid)
         pinned = False
         if old is not None:  # published in a lower tier (unleased): the fresh GPU copy replaces it
             pinned = old.pinned

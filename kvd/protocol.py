@@ -23,8 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 from kvd.types import HASH_BYTES
 
 # 2: attach carries tail_blocks, lookup carries recompute_s, lookup_groups, release may name blocks
-# (hybrid cache groups and the prefetch budget; docs/design/kvd.md). A v1 frame is refused with the typed error ``bad_version``.
-PROTOCOL_VERSION = 2
+# (hybrid cache groups and the prefetch budget; docs/design/kvd.md).
+# 3: a commit that duplicates a published GPU block leaves the writer's slot leased to it (a private write
+# slot, given back with ``release`` naming it, or with the lease) instead of freeing it, so a client may
+# read that slot until it has switched to the canonical id. The wire format is v2's; the version changes
+# because a v2 client relies on the old meaning. An older frame is refused with the typed error ``bad_version``.
+PROTOCOL_VERSION = 3
 
 # Bounds on untrusted input. A 128k-token prompt at block size 16 is 8192 hashes; 65536 leaves room
 # for 1M-token contexts while capping one frame's decode work.

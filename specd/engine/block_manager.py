@@ -190,9 +190,11 @@ class BlockManager:
         """Publish every full, computed, not yet published block of ``seq``.
 
         With a source that defers commits (kvd), the commit is sent without waiting and the canonical
-        ids land in the table at ``settle()``, which the engine calls before the next forward: the only
-        reader of a committed block's slot. Until then a duplicate's own slot still holds the same KV,
-        and this sequence never writes a full block again."""
+        ids land in the table whenever its answer is taken (a later step's ``drain`` or ``settle``).
+        Until then the table keeps the sequence's own slot, which holds the same KV and which kvd keeps
+        leased to it (protocol v3; the source gives it back after the switch). This sequence never
+        writes a full block again. (Until session 7 kvd freed a duplicate's slot at the commit, so the
+        engine had to wait for every commit answer before its next forward.)"""
         self.extend_hashes(seq)
         full = min(seq.num_computed_tokens // self.block_size, len(seq.hashes))
         if full <= seq.num_committed_blocks:
@@ -210,8 +212,9 @@ class BlockManager:
         seq.num_committed_blocks = full
 
     def settle(self) -> None:
-        """Apply the answers of deferred commits and posted refills now (a source that can tell them
-        from posted releases waits for those only; a release's error surfaces once it has come)."""
+        """Take the answers that have come, waiting only for those the next forward needs (a posted
+        refill allocate's blocks; a source that cannot tell which waits for all). Commit answers are
+        applied as they come: no forward waits for them (``commit_full``)."""
         if self._defer:
             getattr(self.source, "settle_needed", self.source.settle)()
 

@@ -208,7 +208,7 @@ class SpecEngine(GateSteps):
         self._add_drafts(batch)
         self._rest_prompts(batch)
         capture = self._capture_layers(batch)
-        self.blocks.settle()         # answers of last step's posted commits: block tables final before the forward
+        self.blocks.settle()         # answers that have come (commits: table switches) and any the forward needs (refills)
         self.blocks.refill_ahead(self.scheduler.expected_blocks())   # posted: kvd answers during the forward
         t1 = time.perf_counter()
         logits, captured = self.runner.run(batch, capture)

@@ -45,7 +45,7 @@ class KvdUnavailable(Exception):
 
 
 class KvdBlockSource:
-    defers_commits = True      # commit(on_done=...) is posted; BlockManager settles before each forward
+    defers_commits = True      # commit(on_done=...) is posted; its answer is taken whenever it has come
 
     def __init__(self, client: KvdClient, pools: dict[str, torch.Tensor], layout: KVLayout, run_dir: Path):
         self.client = client
@@ -264,16 +264,23 @@ class KvdBlockSource:
 
     def commit(self, lease: LeaseId, entries, on_done=None) -> list[BlockId] | None:
         """Publish ``entries``. With ``on_done`` the commit is posted (no wait) and ``on_done(canonical or
-        None)`` runs at the next ``settle``; without, it waits and returns the canonical ids. The posted
+        None)`` runs when its answer is taken (``drain`` or ``settle``, whichever comes first after it
+        arrives); nothing waits for it, because kvd keeps a duplicate's slot leased to us (protocol v3)
+        until ``_give_back_duplicates`` returns it after the switch. Without ``on_done`` it waits and
+        returns the canonical ids; our duplicate slots then stay held until the lease ends. The posted
         commit goes as its wire map (``P.commit_fields``): ints and hashes the engine made, which kvd
         validates on receipt (a bad one comes back as a refused commit), not twice."""
         if not self._connected or lease < 0:
             return None
         wire = [(int(b), bytes(h), None if p is None else bytes(p)) for b, h, p in entries]
         if on_done is not None:
-            with self._degrading():
-                self.client.post_fields(P.commit_fields(int(lease), wire),
-                                        lambda out: on_done(self._committed(lease, entries, out)))
+            def answered(out) -> None:
+                canonical = self._committed(lease, entries, out)
+                on_done(canonical)                      # the table points at the canonical blocks now
+                self._give_back_duplicates(lease, entries, canonical)
+
+            with self._degrading():   # not needed before the forward: kvd keeps a duplicate's slot ours
+                self.client.post_fields(P.commit_fields(int(lease), wire), answered, needed=False)
             return None
         try:
             out = self.client.commit(lease, wire)
@@ -293,10 +300,20 @@ class KvdBlockSource:
         if lease in self._held:
             held = self._held[lease][1]
             for (mine, _, _), block in zip(entries, out):
-                if block != mine:      # a duplicate: kvd freed ours and leased us its canonical block
-                    held.remove(mine)
+                if block != mine:      # a duplicate: kvd leased us its canonical block and kept ours ours
                     held.append(block)
         return out
+
+    def _give_back_duplicates(self, lease: LeaseId, entries, canonical: list[BlockId] | None) -> None:
+        """After ``on_done`` switched the table to a duplicate's canonical block, give our own slot back
+        (posted). Safe then: the engine handles answers between steps, after the last forward that read
+        the slot has finished (its step synchronised), and no later forward reads it. A lease already
+        released took the slot with it."""
+        if canonical is None or lease not in self._held:
+            return
+        dups = [mine for (mine, _, _), block in zip(entries, canonical) if block != mine]
+        if dups:
+            self.release_blocks(lease, dups)
 
     @contextmanager
     def posting(self) -> Iterator[None]:

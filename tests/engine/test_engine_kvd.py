@@ -58,8 +58,9 @@ def test_shared_prefix_is_prefilled_once_and_decodes_identically(kvd):
 
 def test_concurrent_identical_prompts_deduplicate_without_corruption(tmp_path):
     """Two sequences prefill the same prompt in one step; the second commit is a duplicate, so kvd
-    frees its copies and returns the canonical blocks. A second worker then takes every free block
-    (the freed ones included) and writes its own KV there: the first worker must not read it."""
+    returns the canonical blocks and keeps the copies leased to the writer (protocol v3) until it has
+    switched its table and given them back. A second worker then takes every free block (the given-back
+    ones included) and writes its own KV there: the first worker must not read it."""
     block_bytes = 5 * 2 * 16 * 4 * 8 * 4            # stories260K: L * 2 * bs * Hkv * D * fp32
     with KvdProcess(tmp_path / "kvd", gpu_bytes=24 * block_bytes, dram_bytes=0, max_groups=1) as kvd:
         local = SpecEngine.from_config(EngineConfig())
@@ -74,6 +75,13 @@ def test_concurrent_identical_prompts_deduplicate_without_corruption(tmp_path):
         got = {"a": [], "b": []}
         for out in first.step():                     # both prefill and commit; b's commit is a duplicate
             got[out.id] += out.token_ids
+        seq_a, seq_b = first._seqs["a"], first._seqs["b"]
+        own_b = list(seq_b.block_table)
+        full = len(prompt) // 16
+        source = first.blocks.source
+        source.settle()        # b's commit answer: its table switches to a's blocks, its own go back (posted)
+        source.settle()        # and kvd has taken them back
+        assert seq_b.block_table[:full] == seq_a.block_table[:full] != own_b[:full]
         got_other, _ = run(second, "o", other)       # fills kvd's free blocks with other KV
         while first.has_work():
             for out in first.step():
@@ -99,13 +107,15 @@ def test_kvd_killed_mid_run_degrades_then_recovers(tmp_path):
     engine = SpecEngine.from_config(EngineConfig(kvd_run_dir=proc.run_dir))
     engine.add_request(Request("a", prompt, SamplingParams(temperature=0.0, max_tokens=24)))
     ids = []
-    engine.step()                           # prefill through kvd
+    for out in engine.step():               # prefill through kvd
+        ids += out.token_ids
     proc.kill()
-    while engine.has_work():
+    while engine.has_work():                # decodes from its leased blocks: nothing waits on kvd here
         for out in engine.step():
             ids += out.token_ids
+    assert ids == want
+    again, usage = run(engine, "b", prompt)     # its lookup finds kvd gone: served, without the cache
     assert engine.stats()["kvd_connected"] == 0
-    again, usage = run(engine, "b", prompt)     # served, without the cache
     assert usage.cached_tokens == 0 and again == want
     proc = KvdProcess(tmp_path / "kvd", gpu_bytes=8 << 20, dram_bytes=8 << 20).start()
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -56,6 +57,25 @@ def test_settle_without_kvd_raises_unavailable(tmp_path):
             with pytest.raises(KvdUnavailable):
                 client.settle()
             assert client.unsettled == 0
+        finally:
+            client.close()
+
+
+def test_drain_raises_unavailable_once_a_post_goes_unanswered_past_the_timeout(tmp_path):
+    """An engine whose commits are posted and not needed never waits on kvd in a decode step; ``drain``
+    is where it learns that kvd is gone, once the oldest post is older than the call timeout. Before
+    that, drain never waits and never raises."""
+    with fake_kvd_socket(tmp_path / "run"):            # takes frames, never answers (a dead kvd)
+        client = KvdClient(tmp_path / "run", timeout_s=0.3)
+        try:
+            got = []
+            client.post(P.Heartbeat(), got.append, needed=False)
+            assert client.drain() == 0 and client.unsettled == 1
+            time.sleep(0.4)
+            with pytest.raises(KvdUnavailable, match="unanswered"):
+                client.drain()
+            assert client.unsettled == 0 and got == []
+            assert client.drain() == 0                # nothing posted: nothing to age
         finally:
             client.close()
 
