@@ -182,8 +182,8 @@ PY
     mkdir -p "$RES/train"
     CUDA_VISIBLE_DEVICES=0 timeout "${TRAIN_TIMEOUT:-560}" python -m bench drafter-pipeline --target "$MODEL" \
       --sessions .carry/qwen-sessions500 --work /tmp/dp --out "$RES/train/acceptance" --methods dspark \
-      --steps "${TRAIN_STEPS:-2500}" --train-sessions 500 --answers engine --budget-s "${TRAIN_BUDGET:-900}" \
-      --gamma 7 --device cuda --stop-after train >> /tmp/logs/drafter-pipeline.log 2>&1
+      --steps "${TRAIN_STEPS:-2500}" --train-sessions "${TRAIN_SESSIONS:-500}" --answers engine \
+      --budget-s "${TRAIN_BUDGET:-900}" --gamma 7 --device cuda --stop-after train >> /tmp/logs/drafter-pipeline.log 2>&1
     rc=$?; echo "drafter-pipeline rc=$rc"
     grep -v "it/s\]" /tmp/logs/drafter-pipeline.log | tail -n 12
     if [ -f /tmp/dp/drafters/dspark/drafter.safetensors ]; then echo trained; ls -la /tmp/dp/drafters/dspark; fi
