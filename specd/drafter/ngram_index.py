@@ -15,14 +15,27 @@ the reference on random histories, grown step by step.
 """
 from __future__ import annotations
 
+from array import array
 from typing import Sequence
+
+SCAN_TOKENS = 4096   # up to this history length ``propose`` scans the history's bytes; past it, the index
 
 
 class NgramIndex:
     """Keys are exact integers, not tuples: an n-gram's tokens packed ``bits`` apart (token ids are
     below the vocabulary size), so the dicts hold no container the garbage collector must track, and
     a prompt is registered a whole n at a time (one list and one C-level ``dict.update`` per n: 32
-    prompts of 700 tokens in ~7 ms instead of ~14 ms with a tuple per n-gram, on the CPU machine)."""
+    prompts of 700 tokens in ~7 ms instead of ~14 ms with a tuple per n-gram, on the CPU machine).
+
+    Short histories are not indexed at all (session 7): up to ``SCAN_TOKENS`` tokens the history is
+    also kept as int32 bytes and ``propose`` searches them (``bytearray.rfind``, in C). A request whose
+    cell rests still proposes every step (the gate decides after the lookup), so the index's build was
+    paid by every request. For 32 prompts of 700 tokens, building the index took 10.2 ms and each step
+    0.16 ms; scanning took 0.6 ms up front and 0.09 ms a step (``python -m tests.engine.ngram_scan_probe``,
+    CPU machine, medians). On the H200 (run N) a gated ngram row at c = 32 that never drafted still ran
+    15-20% slower than ``none``; this is one part of that, how much is not measured.
+    Past ``SCAN_TOKENS`` a miss scans too much (~100 µs at 22k tokens), so the history is registered
+    once and the index answers from then on."""
 
     def __init__(self, ngram_max: int, gamma: int, vocab_size: int = 1 << 18):
         if ngram_max < 1 or gamma < 1 or vocab_size < 1:
@@ -32,6 +45,7 @@ class NgramIndex:
         self.tokens: list[int] = []
         self.last: list[dict[int, int]] = [{} for _ in range(ngram_max + 1)]
         self.registered = 0          # windows with exclusive end e ≤ registered are in ``last``
+        self.data: bytearray | None = bytearray()   # the history as int32 while it is short; None: indexed
 
     def sync(self, prompt: Sequence[int], output: Sequence[int]) -> None:
         """Catch up with the history ``prompt + output`` (it only grows; a shorter one starts over)."""
@@ -44,6 +58,11 @@ class NgramIndex:
             self.tokens.extend(output)
         else:
             self.tokens.extend(output[have - len(prompt):])
+        if self.data is not None:
+            if len(self.tokens) <= SCAN_TOKENS:
+                self.data += array("i", self.tokens[have:]).tobytes()
+                return
+            self.data = None         # long now: register the whole history once, then answer from the index
         self._register(len(self.tokens) - 1)
 
     def _register(self, upto: int) -> None:
@@ -68,6 +87,8 @@ class NgramIndex:
 
     def propose(self) -> list[int]:
         """Up to γ tokens continuing the most recent earlier occurrence of the longest matching suffix."""
+        if self.data is not None:
+            return self._scan()
         size = len(self.tokens)
         keys = self._keys(size, min(self.n_max, size - 1))     # the suffix's, shortest first
         for n in range(len(keys), 0, -1):
@@ -75,6 +96,24 @@ class NgramIndex:
             if e is not None:
                 return self.tokens[e:e + self.gamma]
         return []
+
+    def _scan(self) -> list[int]:
+        """``propose`` by searching the history's bytes, suffix lengths n = 1, 2, ...: an occurrence of
+        the (n + 1)-token suffix contains one of the n-token suffix, so the first n that misses ends the
+        search, and the longest match's most recent occurrence is the last one found."""
+        size, data, found = len(self.tokens), self.data, None
+        for n in range(1, min(self.n_max, size - 1) + 1):
+            pattern = bytes(data[4 * (size - n):])
+            end = 4 * (size - 1)                      # occurrences ending before the suffix's end
+            while True:
+                at = data.rfind(pattern, 0, end)
+                if at < 0 or at % 4 == 0:
+                    break
+                end = at + len(pattern) - 1           # straddles tokens: look further back
+            if at < 0:
+                break
+            found = at // 4 + n
+        return [] if found is None else self.tokens[found:found + self.gamma]
 
     def _keys(self, end: int, most: int) -> list[int]:
         """The keys of the n-grams ending at ``end`` (exclusive), n = 1 .. ``most``: the (n − 1)-gram's

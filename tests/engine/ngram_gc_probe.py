@@ -16,6 +16,7 @@ import gc
 import random
 import time
 
+import specd.drafter.ngram_index as ni
 from specd.drafter.ngram_index import NgramIndex
 
 
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=48)
     p.add_argument("--heap", type=int, default=2_000_000, help="long-lived container objects kept alive")
     args = p.parse_args(argv)
+    ni.SCAN_TOKENS = 0     # the index for every history (since session 7 short ones are scanned instead)
     heap = [[i] for i in range(args.heap)]     # noqa: F841 (kept alive: the collector scans it)
     gc.collect()
     rng = random.Random(0)
