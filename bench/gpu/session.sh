@@ -72,6 +72,16 @@ speed_drafters() {  # DRAFTERS for speedup_run: ${SPEED_DRAFTERS} (empty: none),
   case "$DRAFTERS" in *=/tmp/dsp*) unpack_drafter ;; esac
 }
 
+train_dspark() {  # train_dspark OUT TIMEOUT [ARGS...]: train-kv's recipe on GPU0 (dspark alone, TRAIN_SESSIONS
+                  # train sessions per workload answered by the serving engine); resumable from /tmp/dp
+  local out=$1 limit=$2
+  shift 2
+  CUDA_VISIBLE_DEVICES=0 timeout "$limit" python -m bench drafter-pipeline --target "$MODEL" \
+    --sessions .carry/qwen-sessions500 --work /tmp/dp --out "$out" --methods dspark \
+    --steps "${TRAIN_STEPS:-2500}" --train-sessions "${TRAIN_SESSIONS:-500}" --answers engine \
+    --budget-s "${TRAIN_BUDGET:-900}" --gamma 7 --device cuda "$@" >> /tmp/logs/drafter-pipeline.log 2>&1
+}
+
 pack() {  # pack $RES/<phase> (+ logs) into one tarball under $OUT
   tar czf "$OUT/$1.tgz" -C "$RES" "$1" -C /tmp logs 2>/dev/null
   ls -la "$OUT"
@@ -159,10 +169,7 @@ PY
     nvidia-smi --query-gpu=name,memory.used --format=csv
     # the drafter: dspark alone, 500 train sessions per workload answered by the serving engine; the whole run
     # takes ~15 min, so a call is cut by `timeout` and the next call resumes from the stage markers/checkpoint
-    CUDA_VISIBLE_DEVICES=0 timeout "${TRAIN_TIMEOUT:-540}" python -m bench drafter-pipeline --target "$MODEL" \
-      --sessions .carry/qwen-sessions500 --work /tmp/dp --out "$RES/train-kv/acceptance" --methods dspark \
-      --steps "${TRAIN_STEPS:-2500}" --train-sessions 500 --answers engine --budget-s "${TRAIN_BUDGET:-900}" \
-      --gamma 7 --device cuda >> /tmp/logs/drafter-pipeline.log 2>&1 &
+    train_dspark "$RES/train-kv/acceptance" "${TRAIN_TIMEOUT:-540}" &
     a=$!
     if [ ! -f /tmp/kv-started ]; then   # the serving plan runs once, beside the first training call
       touch /tmp/kv-started
@@ -180,10 +187,7 @@ PY
     # session 7: the dspark drafter alone (train-kv's recipe, no serving plan beside it: one GPU), through
     # training only (no tuning or acceptance evaluation); resumable: run it again until it prints "trained"
     mkdir -p "$RES/train"
-    CUDA_VISIBLE_DEVICES=0 timeout "${TRAIN_TIMEOUT:-560}" python -m bench drafter-pipeline --target "$MODEL" \
-      --sessions .carry/qwen-sessions500 --work /tmp/dp --out "$RES/train/acceptance" --methods dspark \
-      --steps "${TRAIN_STEPS:-2500}" --train-sessions "${TRAIN_SESSIONS:-500}" --answers engine \
-      --budget-s "${TRAIN_BUDGET:-900}" --gamma 7 --device cuda --stop-after train >> /tmp/logs/drafter-pipeline.log 2>&1
+    train_dspark "$RES/train/acceptance" "${TRAIN_TIMEOUT:-560}" --stop-after train
     rc=$?; echo "drafter-pipeline rc=$rc"
     grep -v "it/s\]" /tmp/logs/drafter-pipeline.log | tail -n 12
     if [ -f /tmp/dp/drafters/dspark/drafter.safetensors ]; then echo trained; ls -la /tmp/dp/drafters/dspark; fi

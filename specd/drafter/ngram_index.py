@@ -103,7 +103,7 @@ class NgramIndex:
         search, and the longest match's most recent occurrence is the last one found."""
         size, data, found = len(self.tokens), self.data, None
         for n in range(1, min(self.n_max, size - 1) + 1):
-            pattern = bytes(data[4 * (size - n):])
+            pattern = data[4 * (size - n):]              # a copy: ``rfind`` searches ``data``
             end = 4 * (size - 1)                      # occurrences ending before the suffix's end
             while True:
                 at = data.rfind(pattern, 0, end)

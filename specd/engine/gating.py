@@ -73,11 +73,12 @@ class GateSteps:
         """Prompt chunks of gated requests capture no features where the gate rests their method at this
         load (and no probe is announced). Features wait in ``draft_feats`` until a proposal absorbs them,
         and a rest drops them (``_rest``), so a request that rests from its first decode step captured
-        and fused its whole prompt for nothing. The question is asked for a batch of requests like this
-        one (its class's acceptance, ``SpecGate.record``), and a request exploring its class captures. On the H200 (run J) that waste was the scheduled row's
+        and fused its whole prompt for nothing. On the H200 (run J) that waste was the scheduled row's
         whole loss where the gate rested every step: 2-5% of throughput, the most on the longest prompts
-        (knowledge, c = 32: 7.83 against 7.39 ms per step, no verification). Lossless: the features only
-        feed drafts, and the answer depends on earlier steps' measurements only."""
+        (knowledge, c = 32: 7.83 against 7.39 ms per step, no verification). The question is asked for a
+        batch of requests like this one (its class's acceptance, ``SpecGate.record``), and a request
+        exploring its class captures. Lossless: the features only feed drafts, and the answer depends on
+        earlier steps' measurements only."""
         if not self._gate_on():
             return
         for sched in batch:

@@ -283,17 +283,19 @@ class SpecGate:
         prior = cell.draft.per_drafter_step
         if prior <= 0:
             return None
-        k = self.prior_steps
-        drafting = sum((r.tokens + k * self._start(r, prior)) / (r.steps + k) for r in requests)
+        drafting = sum(self._shrunk(r, self._start(r, prior)) for r in requests)
         return (drafting + max(0, sequences - len(requests))) / max(sequences, len(requests))
 
     def _start(self, record: Acceptance, prior: float) -> float:
         """Where a request's estimate starts: its class's pooled record shrunk toward the cell's
-        drafting requests (``prior``) by the same ``prior_steps``, or the cell's without a class record."""
+        drafting requests (``prior``) the same way, or the cell's without a class record."""
         group = record.group
-        if group is None or group.steps <= 0:
-            return prior
-        return (group.tokens + self.prior_steps * prior) / (group.steps + self.prior_steps)
+        return prior if group is None or group.steps <= 0 else self._shrunk(group, prior)
+
+    def _shrunk(self, record: Acceptance | ClassRecord, prior: float) -> float:
+        """A record's tokens per drafting step with ``prior_steps`` steps of ``prior`` added."""
+        k = self.prior_steps
+        return (record.tokens + k * prior) / (record.steps + k)
 
     def should_draft(self, method: str, sequences: int, measured: bool = True,
                      requests: list[Acceptance] | None = None, verify: int | None = None) -> bool:
