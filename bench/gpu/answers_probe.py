@@ -75,8 +75,9 @@ def run(args: argparse.Namespace) -> None:
                for r in rows]
     if args.max_block_m:                  # session 4 raised the prefill tile from 64 to 128 rows (a bf16 sweep)
         import functools
+        import importlib
 
-        import kernels.paged_attention as pa
+        pa = importlib.import_module("kernels.paged_attention")   # kernels/__init__ shadows the module name
         pa.paged_attention_triton = functools.partial(pa.paged_attention_triton, max_block_m=args.max_block_m)
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     config = ModelConfig(**{k: v for k, v in QWEN05.items() if k in names})
@@ -106,6 +107,17 @@ def run(args: argparse.Namespace) -> None:
         return outs
 
     engine.step = timed_step
+    if args.kernels:                      # eager steps under torch.profiler: which kernels take the time
+        engine.runner.graphs = None
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as kprof:
+            answers(prompts, 0, frozenset(spec["stop_ids"]), progress=False)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        table = kprof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60)
+        Path(args.out).with_suffix(".kernels.txt").write_text(table)
+        print(table)
+        return
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
@@ -148,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="float32", help="the pipeline's target dtype (its --dtype default)")
     p.add_argument("--max-block-m", type=int, default=0, help="paged attention's prefill tile rows (0: default)")
+    p.add_argument("--kernels", action="store_true", help="eager steps under torch.profiler (kernel times) instead")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if args.prepare:
