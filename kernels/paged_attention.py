@@ -33,8 +33,14 @@ BLOCK_N_WIDE = 32
 # (session 5, run F), 128 rows × 4 warps beat 64 × 4 on every prefill shape swept: 4-12% on Qwen-0.5B and
 # Qwen3-8B, 2k new tokens on 4k and 8k on 16k (docs/design/kernels.md). Decode and verify tiles (≤ 64 rows)
 # are unchanged.
+# That sweep ran bf16. In fp32 (the drafter pipeline's target dtype, IEEE dots without tensor cores) the
+# 128-row tile's fp32 operands and accumulators overflow the registers: session 8 timed the pipeline's
+# data stage (bench/gpu/answers_probe.py, 160 real prompts, random Qwen-0.5B weights) at 127 ms a step
+# with 128 rows against 38 ms with 64, and paged attention was 85% of the fp32 step's GPU time. So fp32
+# keeps session 3's 64 rows.
 MIN_BLOCK_M = 16
 MAX_BLOCK_M = 128
+MAX_BLOCK_M_FP32 = 64
 # KV splits (flash-decoding). On the H200 (132 SMs), decode with B*Hkv programs was fastest near
 # 8 programs per SM: Qwen3-8B B=32 ctx 4096 took 139 us with 4 splits against 174 us unsplit,
 # Qwen-0.5B B=32 ctx 4096 29 us with 16 against 96 us (bench/kernels_gpu.py; docs/design/kernels.md).
@@ -108,7 +114,7 @@ def paged_attention_triton(
     sliding_window: int | None = None,
     max_q_len: int | None = None,
     num_splits: int | None = None,
-    max_block_m: int = MAX_BLOCK_M,
+    max_block_m: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:               # [T, Hq, D]
     """Launch the Triton kernel; no host synchronisation, so it can be captured in a CUDA graph.
@@ -117,7 +123,8 @@ def paged_attention_triton(
     query block is longer than ``T - B + 1``. ``num_splits`` overrides the KV-split heuristic.
     ``max_block_m`` (a power of two) and ``num_warps`` are tuning hooks for the prefill sweep of
     bench/kernels_gpu.py: with GQA 7 (Qwen-0.5B) 64 rows held only 9 query tokens, so a long prefill
-    re-read each K/V tile once per 9 tokens; the default (128 rows, Triton's 4 warps) is the sweep's.
+    re-read each K/V tile once per 9 tokens; the default (``prefill_tile_rows``: 128 rows in 16-bit
+    types, 64 in fp32; Triton's 4 warps) is the sweep's.
     """
     _check_args(q, k_pool, v_pool, block_tables, cu_q_lens, seq_lens)
     num_tokens, num_q_heads, head_dim = q.shape
@@ -125,6 +132,8 @@ def paged_attention_triton(
     block_size, num_kv_heads = k_pool.shape[1], k_pool.shape[2]
     group = num_q_heads // num_kv_heads
     q_bound = max_q_len if max_q_len is not None else num_tokens - batch + 1
+    if max_block_m is None:
+        max_block_m = prefill_tile_rows(q.dtype)
     if max_block_m < MIN_BLOCK_M or max_block_m & (max_block_m - 1):
         raise KernelArgumentError(f"max_block_m must be a power of two >= {MIN_BLOCK_M}, got {max_block_m}")
     block_m = min(max(triton.next_power_of_2(q_bound * group), MIN_BLOCK_M), max_block_m)
@@ -165,6 +174,11 @@ def paged_attention_triton(
             NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
         )
     return out
+
+
+def prefill_tile_rows(dtype: torch.dtype) -> int:
+    """The largest query tile (rows of (token, head)) for this dtype: see MAX_BLOCK_M_FP32."""
+    return MAX_BLOCK_M_FP32 if dtype == torch.float32 else MAX_BLOCK_M
 
 
 def _auto_splits(device: torch.device, q_tiles: int, heads: int, kv_tiles: int) -> int:
