@@ -198,6 +198,7 @@ class SpecEngine(GateSteps):
     def step(self) -> list[RequestOutput]:
         self._maybe_reconnect()
         self.drafts.settle()
+        captures = self._graph_captures()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         self._counters["admission_seconds_total"] += time.perf_counter() - t0
@@ -241,10 +242,19 @@ class SpecEngine(GateSteps):
         c["forward_seconds_total"] += t2 - t1           # model + sampling/verification, synchronised by .tolist()
         c["output_seconds_total"] += (t3 - t2) + (t5 - t4)      # detokenize, stop checks, finishing
         c["commit_seconds_total"] += (t4 - t3) + (t6 - t5)      # publishing full blocks to kvd (target and draft)
+        # A step that captured a CUDA graph (target step, draft round or block forward; Triton compiles
+        # happen inside captures) lasted ~100 ms-seconds once: no sample of what a step costs. Session 8,
+        # run U: dspark's b = 1 drafting cell held 5 warm-up samples at 66 tok/s against 296 plain, so
+        # the gate rested it (and probed every 1,024 steps) where fixed γ = 7 ran 1.54x on extraction.
+        timed = self._graph_captures() == captures
         if self._scheduled_step:
-            self._update_overhead(batch, t6 - t0)
-        self._observe_gate(batch, {id(s.seq): len(toks) for s, toks in emitted}, t6 - t0)
+            self._update_overhead(batch, t6 - t0, timed)
+        self._observe_gate(batch, {id(s.seq): len(toks) for s, toks in emitted}, t6 - t0, timed)
         return outputs
+
+    def _graph_captures(self) -> int:
+        """CUDA graphs captured so far, target and drafters (0 without graphs: on the CPU)."""
+        return self.runner.graph_captures + sum(getattr(p, "round_captures", 0) for p in self._proposers.values())
 
     def _commit(self, batch: list[ScheduledSeq]) -> None:
         """Publish the step's newly full, computed blocks, in one frame to kvd, as soon as their KV is
@@ -255,12 +265,13 @@ class SpecEngine(GateSteps):
         with self.blocks.posting():
             self.blocks.commit_step([s.seq for s in batch if s.seq.status is SeqStatus.RUNNING])
 
-    def _update_overhead(self, batch: list[ScheduledSeq], seconds: float) -> None:
-        """Fold this step's time outside the profiled target forward into the profile (moving average).
+    def _update_overhead(self, batch: list[ScheduledSeq], seconds: float, timed: bool = True) -> None:
+        """Fold this step's time outside the profiled target forward into the profile (moving average);
+        not a step that captured a graph (``timed`` False).
 
         Lossless: it reads finished steps only, never this step's drafts."""
         self._scheduled_step = False
-        if not self._track_overhead:
+        if not self._track_overhead or not timed:
             return
         tokens = sum(s.num_tokens + s.num_draft for s in batch)
         sample = seconds - 1.0 / self.sps.forward_sps(tokens)
@@ -436,7 +447,7 @@ class SpecEngine(GateSteps):
         """CUDA graphs captured so far (warm-ups included: a timed window reads the difference) and steps
         no graph covered."""
         rounds = sum(getattr(p, "round_captures", 0) for p in self._proposers.values())
-        return {"graph_captures_total": self.runner.graph_captures + rounds,
+        return {"graph_captures_total": self._graph_captures(),
                 "draft_graph_captures_total": rounds,
                 "eager_steps_total": self.runner.eager_steps}
 

@@ -18,9 +18,11 @@ from specd.engine.speculation import Draft
 
 
 class GateSteps:
-    def _observe_gate(self, batch: list[ScheduledSeq], emitted: dict[int, int], seconds: float) -> None:
+    def _observe_gate(self, batch: list[ScheduledSeq], emitted: dict[int, int], seconds: float,
+                      timed: bool = True) -> None:
         """Report a finished pure decode step to the gate, under each gated method's arm. A step with
-        prompt chunks, or one that measured the SPS profile, says nothing about drafting."""
+        prompt chunks, one that measured the SPS profile, or one that captured a CUDA graph (``timed``
+        False) says nothing about drafting's cost; the requests' acceptance is still recorded."""
         arms, self._gate_arms = self._gate_arms, {}
         self._resting = set()
         drafting, self._gate_drafting = self._gate_drafting, {}
@@ -28,7 +30,7 @@ class GateSteps:
             for seq in seqs:
                 seq.gate_acceptance.add(emitted.get(id(seq), 1), pool=self._pools(seq))
         profiled, self._profiled = self._profiled, False
-        if self.spec_gate is None or profiled or not self._pure_decode(batch):
+        if self.spec_gate is None or profiled or not timed or not self._pure_decode(batch):
             return
         tokens = sum(emitted.values())
         drafts = {id(s.seq): s.num_draft for s in batch} if any(arms.values()) else {}

@@ -375,6 +375,40 @@ def test_engine_rests_a_slow_drafter_and_stays_exact(engine):
     assert after["spec_gate_dspark_b4_plain_tok_s"] > after["spec_gate_dspark_b4_draft_tok_s"]
 
 
+class CapturingProposer(SlowProposer):
+    """Every proposal also captures a draft-round graph, as a first-seen shape does on the GPU."""
+
+    def __init__(self, inner, delay_s: float):
+        super().__init__(inner, delay_s)
+        self.round_captures = 0
+
+    def propose(self, seqs, limits):
+        self.round_captures += 1
+        return super().propose(seqs, limits)
+
+
+def test_steps_that_capture_a_graph_are_no_timing_samples(engine):
+    """A capture's step (~100 ms to seconds, once) says nothing about what drafting costs: in session 8
+    five warm-up captures made dspark's b = 1 cell rest for the whole run. Here every drafting step
+    captures and is slow: the cell gets no drafting sample, so it never learns to rest, and the
+    outputs stay exact."""
+    want = run(engine, "none", max_tokens=12)
+    engine._proposer("dspark")
+    real = engine._proposers["dspark"]
+    engine._proposers["dspark"] = CapturingProposer(real, 0.1)
+    engine.spec_gate = SpecGate(min_samples=3, probe_every=1000, probe_steps=1)
+    try:
+        before = engine.stats()
+        got = run(engine, "dspark", max_tokens=12)
+        after = engine.stats()
+    finally:
+        engine._proposers["dspark"] = real
+    assert got == want
+    assert after.get("spec_gate_dspark_b4_draft_samples", 0) == 0
+    assert after["spec_paused_steps_total"] == before["spec_paused_steps_total"]     # never rested
+    assert after["spec_verifications_total"] - before["spec_verifications_total"] >= 4 * 3
+
+
 def test_engine_without_the_gate_always_drafts(engine):
     engine.spec_gate = None
     before = engine.stats()
