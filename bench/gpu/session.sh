@@ -9,7 +9,7 @@
 #                                          #   run it again until it reports) | GPU1: serve-plan gpu-kv (issue 7)
 #   bash bench/gpu/session.sh train        # one GPU: train-kv's drafter alone, through training (resumable)
 #   bash bench/gpu/session.sh answers-stacks  # one GPU: the data stage's Python stacks every 20 s for 80 s
-#   bash bench/gpu/session.sh drafter-out N  # part N (0, 1) of the trained dspark drafter in bf16, to carry later
+#   bash bench/gpu/session.sh drafter-out  # the trained dspark drafter in bf16, as 15 MB pieces dsq.NN, to carry later
 #   bash bench/gpu/session.sh stash DIR    # copy a carried folder's files to /tmp/stash (the drafter's pieces)
 #   bash bench/gpu/session.sh final        # GPU0: bench speedup with the carried drafter, the draft-round profile,
 #                                          #   sps-projection | GPU1: serve-plan gpu-kv (issue 7, per-cell stats;
@@ -28,9 +28,10 @@
 #
 # Why this shape: the device machine keeps /tmp only while warm (30 s between calls), a call carries at
 # most 64 MiB with the working tree (~32 MB since session 6's raw results): the 491 MB GGUF goes in
-# seventeen 30 MB pieces, N=0..16, made with `split -b 30000000 -d -a 2 GGUF .carry/q30/q.` and appended
-# with `PIECES=.carry/q30 bash bench/gpu/session.sh piece N` carrying `.carry/q30/q.NN` (until session 5:
-# eleven 45 MB pieces in .carry/q.NN, the default PIECES);
+# thirteen 38 MB pieces, N=0..12, made with `split -b 38000000 -d -a 2 GGUF .carry/q38/q.` and appended
+# with `PIECES=.carry/q38 bash bench/gpu/session.sh piece N` carrying `.carry/q38/q.NN` (~90 s of device time
+# in session 8; the tracked tree is ~26 MB since session 7; until session 5: eleven 45 MB pieces in
+# .carry/q.NN, the default PIECES; sessions 6-7: seventeen 30 MB pieces in .carry/q30);
 # and at most 8 files come back: each phase packs its results into one tarball under $OUT.
 # Run it from a clean export of a commit, so the results name the code that made them: `bash bench/gpu/export.sh`
 # here (writes .carry/clean and its COMMIT file, read by bench/provenance.py), carry .carry/clean, and on the
@@ -208,6 +209,9 @@ PY
     pack answers-stacks
     ;;
   drafter-out)
+    # the trained dspark drafter in bf16 as 15 MB pieces dsq.NN, all in one call (a file comes back only
+    # up to 16 MiB: session 8's two 30 MB halves did not). Keep them in two carried folders of <= 30 MB
+    # (.carry/dsq8a: dsq.00-01, .carry/dsq8b: the rest) and bring them back with `stash` (two calls)
     D=/tmp/dp/drafters/dspark
     if [ ! -f /tmp/dspark-bf16.tgz ]; then
       python - "$D" <<'PY'
@@ -218,11 +222,11 @@ state = load_file(f"{d}/drafter.safetensors")
 save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, "/tmp/dspark-bf16.safetensors")
 PY
       mkdir -p /tmp/dsp && cp /tmp/dspark-bf16.safetensors /tmp/dsp/drafter.safetensors
-      cp "$D"/*.json /tmp/dsp/ && tar czf /tmp/dspark-bf16.tgz -C /tmp dsp && rm -f /tmp/dsp-part.*
-      split -n 2 -d -a 1 /tmp/dspark-bf16.tgz /tmp/dsp-part.
-      ls -la /tmp/dsp /tmp/dsp-part.*
+      cp "$D"/*.json /tmp/dsp/ && tar czf /tmp/dspark-bf16.tgz -C /tmp dsp && rm -f /tmp/dsq.*
+      split -b 15000000 -d -a 2 /tmp/dspark-bf16.tgz /tmp/dsq.
+      ls -la /tmp/dsp /tmp/dsq.*; sha256sum /tmp/dspark-bf16.tgz
     fi
-    cp "/tmp/dsp-part.$2" "$OUT/"
+    cp /tmp/dsq.* "$OUT/"
     ;;
   stash)
     mkdir -p /tmp/stash && cp "$2"/* /tmp/stash/ && ls -la /tmp/stash
