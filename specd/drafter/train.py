@@ -27,7 +27,8 @@ from tqdm import tqdm
 
 from specd.drafter.data import TrainSequence
 from specd.drafter.losses import LossParts, dflash_loss, dspark_loss, eagle3_loss
-from specd.models import ContiguousKV, DecoderModel
+from specd.models import DecoderModel
+from specd.models.padded_prefill import PaddedPrefill
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -74,8 +75,9 @@ def target_states(target: DecoderModel, seqs: Sequence[list[int]], layers: Seque
     (V = 151,936) logits at every position of a batch would be gigabytes, and only dspark's L1 needs
     them, at its block positions only."""
     device = next(target.parameters()).device
-    kv = ContiguousKV(target.config.num_layers)
-    positions = kv.begin([(i, len(s)) for i, s in enumerate(seqs)], device=device)
+    kv = PaddedPrefill.for_model(target.config)      # one attention call per layer (specd/models/padded_prefill.py)
+    positions = kv.begin([(i, len(s)) for i, s in enumerate(seqs)], device=device,
+                         num_heads=target.config.num_heads)
     ids = torch.tensor([t for s in seqs for t in s], dtype=torch.int64, device=device)
     out = target(ids, positions, kv, capture_layers=list(layers))
     sizes = [len(s) for s in seqs]

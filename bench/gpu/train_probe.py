@@ -1,0 +1,120 @@
+"""Where a drafter training step's time goes, and how it scales with the batch: a random-weight Qwen-0.5B
+target and a fresh dspark drafter on sequences of the real prompts' lengths (no GGUF upload).
+
+Why: run T (session 8) trained at 5.4 steps/s of 8 sequences × 16 anchors, so 2,300 steps took 425 s,
+most of a session's training budget, and the drafter (τ 1.3-2.9) is what limits issue 6. On the CPU
+machine a step of the stories260K stand-in issues ~16k aten ops, growing linearly with the batch (~31k
+at 16): the per-sequence loops of ``block_loss`` and the target's per-sequence attention. If the H200
+step is host-bound, a larger batch costs little more per step, and the same minutes train on several
+times the data. This probe measures that before any default changes.
+
+    python bench/gpu/train_probe.py --prompts .carry/answers-prompts.json --batches 8,16,32 --out probe.json
+    # (PYTHONPATH = the export's root; --profile-batch 8 adds a torch.profiler kernel table)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from answers_probe import QWEN05  # noqa: E402  (this folder is not a package on the device's path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--prompts", required=True, help="answers_probe --prepare's file (real prompt ids)")
+    p.add_argument("--answer-tokens", type=int, default=82, help="answer length appended (run T: 82 mean)")
+    p.add_argument("--batches", default="8,16,32", help="sequences per step to time")
+    p.add_argument("--steps", type=int, default=12, help="timed steps per batch size (after 3 warm-ups)")
+    p.add_argument("--anchors", type=int, default=16)
+    p.add_argument("--profile-batch", type=int, default=0, help="also profile 3 steps of this batch size")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide target (CPU smoke test)")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+
+    import torch
+
+    from specd.drafter.base import build_drafter
+    from specd.drafter.config import DrafterConfig
+    from specd.drafter.data import TrainSequence
+    from specd.drafter.train import Trainer, TrainConfig
+    from specd.models.config import ModelConfig
+    from specd.models.decoder import DecoderModel
+
+    device = torch.device(args.device)
+    shape = dict(QWEN05)
+    if args.tiny:
+        shape.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
+                     num_kv_heads=2, head_dim=16)
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    config = ModelConfig(**{k: v for k, v in shape.items() if k in names})
+    torch.manual_seed(0)
+    target = DecoderModel(config)
+    with torch.no_grad():
+        for w in target.parameters():
+            w.normal_(0.0, 0.02)
+    target = target.to(device).eval().requires_grad_(False)       # fp32, as the pipeline trains
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True                  # the pipeline's default (--no-tf32 off)
+    rows = json.loads(Path(args.prompts).read_text())["prompts"]
+    gen = torch.Generator().manual_seed(0)
+    seqs = []
+    for r in rows[:: max(1, len(rows) // 512)]:
+        ids = [t % config.vocab_size for t in r["ids"]][: (64 if args.tiny else None)]
+        answer = torch.randint(3, config.vocab_size, (args.answer_tokens,), generator=gen).tolist()
+        seqs.append(TrainSequence(ids + answer, len(ids)))
+    dcfg = DrafterConfig.for_target(config, "dspark", gamma=7, num_layers=1, markov_rank=64)
+    result: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                    "sequences": len(seqs), "mean_tokens": sum(len(s.tokens) for s in seqs) / len(seqs),
+                    "anchors": args.anchors, "batches": {}}
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for batch in [int(b) for b in args.batches.split(",")]:
+            drafter = build_drafter(dcfg, target).to(device)
+            trainer = Trainer(target, drafter, seqs, TrainConfig(steps=args.steps + 3, batch_size=batch,
+                                                                 anchors=args.anchors), Path(tmp))
+            for _ in range(3):
+                trainer.train_step()
+            sync()
+            times = []
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                trainer.train_step()
+                sync()
+                times.append(time.perf_counter() - t0)
+            times.sort()
+            med = times[len(times) // 2]
+            result["batches"][str(batch)] = {"step_s_p50": med, "step_s_min": times[0], "step_s_max": times[-1],
+                                             "steps_per_s": 1 / med, "sequences_per_s": batch / med}
+            print(f"batch {batch}: {1e3 * med:.1f} ms a step (p50 of {args.steps}), {batch / med:.1f} sequences/s",
+                  flush=True)
+            if batch == args.profile_batch:
+                from torch.profiler import ProfilerActivity, profile
+                acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+                with profile(activities=acts) as prof:
+                    for _ in range(3):
+                        trainer.train_step()
+                    sync()
+                key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+                table = prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60)
+                Path(args.out).with_suffix(".kernels.txt").write_text(table)
+                ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::")) / 3
+                result["batches"][str(batch)]["aten_ops_per_step"] = ops
+            del trainer, drafter
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
