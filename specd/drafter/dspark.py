@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
 
 from specd.drafter.base import (BlockOut, BorrowsTargetHeads, DrafterError, DraftOutput, SlotSampler, TargetHeads,
                                 count_parameters)
@@ -155,6 +156,47 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
         mask = training_mask(anchors, t, g)
         hidden = self.block_hidden(ids.view(1, n * g), positions.view(1, n * g), ctx_kv, mask)
         hidden = hidden.view(n, g, -1)
+        return BlockOut(base_logits=self.heads.logits(hidden), hidden=hidden)
+
+    def block_logits_batch(self, ctxs: Sequence[Tensor], tokens: Sequence[Tensor], anchors: Sequence[Tensor]) -> BlockOut:
+        """``block_logits`` of several sequences in one forward: rows of every sequence's anchors, in order.
+
+        ctxs[i]: [T_i, d] fused features; tokens[i]: [T_i]; anchors[i]: [N_i] (N_i ≥ 1). The contexts are
+        right-padded to [B, T_max] and the blocks to [B, N_max·γ]. A block sees context positions below its
+        anchor (< T_i, so never a padded one) and its own block; padded blocks (anchor 0) see only
+        themselves and are dropped. Why: training called ``block_logits`` once per sequence, ~1.4k aten
+        ops each with the backward (CPU count), and the H200 step is host-bound (docs/results/acceptance.md,
+        session 8). ``block_logits`` per sequence stays the reference (tests/drafter/test_train.py)."""
+        b, g = len(ctxs), self.config.gamma
+        if not (b == len(tokens) == len(anchors)) or b == 0:
+            raise DrafterError(f"{len(ctxs)} contexts, {len(tokens)} token rows, {len(anchors)} anchor rows")
+        lens, counts = [t.shape[0] for t in tokens], [a.numel() for a in anchors]
+        cpu = [a.detach().to("cpu") for a in anchors]     # checked and padded on the host: no device sync
+        for c, n, a in zip(ctxs, lens, cpu):
+            if c.shape[0] != n:
+                raise DrafterError(f"ctx has {c.shape[0]} positions, tokens {n}")
+            if a.numel() == 0 or int(a.min()) < 0 or int(a.max()) > n - 1:
+                raise DrafterError(f"each sequence needs anchors in [0, {n - 1}], got {a.tolist()}")
+        dev, t_max, n_max = tokens[0].device, max(lens), max(counts)
+        anchor = torch.zeros(b, n_max, dtype=torch.int64)
+        real = torch.zeros(b, n_max, dtype=torch.bool)
+        for i, a in enumerate(cpu):
+            anchor[i, : counts[i]] = a
+            real[i, : counts[i]] = True
+        anchor, real = anchor.to(dev), real.to(dev)
+        ctx = pad_sequence(list(ctxs), batch_first=True)                                 # [B, T_max, d]
+        tok = pad_sequence(list(tokens), batch_first=True)
+        first = tok.gather(1, anchor)                                                    # [B, N_max]
+        ids = torch.full((b, n_max, g), self.config.mask_token_id, dtype=torch.int64, device=dev)
+        ids[:, :, 0] = first
+        positions = anchor[..., None] + torch.arange(g, device=dev)                     # [B, N_max, γ]
+        ctx_kv = self.context_kv(ctx, torch.arange(t_max, device=dev).expand(b, t_max))
+        q_block = torch.arange(n_max * g, device=dev) // g                               # [N_max·γ]
+        sees_ctx = torch.arange(t_max, device=dev)[None, None, :] < anchor[:, q_block][..., None]
+        sees_block = (q_block[:, None] == q_block[None, :]).expand(b, -1, -1)
+        mask = torch.cat([sees_ctx, sees_block], dim=2)                                  # [B, N_max·γ, T_max + N_max·γ]
+        hidden = self.block_hidden(ids.view(b, n_max * g), positions.view(b, n_max * g), ctx_kv, mask)
+        hidden = hidden.view(b, n_max, g, -1)[real]                                      # [ΣN, γ, d]
         return BlockOut(base_logits=self.heads.logits(hidden), hidden=hidden)
 
     # --- inference ----------------------------------------------------------------------------

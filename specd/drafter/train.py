@@ -135,7 +135,43 @@ def make_blocks(tokens: Tensor, states: Tensor | None, anchors: Tensor, gamma: i
 
 def block_loss(drafter, method: str, feats: list[list[Tensor]], seqs: list[Tensor], hidden: list[Tensor],
                anchors: list[Tensor], to_logits: Callable[[Tensor], Tensor]) -> LossParts:
-    """The method's loss over all anchors of the batch (blocks of every sequence concatenated).
+    """``block_loss_reference`` for the block drafters in one batched drafter forward: the features of
+    all sequences fused in one projection, every block in ``block_logits_batch``, the target's LM head
+    once over every block position. The rows reach the loss in the reference's order, so only the
+    attention's padding changes the summation order (tests/drafter/test_train.py). Why: the reference
+    runs the drafter once per sequence, and the H200 step is host-bound (docs/results/acceptance.md,
+    session 8). ``anchors`` may live on the host: they are moved to the device in one copy."""
+    if method == "eagle3":
+        return block_loss_reference(drafter, method, feats, seqs, hidden, anchors, to_logits)
+    keep = [i for i, an in enumerate(anchors) if an.numel()]
+    if not keep:
+        raise ValueError("no sequence of the batch has an anchor")
+    gamma, device = drafter.config.gamma, seqs[keep[0]].device
+    toks = [seqs[i] for i in keep]
+    host = [anchors[i].to("cpu") for i in keep]
+    on_device = torch.cat(host).to(device).split([a.numel() for a in host])
+    sizes = [t.shape[0] for t in toks]
+    layers = len(feats[keep[0]])
+    fused = drafter.fuse([torch.cat([feats[i][j] for i in keep]) for j in range(layers)]).split(sizes)
+    out = drafter.block_logits_batch(fused, toks, host)
+    dspark = method == "dspark"
+    blocks = [make_blocks(t, hidden[i] if dspark else None, a, gamma) for i, t, a in zip(keep, toks, on_device)]
+    prev = torch.cat([b.prev for b in blocks])
+    labels = torch.cat([b.labels for b in blocks])
+    valid = torch.cat([b.valid for b in blocks])
+    pred = drafter.markov_logits(out.base_logits, prev)
+    if not dspark:
+        return dflash_loss(pred, labels, valid)
+    picked = torch.cat([b.target_logits for b in blocks])                  # target hidden states [ΣN, γ, d]
+    t_logits = to_logits(picked.view(-1, picked.shape[-1])).view(*picked.shape[:2], -1)
+    conf = drafter.confidence_logits(out.hidden, prev) if drafter.config.confidence else None
+    return dspark_loss(pred, t_logits, labels, valid, conf)
+
+
+def block_loss_reference(drafter, method: str, feats: list[list[Tensor]], seqs: list[Tensor], hidden: list[Tensor],
+                         anchors: list[Tensor], to_logits: Callable[[Tensor], Tensor]) -> LossParts:
+    """The method's loss over all anchors of the batch (blocks of every sequence concatenated), one
+    drafter forward per sequence: the readable reference of ``block_loss``, and EAGLE-3's path.
     hidden: the target's final hidden states per sequence; `to_logits` (the target's LM head) runs on the
     dspark block positions only."""
     gamma = drafter.config.gamma
@@ -143,6 +179,7 @@ def block_loss(drafter, method: str, feats: list[list[Tensor]], seqs: list[Tenso
     for f, tok, h, an in zip(feats, seqs, hidden, anchors):
         if an.numel() == 0:
             continue
+        an = an.to(tok.device)
         b = make_blocks(tok, h if method == "dspark" else None, an, gamma, to_logits)
         ctx = drafter.fuse(f)
         if method == "eagle3":
@@ -186,8 +223,8 @@ class Trainer:
         batch = [self.seqs[i] for i in idx]
         hidden, feats = target_states(self.target, [s.tokens for s in batch], self.drafter.config.target_layers)
         toks = [torch.tensor(s.tokens, dtype=torch.int64, device=self.device) for s in batch]
-        anchors = [method_anchors(self.method, s, self.drafter.config.gamma, self.cfg.anchors, self.gen).to(self.device)
-                   for s in batch]
+        anchors = [method_anchors(self.method, s, self.drafter.config.gamma, self.cfg.anchors, self.gen)
+                   for s in batch]           # on the host: block_loss moves them in one copy
         self.drafter.train()
         loss = block_loss(self.drafter, self.method, feats, toks, hidden, anchors, self.target.logits)
         self.optim.zero_grad(set_to_none=True)

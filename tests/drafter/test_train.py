@@ -192,3 +192,42 @@ def test_cli_writes_drafter_and_training_json_then_resumes(tmp_path):
     again = json.loads((out / "training.json").read_text())
     assert again["loss_curves"] == report["loss_curves"]
     assert again["data"]["answers_sha256"] == report["data"]["answers_sha256"]
+
+
+@pytest.mark.parametrize("method", ["dspark", "dflash"])
+def test_batched_block_loss_matches_the_per_sequence_reference(stories, method):
+    """One drafter forward for the batch gives the reference's loss parts and gradients: ragged
+    lengths, different anchor counts, an anchor at the last position and a sequence with none."""
+    from specd.drafter.train import block_loss, block_loss_reference, target_states
+
+    target, _ = stories
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(3, 512, (n,), generator=g) for n in (30, 9, 17, 12)]
+    anchors = [torch.tensor([3, 10, 28]), torch.tensor([8]), torch.tensor([0, 5, 6, 15]), torch.empty(0, dtype=torch.int64)]
+    torch.manual_seed(0)
+    overrides = {"markov_rank": 16} if method == "dspark" else {}
+    drafter = build_drafter(DrafterConfig.for_target(target.config, method, gamma=4, **overrides), target)
+    hidden, feats = target_states(target, [s.tolist() for s in seqs], drafter.config.target_layers)
+    results = []
+    for fn in (block_loss_reference, block_loss):
+        drafter.zero_grad(set_to_none=True)
+        loss = fn(drafter, method, feats, seqs, hidden, anchors, target.logits)
+        loss.total.backward()
+        grads = {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
+        results.append((loss, grads))
+    (want, want_g), (got, got_g) = results
+    for part in ("total", "ce", "l1", "bce"):
+        torch.testing.assert_close(getattr(got, part), getattr(want, part), atol=1e-5, rtol=1e-5)
+    assert want_g.keys() == got_g.keys() and want_g
+    for name in want_g:
+        torch.testing.assert_close(got_g[name], want_g[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_batched_blocks_refuse_bad_anchors(stories):
+    target, _ = stories
+    drafter = build_drafter(DrafterConfig.for_target(target.config, "dspark", gamma=4, markov_rank=16), target)
+    ctx = torch.zeros(5, target.config.hidden_size)
+    toks = torch.arange(5)
+    for bad in (torch.tensor([5]), torch.tensor([-1]), torch.empty(0, dtype=torch.int64)):
+        with pytest.raises(Exception, match="anchors"):
+            drafter.block_logits_batch([ctx], [toks], [bad])
