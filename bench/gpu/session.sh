@@ -9,6 +9,8 @@
 #                                          #   run it again until it reports) | GPU1: serve-plan gpu-kv (issue 7)
 #   bash bench/gpu/session.sh train        # one GPU: train-kv's drafter alone, through training (resumable)
 #   bash bench/gpu/session.sh answers-stacks  # one GPU: the data stage's Python stacks every 20 s for 80 s
+#   bash bench/gpu/session.sh train-probe  # one GPU, no GGUF: drafter training steps by batch size (train_probe.py),
+#                                          #   this export and, with OLD=<export dir>, an older one
 #   bash bench/gpu/session.sh drafter-out  # the trained dspark drafter in bf16, as 15 MB pieces dsq.NN, to carry later
 #   bash bench/gpu/session.sh stash DIR    # copy a carried folder's files to /tmp/stash (the drafter's pieces)
 #   bash bench/gpu/session.sh final        # GPU0: bench speedup with the carried drafter, the draft-round profile,
@@ -195,6 +197,19 @@ PY
     triton_compiles | tee "$RES/train/triton-compiles.txt"
     cp -r /tmp/dp/stages "$RES/train/" 2>/dev/null; cp /tmp/dp/drafters/dspark/*.json "$RES/train/" 2>/dev/null
     pack train
+    ;;
+  train-probe)
+    # session 8: the training step by batch size, random Qwen-0.5B weights (bench/gpu/train_probe.py); needs
+    # .carry/answers-prompts.json (answers_probe --prepare). OLD=.carry/old42 times an older export too
+    mkdir -p "$RES/train-probe"
+    for tree in . ${OLD:-}; do
+      name=$(basename "$(cd "$tree" && pwd)")
+      PYTHONPATH=$tree:/tmp/site timeout "${PROBE_TIMEOUT:-200}" python bench/gpu/train_probe.py \
+        --prompts .carry/answers-prompts.json --batches "${PROBE_BATCHES:-8,16,32}" --profile-batch 8 \
+        --out "$RES/train-probe/$name.json" > "/tmp/logs/train-probe-$name.log" 2>&1
+      echo "train-probe $name rc=$?"; grep "a step" "/tmp/logs/train-probe-$name.log"
+    done
+    pack train-probe
     ;;
   answers-stacks)
     # session 7: the data stage (--answers engine) ran 540 s on the H200 with no output; dump its stacks

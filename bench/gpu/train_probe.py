@@ -2,11 +2,12 @@
 target and a fresh dspark drafter on sequences of the real prompts' lengths (no GGUF upload).
 
 Why: run T (session 8) trained at 5.4 steps/s of 8 sequences × 16 anchors, so 2,300 steps took 425 s,
-most of a session's training budget, and the drafter (τ 1.3-2.9) is what limits issue 6. On the CPU
-machine a step of the stories260K stand-in issues ~16k aten ops, growing linearly with the batch (~31k
-at 16): the per-sequence loops of ``block_loss`` and the target's per-sequence attention. If the H200
-step is host-bound, a larger batch costs little more per step, and the same minutes train on several
-times the data. This probe measures that before any default changes.
+most of a session's training budget, and the drafter (τ 1.3-2.9) is what limits issue 6. A CPU count
+said the step was host-bound: ~35k aten ops at 42933dd, growing linearly with the batch. Session 8 then
+batched the target pass and the drafter forward (docs/design/drafter.md, "One forward per training
+step": 8.8k ops at batch 8, 11.5k at 32). This probe measures what that did on the device, and whether a
+larger batch is now nearly free, before any default changes. It uses only APIs 42933dd also has, so one
+call can time both commits (``PYTHONPATH=<old export>``).
 
     python bench/gpu/train_probe.py --prompts .carry/answers-prompts.json --batches 8,16,32 --out probe.json
     # (PYTHONPATH = the export's root; --profile-batch 8 adds a torch.profiler kernel table)
