@@ -412,6 +412,9 @@ class KvdBlockSource:
         out["kvd_posted_total"] = sum(n for op, (n, _) in self.client.posts.items() if op != "batch")   # ops
         out["kvd_post_frames_total"] = self.client.frames_posted    # frames those ops went in (and watches)
         out["kvd_promotion_failures_total"] = self.promotion_failures
+        block = self.prefill.block_seconds()     # what each lookup prices recomputing a block at
+        if block is not None:
+            out["kvd_recompute_block_seconds"] = block
         return out
 
     # -- failure and recovery ---------------------------------------------------------------
