@@ -10,8 +10,9 @@ exact for every real query (its keys all precede it, so no padded key is ever vi
 queries' rows are computed and dropped. The cost is B·L_max² attention work instead of Σ L_i², which
 is ~12% of the target's FLOPs at ~1k tokens on a 0.5B model.
 
-Sequences are grouped so one group's fp32 score tensor stays under ``SCORE_BYTES`` (the CPU's math
-attention materialises it; CUDA's memory-efficient kernel does not), so very long batches still fit.
+Sequences are grouped so one group's fp32 score tensor stays under ``SCORE_BYTES`` on the CPU, whose
+math attention materialises it (CUDA's memory-efficient kernel does not: ``SCORE_BYTES_CUDA`` only
+bounds a fallback), so very long batches still fit.
 Full attention and sliding windows (a banded mask) alike; ContiguousKV stays the reference.
 
     kv = PaddedPrefill.for_model(model.config)
@@ -28,7 +29,8 @@ from torch import Tensor
 
 from specd.models.config import ModelConfig
 
-SCORE_BYTES = 1 << 30   # a group's [B, Hq, L, L] fp32 scores at most (1 GiB), where the math path builds them
+SCORE_BYTES = 1 << 30        # a group's [B, Hq, L, L] fp32 scores at most on the CPU (1 GiB): its math path builds them
+SCORE_BYTES_CUDA = 1 << 33   # on CUDA the memory-efficient kernel builds none; 8 GiB only bounds a math fallback
 
 
 class PaddedPrefill:
@@ -54,10 +56,11 @@ class PaddedPrefill:
         if any(n <= 0 for n in sizes):
             raise ValueError(f"every sequence needs at least one token, got lengths {sizes}")
         device = torch.device(device)
+        budget = SCORE_BYTES_CUDA if device.type == "cuda" else SCORE_BYTES
         self._groups, start, group = [], 0, []
         for n in sizes:
             longest = max([n, *(m for _, m in group)])
-            if group and (len(group) + 1) * num_heads * longest * longest * 4 > SCORE_BYTES:
+            if group and (len(group) + 1) * num_heads * longest * longest * 4 > budget:
                 self._groups.append(_Group(group, device))
                 group = []
             group.append((start, n))
