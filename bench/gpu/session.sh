@@ -207,7 +207,7 @@ PY
     for tree in . ${OLD:-}; do
       name=$(basename "$(cd "$tree" && pwd)")
       PYTHONPATH=$tree:/tmp/site timeout "${PROBE_TIMEOUT:-200}" python bench/gpu/train_probe.py \
-        --prompts .carry/answers-prompts.json --batches "${PROBE_BATCHES:-8,16,32}" --profile-batch 8 \
+        --prompts .carry/answers-prompts.json --batches "${PROBE_BATCHES:-8,16,32,8x64,32x64}" --profile-batch 8x16 \
         --out "$RES/train-probe/$name.json" > "/tmp/logs/train-probe-$name.log" 2>&1
       echo "train-probe $name rc=$?"; grep "a step" "/tmp/logs/train-probe-$name.log"
     done

@@ -7,7 +7,9 @@ said the step was host-bound: ~35k aten ops at 42933dd, growing linearly with th
 batched the target pass and the drafter forward (docs/design/drafter.md, "One forward per training
 step": 8.8k ops at batch 8, 11.5k at 32). This probe measures what that did on the device, and whether a
 larger batch is now nearly free, before any default changes. It uses only APIs 42933dd also has, so one
-call can time both commits (``PYTHONPATH=<old export>``).
+call can time both commits (``PYTHONPATH=<old export>``). Anchors per sequence are the other lever:
+DeepSpec trains with 512 per sequence against our 16, and on a host-bound step more anchors cost GPU
+time only (``BxA`` shapes below).
 
     python bench/gpu/train_probe.py --prompts .carry/answers-prompts.json --batches 8,16,32 --out probe.json
     # (PYTHONPATH = the export's root; --profile-batch 8 adds a torch.profiler kernel table)
@@ -26,14 +28,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from answers_probe import QWEN05  # noqa: E402  (this folder is not a package on the device's path)
 
 
+def _shape(text: str, default_anchors: int) -> tuple[int, int] | None:
+    """"B" or "BxA" -> (B, A); empty -> None."""
+    if not text:
+        return None
+    batch, _, anchors = text.partition("x")
+    return int(batch), int(anchors or default_anchors)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompts", required=True, help="answers_probe --prepare's file (real prompt ids)")
     p.add_argument("--answer-tokens", type=int, default=82, help="answer length appended (run T: 82 mean)")
-    p.add_argument("--batches", default="8,16,32", help="sequences per step to time")
+    p.add_argument("--batches", default="8,16,32,8x64,32x64",
+                   help="shapes to time: B (sequences per step, --anchors each) or BxA (A anchors per sequence)")
     p.add_argument("--steps", type=int, default=12, help="timed steps per batch size (after 3 warm-ups)")
     p.add_argument("--anchors", type=int, default=16)
-    p.add_argument("--profile-batch", type=int, default=0, help="also profile 3 steps of this batch size")
+    p.add_argument("--profile-batch", default="", help="also profile 3 steps of this shape (as in --batches)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide target (CPU smoke test)")
     p.add_argument("--out", required=True)
@@ -80,10 +91,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
 
     with tempfile.TemporaryDirectory() as tmp:
-        for batch in [int(b) for b in args.batches.split(",")]:
+        for shape in [b.strip() for b in args.batches.split(",") if b.strip()]:
+            batch, anchors = _shape(shape, args.anchors)
             drafter = build_drafter(dcfg, target).to(device)
             trainer = Trainer(target, drafter, seqs, TrainConfig(steps=args.steps + 3, batch_size=batch,
-                                                                 anchors=args.anchors), Path(tmp))
+                                                                 anchors=anchors), Path(tmp))
             for _ in range(3):
                 trainer.train_step()
             sync()
@@ -95,11 +107,12 @@ def main(argv: list[str] | None = None) -> int:
                 times.append(time.perf_counter() - t0)
             times.sort()
             med = times[len(times) // 2]
-            result["batches"][str(batch)] = {"step_s_p50": med, "step_s_min": times[0], "step_s_max": times[-1],
-                                             "steps_per_s": 1 / med, "sequences_per_s": batch / med}
-            print(f"batch {batch}: {1e3 * med:.1f} ms a step (p50 of {args.steps}), {batch / med:.1f} sequences/s",
-                  flush=True)
-            if batch == args.profile_batch:
+            result["batches"][shape] = {"sequences": batch, "anchors": anchors, "step_s_p50": med,
+                                        "step_s_min": times[0], "step_s_max": times[-1], "steps_per_s": 1 / med,
+                                        "sequences_per_s": batch / med, "anchor_blocks_per_s": batch * anchors / med}
+            print(f"{batch} sequences x {anchors} anchors: {1e3 * med:.1f} ms a step (p50 of {args.steps}), "
+                  f"{batch / med:.1f} sequences/s, {batch * anchors / med:.0f} anchor blocks/s", flush=True)
+            if (batch, anchors) == _shape(args.profile_batch, args.anchors):
                 from torch.profiler import ProfilerActivity, profile
                 acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
                 with profile(activities=acts) as prof:
@@ -110,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 table = prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60)
                 Path(args.out).with_suffix(".kernels.txt").write_text(table)
                 ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::")) / 3
-                result["batches"][str(batch)]["aten_ops_per_step"] = ops
+                result["batches"][shape]["aten_ops_per_step"] = ops
             del trainer, drafter
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
