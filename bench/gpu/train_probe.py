@@ -96,15 +96,23 @@ def main(argv: list[str] | None = None) -> int:
             drafter = build_drafter(dcfg, target).to(device)
             trainer = Trainer(target, drafter, seqs, TrainConfig(steps=args.steps + 3, batch_size=batch,
                                                                  anchors=anchors), Path(tmp))
-            for _ in range(3):
-                trainer.train_step()
-            sync()
             times = []
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                trainer.train_step()
-                sync()
-                times.append(time.perf_counter() - t0)
+            try:
+                for i in range(3 + args.steps):
+                    t0 = time.perf_counter()
+                    trainer.train_step()
+                    sync()
+                    if i >= 3:                    # the first three are warm-ups (allocator, compiles)
+                        times.append(time.perf_counter() - t0)
+            except torch.OutOfMemoryError as e:   # a shape too large for this GPU: say so, time the others
+                result["batches"][shape] = {"sequences": batch, "anchors": anchors, "error": f"out of memory: {e}"[:300]}
+                print(f"{batch} sequences x {anchors} anchors: out of memory", flush=True)
+                del trainer, drafter
+                torch.cuda.empty_cache()
+                continue
+            if device.type == "cuda":
+                result["batches"].setdefault("peak_gib", {})[shape] = torch.cuda.max_memory_allocated() / 2**30
+                torch.cuda.reset_peak_memory_stats()
             times.sort()
             med = times[len(times) // 2]
             result["batches"][shape] = {"sequences": batch, "anchors": anchors, "step_s_p50": med,
