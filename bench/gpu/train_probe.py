@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.empty_cache()
                 continue
             if device.type == "cuda":
-                result["batches"].setdefault("peak_gib", {})[shape] = torch.cuda.max_memory_allocated() / 2**30
+                result.setdefault("peak_gib", {})[shape] = torch.cuda.max_memory_allocated() / 2**30
                 torch.cuda.reset_peak_memory_stats()
             times.sort()
             med = times[len(times) // 2]
