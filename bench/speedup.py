@@ -112,14 +112,20 @@ class RunResult:
     graph_captures: int = 0      # CUDA graphs (target steps and draft rounds) captured during this timed run
     eager_steps: int = 0         # steps no CUDA graph covered
     gate_rested_steps: int = 0   # steps the measured pre-draft gate kept the scheduled requests from drafting
+    # measured steps the gate let draft, by why: a new cell's exploration, a probe, the winning arm, and
+    # steps where a recurring prompt class explored while its cell rested (session 8: run U's 22% loss on
+    # coding at c = 32 came from 7 drafting steps whose reasons the records did not say)
+    gate_drafted_by: dict[str, int] = field(default_factory=dict)
 
 
 STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_total", "spec_accepted_tokens_total",
-             "admission_seconds_total", "spec_scheduler_seconds_total", "spec_paused_steps_total")
+             "admission_seconds_total", "spec_scheduler_seconds_total", "spec_paused_steps_total",
+             "spec_class_explore_steps_total")
+GATE_REASONS = ("explore", "probe", "winner")   # spec_gate.DRAFT_REASONS, read from the stats by name
 
 
 def _delta(before: dict, after: dict) -> dict:
-    keys = set(STAT_KEYS) | {k for k in after if k.startswith("spec_scheduled_len")}
+    keys = set(STAT_KEYS) | {k for k in after if k.startswith(("spec_scheduled_len", "spec_gate_drafted_"))}
     return {k: after.get(k, 0) - before.get(k, 0) for k in keys}
 
 
@@ -180,7 +186,9 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         scheduled_lengths={k.removeprefix("spec_scheduled_len").removesuffix("_total"): int(v)
                            for k, v in sorted(d.items()) if k.startswith("spec_scheduled_len") and v},
         graph_captures=graphs1 - graphs0, eager_steps=eager1 - eager0,
-        gate_rested_steps=int(d["spec_paused_steps_total"]))
+        gate_rested_steps=int(d["spec_paused_steps_total"]),
+        gate_drafted_by={**{r: int(d.get(f"spec_gate_drafted_{r}_steps_total", 0)) for r in GATE_REASONS},
+                         "class": int(d["spec_class_explore_steps_total"])})
 
 
 # ---- summaries (pure) --------------------------------------------------------------------------------

@@ -130,6 +130,7 @@ class GateSteps:
             explorers = {id(s) for s in members if self.spec_gate.explores(s.seq.gate_acceptance)}
             if explorers and self._pure_decode(batch):   # they draft to measure their class (``explores``);
                 self._gate_arms.pop(key, None)            # the step is no sample of the cell
+                self._counters["spec_class_explore_steps_total"] += 1
                 self._gate_drafting.setdefault(key, []).extend(s.seq for s in members if id(s) in explorers)
                 members = [s for s in members if id(s) not in explorers]
             if members:

@@ -65,6 +65,7 @@ REQUEST_DECAY = 0.8  # weight of a request's older drafting steps (its text chan
 CLASS_TOKENS = 32    # a prompt class is the first 32 prompt tokens: the chat template's system turn, so one
                      # application's requests share a class and different applications' do not
 CLASS_DECAY = 0.95   # weight of a class's older drafting steps: pooled over its requests, ~20 steps of memory
+DRAFT_REASONS = ("explore", "probe", "winner")   # a new cell's exploration, a probe of the losing arm, the winner
 CLASS_EXPLORE = 3    # drafting steps a recurring class takes on its own before the gate trusts its record
 MAX_CLASSES = 4096   # classes remembered (least recently admitted forgotten first): unique prompts stay bounded
 
@@ -241,6 +242,8 @@ class SpecGate:
         self.cells: dict[tuple[str, int], Cell] = {}
         self.classes: OrderedDict[tuple[str, tuple[int, ...]], ClassRecord] = OrderedDict()
         self.probes = 0
+        # measured steps that drafted, by why (DRAFT_REASONS): what a run's drafting steps were for
+        self.drafted_by = dict.fromkeys(DRAFT_REASONS, 0)
 
     def record(self, method: str, prompt: list[int]) -> Acceptance:
         """A new request's acceptance record, tied to its prompt class's pooled record under ``method``
@@ -308,21 +311,27 @@ class SpecGate:
         cell = self._cell(method, sequences)
         explore = self._exploring(cell)
         if explore is not None:
-            return explore if measured else not cell.resting_prior
+            return self._drafts("explore", explore) if measured else not cell.resting_prior
         winner = cell.drafting_wins(self.margin, self._acceptance(cell, requests, sequences), verify)
         if not measured:
             return winner
         if cell.probe_left:
             cell.probe_left -= 1
-            return cell.probe_arm
+            return self._drafts("probe", cell.probe_arm)
         if cell.clock == 0:      # the first step after a probe or the exploration: both rates are fresh
             cell.wait = 1 if cell.draft.samples == 0 else self._wait(cell, winner)
         cell.clock += 1
         if cell.clock < cell.wait:
-            return winner
+            return self._drafts("winner", winner)
         cell.clock, cell.probe_left, cell.probe_arm = 0, self.probe_steps - 1, not winner
         self.probes += 1
-        return cell.probe_arm
+        return self._drafts("probe", cell.probe_arm)
+
+    def _drafts(self, reason: str, drafting: bool) -> bool:
+        """Count a measured step's decision to draft under its reason; returns it unchanged."""
+        if drafting:
+            self.drafted_by[reason] += 1
+        return drafting
 
     def probe_next(self, method: str, sequences: int) -> bool:
         """Will the next measured step of this cell start a probe of drafting? The engine then captures
@@ -400,6 +409,8 @@ class SpecGate:
         """Flat, for engine stats and /metrics: per cell the measured tok/s of each arm, the samples, and
         whether drafting currently wins (1) or the drafter rests (0), at the cell's own acceptance."""
         out: dict[str, float | int] = {"spec_gate_probes_total": self.probes}
+        for reason, n in self.drafted_by.items():
+            out[f"spec_gate_drafted_{reason}_steps_total"] = n
         for (method, bucket), cell in sorted(self.cells.items()):
             name = f"spec_gate_{method}_b{bucket}"
             out[f"{name}_draft_tok_s"] = cell.draft.per_s

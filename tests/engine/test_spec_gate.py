@@ -58,6 +58,8 @@ def test_rests_when_drafting_is_measured_slower_and_probes_within_the_budget():
     assert starts == [199, 400] and sum(arms) == 4
     assert gate.probes == 2
     stats = gate.stats()
+    # every drafting step is counted under its reason: 3 exploring, then two 2-step probes, no winner
+    assert [stats[f"spec_gate_drafted_{r}_steps_total"] for r in ("explore", "probe", "winner")] == [3, 4, 0]
     assert stats["spec_gate_dspark_b4_drafting"] == 0
     assert stats["spec_gate_dspark_b4_probe_wait_steps"] == 200
     assert stats["spec_gate_dspark_b4_draft_tok_s"] == pytest.approx(500.0)
@@ -92,6 +94,8 @@ def test_keeps_drafting_when_it_is_measured_faster():
     # only the probes of plain decoding: 2 steps, each 1.5 drafting steps long, losing a third: every 100 steps
     assert sum(not a for a in arms) == 4
     assert gate.stats()["spec_gate_dspark_b4_drafting"] == 1
+    # 3 exploring steps drafted; then every drafting step is the winner's (probes here are plain steps)
+    assert gate.drafted_by == {"explore": 3, "probe": 0, "winner": 306 - 6 - 4}
 
 
 def test_resumes_drafting_after_a_probe_shows_it_winning():
@@ -715,8 +719,10 @@ def test_a_recurring_prompt_class_drafts_its_exploration_where_its_cell_rests_an
             engine.step()
         assert engine.stats()["spec_gate_dspark_b2_drafting"] == 0
         before = engine.stats()["spec_gate_dspark_b2_draft_samples"]
+        explored = engine.stats()["spec_class_explore_steps_total"]
         got, seqs = serve("spec-", "dspark")
         after = engine.stats()["spec_gate_dspark_b2_draft_samples"]
+        explored = engine.stats()["spec_class_explore_steps_total"] - explored
     finally:
         engine._proposers["dspark"] = real
         engine.spec_gate = SpecGate()
@@ -726,6 +732,7 @@ def test_a_recurring_prompt_class_drafts_its_exploration_where_its_cell_rests_an
     assert seqs["y1"].spec_verifications == seqs["y2"].spec_verifications == steps
     assert seqs["y2"].gate_acceptance.group.samples == 2 * steps
     assert after == before                              # exploring is no sample of the cell
+    assert explored == steps                            # and each such step is counted as a class's
 
 
 def test_only_steps_from_a_whole_drafter_context_feed_the_class():
