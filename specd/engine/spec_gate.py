@@ -405,6 +405,12 @@ class SpecGate:
         else:
             cell.plain.add(tokens, seconds, sequences)
 
+    def exploring(self, method: str) -> list[int]:
+        """The load buckets of ``method``'s cells that are still exploring (a new cell measures both arms
+        before it decides). For benchmarks: exploring is a once-per-cell cost, and a warm-up that ends
+        before it does moves it into the timed runs (``bench speedup``)."""
+        return sorted(b for (m, b), cell in self.cells.items() if m == method and self._exploring(cell) is not None)
+
     def stats(self) -> dict[str, float | int]:
         """Flat, for engine stats and /metrics: per cell the measured tok/s of each arm, the samples, and
         whether drafting currently wins (1) or the drafter rests (0), at the cell's own acceptance."""

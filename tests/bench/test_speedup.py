@@ -130,3 +130,33 @@ def test_profile_writes_one_table_per_row_and_concurrency(tmp_path):
         text = p.read_text()
         assert "## by tottime" in text and "## by cumulative" in text
         assert "(step)" in text            # engine.step ran inside the profiled window
+
+
+def test_gated_rows_warm_up_until_their_gate_cell_has_explored():
+    """A new (method, load) cell explores both arms once; the warm-up repeats (at most EXTRA_WARMUPS times)
+    until the row's cell at this load has, so the timed runs measure the steady state."""
+    from types import SimpleNamespace
+
+    from bench.speedup import EXTRA_WARMUPS, finish_exploring, gate_key
+    from specd.engine.spec_gate import SpecGate
+
+    assert [gate_key(r) for r in ("none", "dspark", "dspark-g7", "ngram-gated", "ngram")] == \
+        [None, "dspark", None, "ngram_gated", None]
+    gate = SpecGate(min_samples=3)
+    engine = SimpleNamespace(spec_gate=gate)
+
+    def warm(tag):   # one warm-up run: four measured steps of the cell at 32 sequences, drafting slower
+        for _ in range(4):
+            drafted = gate.should_draft("dspark", 32)
+            gate.observe("dspark", 32, drafted, 32, 32 / (500.0 if drafted else 1000.0))
+
+    gate.should_draft("dspark", 32)                      # the cell exists and explores
+    assert gate.exploring("dspark") == [32]
+    assert finish_exploring(engine, "dspark", 32, warm) == 2      # 3 drafting + 3 resting steps: two runs
+    assert gate.exploring("dspark") == []
+    assert finish_exploring(engine, "dspark", 32, warm) == 0      # explored: nothing more
+    assert finish_exploring(engine, "dspark-g7", 32, warm) == 0   # fixed γ is not gated
+    calls = []
+    assert finish_exploring(engine, "ngram-gated", 32, calls.append) == 0   # its cell does not exist yet
+    stuck = SimpleNamespace(spec_gate=SimpleNamespace(exploring=lambda key: [32]))
+    assert finish_exploring(stuck, "dspark", 32, calls.append) == EXTRA_WARMUPS and len(calls) == EXTRA_WARMUPS
