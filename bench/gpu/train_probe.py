@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                     if i >= 3:                    # the first three are warm-ups (allocator, compiles)
                         times.append(time.perf_counter() - t0)
             except torch.OutOfMemoryError as e:   # a shape too large for this GPU: say so, time the others
-                result["batches"][shape] = {"sequences": batch, "anchors": anchors, "error": f"out of memory: {e}"[:300]}
+                result["batches"][shape] = {"sequences": batch, "anchors": anchors,
+                                            "error": f"out of memory: {e}"[:300]}
                 print(f"{batch} sequences x {anchors} anchors: out of memory", flush=True)
                 del trainer, drafter
                 torch.cuda.empty_cache()

@@ -158,7 +158,8 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
         hidden = hidden.view(n, g, -1)
         return BlockOut(base_logits=self.heads.logits(hidden), hidden=hidden)
 
-    def block_logits_batch(self, ctxs: Sequence[Tensor], tokens: Sequence[Tensor], anchors: Sequence[Tensor]) -> BlockOut:
+    def block_logits_batch(self, ctxs: Sequence[Tensor], tokens: Sequence[Tensor],
+                           anchors: Sequence[Tensor]) -> BlockOut:
         """``block_logits`` of several sequences in one forward: rows of every sequence's anchors, in order.
 
         ctxs[i]: [T_i, d] fused features; tokens[i]: [T_i]; anchors[i]: [N_i] (N_i ≥ 1). The contexts are

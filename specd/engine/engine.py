@@ -63,7 +63,8 @@ class SpecEngine(GateSteps):
                               commit_seconds_total=0.0, spec_verifications_total=0,
                               spec_drafted_tokens_total=0, spec_accepted_tokens_total=0, spec_paused_steps_total=0,
                               spec_class_explore_steps_total=0, spec_scheduled_requests_total=0,
-                              spec_scheduled_tokens_total=0, admission_seconds_total=0.0, spec_scheduler_seconds_total=0.0)
+                              spec_scheduled_tokens_total=0, admission_seconds_total=0.0,
+                              spec_scheduler_seconds_total=0.0)
         self._scheduled_lengths: collections.Counter[int] = collections.Counter()   # ℓ chosen per scheduled draft
         self._proposers: dict = {}
         self.sps: SpsProfile | None = None      # SPS(B) of verify steps, measured on first scheduled draft

@@ -203,7 +203,8 @@ def test_batched_block_loss_matches_the_per_sequence_reference(stories, method):
     target, _ = stories
     g = torch.Generator().manual_seed(3)
     seqs = [torch.randint(3, 512, (n,), generator=g) for n in (30, 9, 17, 12)]
-    anchors = [torch.tensor([3, 10, 28]), torch.tensor([8]), torch.tensor([0, 5, 6, 15]), torch.empty(0, dtype=torch.int64)]
+    anchors = [torch.tensor([3, 10, 28]), torch.tensor([8]), torch.tensor([0, 5, 6, 15]),
+               torch.empty(0, dtype=torch.int64)]
     torch.manual_seed(0)
     overrides = {"markov_rank": 16} if method == "dspark" else {}
     drafter = build_drafter(DrafterConfig.for_target(target.config, method, gamma=4, **overrides), target)
