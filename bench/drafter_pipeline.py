@@ -51,6 +51,8 @@ def _methods(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from specd.drafter.data import ANSWER_DTYPES
+
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--prepare", action="store_true", help="only write the session files into --sessions (CPU)")
     mode.add_argument("--plot-only", action="store_true", help="only draw the plots from OUT/<name>.json")
@@ -83,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answers", choices=("engine", "harness"), default=None,
                    help="answer generator of the data stage (specd.drafter.data.ANSWERS): engine (serving engine, "
                         "CUDA graphs) or harness (eager); default: engine on CUDA, harness on the CPU")
-    p.add_argument("--answers-dtype", default="auto", choices=("auto", "target", "bfloat16", "float16", "float32"),
+    p.add_argument("--answers-dtype", default="auto", choices=ANSWER_DTYPES,
                    help="dtype the data stage answers in: auto = bfloat16 on CUDA (what specd serves in; 2.4x "
                         "faster than fp32 in session 8), the target's dtype elsewhere; target = --dtype")
     p.add_argument("--gen-batch", type=int, default=128, help="sequences per answer-generation batch (the "
@@ -271,24 +273,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def answers_model(model, choice: str):
-    """The model the data stage answers with: the target, or a copy of it cast to another dtype.
-    Why bf16 on CUDA: the drafter learns to predict what the served target says, and specd serves in
-    bf16; the fp32 engine was also 2.4x slower a step (bench/gpu/answers_probe.py, session 8). The
-    later stages still read the fp32 target's features of these sequences."""
-    import copy
-
-    import torch
-
-    device = next(model.parameters()).device
-    if choice == "target" or (choice == "auto" and device.type != "cuda"):
-        return model
-    dtype = torch.bfloat16 if choice == "auto" else getattr(torch, choice)
-    if model.embed_tokens.weight.dtype == dtype:
-        return model
-    return copy.deepcopy(model).to(dtype)
-
-
 def stage_data(r: Run) -> dict:
     """Stage 1: the target's answers to all train turns of all workloads, one data.jsonl for every method."""
     from bench.workloads.split import file_sha256
@@ -296,7 +280,7 @@ def stage_data(r: Run) -> dict:
 
     model, tok = r.target()
     answers = r.args.answers or data.default_answers(next(model.parameters()).device)
-    model = answers_model(model, r.args.answers_dtype)
+    model = data.answers_model(model, r.args.answers_dtype)
     per_w = read_workload_sessions(r.args.sessions, "train", r.args.train_sessions)
     sessions = [s for w in WORKLOADS for s in per_w[w]]
     # the answers' progress bar goes to stderr (the device log): in session 7 this stage ran 540 s on the

@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--answers", choices=data.ANSWERS, default=None,
                    help="answer generator: engine (serving engine, CUDA graphs) or harness (eager); "
                         "default: engine on CUDA, harness on the CPU")
+    p.add_argument("--answers-dtype", default="auto", choices=data.ANSWER_DTYPES,
+                   help="dtype the target answers the training prompts in: auto = bfloat16 on CUDA (what specd "
+                        "serves; 2.4x faster a step than fp32 on the H200), the target's dtype elsewhere")
     p.add_argument("--holdout", type=float, default=0.1, help="fraction of sequences kept for STS calibration")
     p.add_argument("--sts-temperature", type=float, default=0.0,
                    help="sampling temperature at which STS observes survival (0 = greedy)")
@@ -155,15 +158,18 @@ def training_data(args: argparse.Namespace, target, tokenizer) -> tuple[list[dat
     if args.resume and path.exists():
         written = json.loads(meta.read_text()).get("answers") if meta.exists() else None
         return data.load_sequences(path), file_sha256(source), written
+    answerer = data.answers_model(target, args.answers_dtype)
     if args.data:
-        seqs = data.session_sequences(target, tokenizer, args.data, "train", args.seed, args.max_len, max_new,
+        seqs = data.session_sequences(answerer, tokenizer, args.data, "train", args.seed, args.max_len, max_new,
                                       answers=args.answers)
     else:
         prompts = data.text_prompts(args.prompts, tokenizer, args.data_temperature, max_new)
-        seqs = data.prompt_sequences(target, prompts, args.seed, tokenizer.stop_ids, args.max_len,
+        seqs = data.prompt_sequences(answerer, prompts, args.seed, tokenizer.stop_ids, args.max_len,
                                      answers=args.answers)
+    answered_in = str(answerer.embed_tokens.weight.dtype)
+    del answerer
     data.save_sequences(path, seqs)
-    meta.write_text(json.dumps({"answers": args.answers}) + "\n")
+    meta.write_text(json.dumps({"answers": args.answers, "answers_dtype": answered_in}) + "\n")
     return seqs, file_sha256(source), args.answers
 
 

@@ -20,6 +20,7 @@ states are recomputed by the trainer in every step (no feature cache on disk).
 """
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -160,6 +161,24 @@ def _step(model: DecoderModel, kv, feed: dict[int, list[int]], params: list[Samp
     hidden = model(ids, positions, kv).hidden
     last = torch.tensor([len(feed[i]) for i in rows], device=device).cumsum(0) - 1
     return sample(model.logits(hidden[last]), [params[i] for i in rows], [gens[i] for i in rows]).tolist()
+
+
+ANSWER_DTYPES = ("auto", "target", "bfloat16", "float16", "float32")
+
+
+def answers_model(model: DecoderModel, choice: str) -> DecoderModel:
+    """The model the data stage answers with (``ANSWER_DTYPES``): the target, or a copy of it cast to
+    another dtype.
+    Why bf16 on CUDA: the drafter learns to predict what the served target says, and specd serves in
+    bf16; the fp32 engine was also 2.4x slower a step (bench/gpu/answers_probe.py, session 8). The
+    later stages still read the fp32 target's features of these sequences."""
+    device = next(model.parameters()).device
+    if choice == "target" or (choice == "auto" and device.type != "cuda"):
+        return model
+    dtype = torch.bfloat16 if choice == "auto" else getattr(torch, choice)
+    if model.embed_tokens.weight.dtype == dtype:
+        return model
+    return copy.deepcopy(model).to(dtype)
 
 
 def session_sequences(model: DecoderModel, tokenizer: Tokenizer, sessions_path: str | Path, split: str, seed: int,

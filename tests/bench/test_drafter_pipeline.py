@@ -119,7 +119,7 @@ def test_answers_model_casts_a_copy_only_when_asked():
     copy, so the later stages still read the fp32 target."""
     import torch
 
-    from bench.drafter_pipeline import answers_model
+    from specd.drafter.data import answers_model
     from specd.models.config import ModelConfig
     from specd.models.decoder import DecoderModel
 
