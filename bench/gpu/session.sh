@@ -77,14 +77,15 @@ speed_drafters() {  # DRAFTERS for speedup_run: ${SPEED_DRAFTERS} (empty: none),
 
 train_dspark() {  # train_dspark OUT TIMEOUT [ARGS...]: train-kv's recipe on GPU0 (dspark alone, TRAIN_SESSIONS
                   # train sessions per workload answered by the serving engine, TRAIN_BATCH sequences a step of
-                  # TRAIN_ANCHORS anchors each, default 8 x 16); resumable from /tmp/dp
+                  # TRAIN_ANCHORS anchors each, default 8 x 16; TRAIN_LAYERS draft layers, default 1, the
+                  # DSpark paper's drafter has 2); resumable from /tmp/dp
   local out=$1 limit=$2
   shift 2
   CUDA_VISIBLE_DEVICES=0 timeout "$limit" python -m bench drafter-pipeline --target "$MODEL" \
     --sessions .carry/qwen-sessions500 --work /tmp/dp --out "$out" --methods dspark \
     --steps "${TRAIN_STEPS:-2500}" --train-sessions "${TRAIN_SESSIONS:-500}" --answers engine \
     --budget-s "${TRAIN_BUDGET:-900}" --gamma 7 --device cuda --batch-size "${TRAIN_BATCH:-8}" \
-    --anchors "${TRAIN_ANCHORS:-16}" "$@" \
+    --anchors "${TRAIN_ANCHORS:-16}" --layers "${TRAIN_LAYERS:-1}" "$@" \
     >> /tmp/logs/drafter-pipeline.log 2>&1
 }
 
