@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: engine on CUDA, harness on the CPU")
     p.add_argument("--answers-dtype", default="auto", choices=data.ANSWER_DTYPES,
                    help="dtype the target answers the training prompts in: auto = bfloat16 on CUDA (what specd "
-                        "serves; 2.4x faster a step than fp32 on the H200), the target's dtype elsewhere")
+                        "serves; 2.4x faster a step than fp32 on the H200; a copy of the target, 2 bytes per "
+                        "parameter, while the answers are made), the target's dtype elsewhere; target = --dtype")
     p.add_argument("--holdout", type=float, default=0.1, help="fraction of sequences kept for STS calibration")
     p.add_argument("--sts-temperature", type=float, default=0.0,
                    help="sampling temperature at which STS observes survival (0 = greedy)")
