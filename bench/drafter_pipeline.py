@@ -87,7 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "CUDA graphs) or harness (eager); default: engine on CUDA, harness on the CPU")
     p.add_argument("--answers-dtype", default="auto", choices=ANSWER_DTYPES,
                    help="dtype the data stage answers in: auto = bfloat16 on CUDA (what specd serves in; 2.4x "
-                        "faster than fp32 in session 8), the target's dtype elsewhere; target = --dtype")
+                        "faster than fp32 in session 8; a copy of the target, 2 bytes per parameter, during the "
+                        "data stage), the target's dtype elsewhere; target = --dtype")
     p.add_argument("--gen-batch", type=int, default=128, help="sequences per answer-generation batch (the "
                    "engine's max_num_seqs)")
     p.add_argument("--max-len", type=int, default=3072, help="prompt + answer tokens at most (longer turns dropped)")
