@@ -32,6 +32,25 @@ QWEN05 = dict(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_siz
               max_position_embeddings=32768, qkv_bias=True, tie_word_embeddings=True)
 
 
+def random_model(shape: dict, device, dtype):
+    """A model of ``shape`` (QWEN05's keys; those the running commit's ModelConfig lacks are dropped, so an
+    older export builds it too) with seeded N(0, 0.02) weights: small, so its logits are not one-hot."""
+    import dataclasses
+
+    import torch
+
+    from specd.models.config import ModelConfig
+    from specd.models.decoder import DecoderModel
+
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    torch.manual_seed(0)
+    model = DecoderModel(ModelConfig(**{k: v for k, v in shape.items() if k in names}))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    return model.to(device=device, dtype=dtype).eval()
+
+
 def prepare(args: argparse.Namespace) -> None:
     """Turn 1 of the first ``train_sessions`` train sessions per workload, as the data stage builds them."""
     from bench.drafter_pipeline import WORKLOADS, read_workload_sessions
@@ -56,15 +75,11 @@ def prepare(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    import dataclasses
-
     import torch
 
     import specd
     from specd.drafter.data import Prompt
     from specd.drafter.engine_answers import EngineAnswers
-    from specd.models.config import ModelConfig
-    from specd.models.decoder import DecoderModel
 
     spec = json.loads(Path(args.prompts).read_text())
     rows = spec["prompts"]
@@ -73,21 +88,14 @@ def run(args: argparse.Namespace) -> None:
         rows = rows[::step][: args.limit]
     prompts = [Prompt(r["ids"], r["temperature"], r["top_p"], r["top_k"], args.max_tokens or r["max_new_tokens"])
                for r in rows]
-    if args.max_block_m:                  # session 4 raised the prefill tile from 64 to 128 rows (a bf16 sweep)
+    if args.max_block_m:                  # session 5 raised the prefill tile from 64 to 128 rows (a bf16 sweep)
         import functools
         import importlib
 
         pa = importlib.import_module("kernels.paged_attention")   # kernels/__init__ shadows the module name
         pa.paged_attention_triton = functools.partial(pa.paged_attention_triton, max_block_m=args.max_block_m)
-    names = {f.name for f in dataclasses.fields(ModelConfig)}
-    config = ModelConfig(**{k: v for k, v in QWEN05.items() if k in names})
-    torch.manual_seed(0)
     device = torch.device(args.device)
-    model = DecoderModel(config)
-    with torch.no_grad():                 # small weights, so the random model's logits are not one-hot
-        for p in model.parameters():
-            p.normal_(0.0, 0.02)
-    model = model.to(device=device, dtype=getattr(torch, args.dtype)).eval()
+    model = random_model(QWEN05, device, getattr(torch, args.dtype))
     capacity = args.max_len               # as the pipeline sizes its pool (``answerer``)
     t0 = time.perf_counter()
     answers = EngineAnswers(model, capacity)

@@ -17,7 +17,6 @@ time only (``BxA`` shapes below).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import tempfile
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from answers_probe import QWEN05  # noqa: E402  (this folder is not a package on the device's path)
+from answers_probe import QWEN05, random_model  # noqa: E402  (this folder is not a package on the device's path)
 
 
 def _shape(text: str, default_anchors: int) -> tuple[int, int] | None:
@@ -46,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--anchors", type=int, default=16)
     p.add_argument("--profile-batch", default="", help="also profile 3 steps of this shape (as in --batches)")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide target (CPU smoke test)")
+    p.add_argument("--tiny", action="store_true", help="a 4-layer, 64-wide target (CPU smoke test)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
@@ -56,22 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     from specd.drafter.config import DrafterConfig
     from specd.drafter.data import TrainSequence
     from specd.drafter.train import Trainer, TrainConfig
-    from specd.models.config import ModelConfig
-    from specd.models.decoder import DecoderModel
 
     device = torch.device(args.device)
     shape = dict(QWEN05)
     if args.tiny:
         shape.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
                      num_kv_heads=2, head_dim=16)
-    names = {f.name for f in dataclasses.fields(ModelConfig)}
-    config = ModelConfig(**{k: v for k, v in shape.items() if k in names})
-    torch.manual_seed(0)
-    target = DecoderModel(config)
-    with torch.no_grad():
-        for w in target.parameters():
-            w.normal_(0.0, 0.02)
-    target = target.to(device).eval().requires_grad_(False)       # fp32, as the pipeline trains
+    target = random_model(shape, device, torch.float32).requires_grad_(False)    # fp32, as the pipeline trains
+    config = target.config
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True                  # the pipeline's default (--no-tf32 off)
     rows = json.loads(Path(args.prompts).read_text())["prompts"]
