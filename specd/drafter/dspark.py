@@ -192,10 +192,7 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
         ids[:, :, 0] = first
         positions = anchor[..., None] + torch.arange(g, device=dev)                     # [B, N_max, γ]
         ctx_kv = self.context_kv(ctx, torch.arange(t_max, device=dev).expand(b, t_max))
-        q_block = torch.arange(n_max * g, device=dev) // g                               # [N_max·γ]
-        sees_ctx = torch.arange(t_max, device=dev)[None, None, :] < anchor[:, q_block][..., None]
-        sees_block = (q_block[:, None] == q_block[None, :]).expand(b, -1, -1)
-        mask = torch.cat([sees_ctx, sees_block], dim=2)                                  # [B, N_max·γ, T_max + N_max·γ]
+        mask = training_mask(anchor, t_max, g)                                           # [B, N_max·γ, T_max + N_max·γ]
         hidden = self.block_hidden(ids.view(b, n_max * g), positions.view(b, n_max * g), ctx_kv, mask)
         hidden = hidden.view(b, n_max, g, -1)[real]                                      # [ΣN, γ, d]
         return BlockOut(base_logits=self.heads.logits(hidden), hidden=hidden)
@@ -330,10 +327,12 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
 
 
 def training_mask(anchors: Tensor, seq_len: int, gamma: int) -> Tensor:
-    """anchors: [N] -> mask [1, N·γ, T + N·γ] bool: block n sees context positions < anchors[n] and
-    every slot of its own block (bidirectional), nothing of other blocks."""
-    n, dev = anchors.numel(), anchors.device
+    """anchors: [N], or [B, N] for B padded sequences -> mask [1 or B, N·γ, T + N·γ] bool: block n sees
+    context positions < anchors[n] and every slot of its own block (bidirectional), nothing of other
+    blocks."""
+    rows = anchors.reshape(-1, anchors.shape[-1])                                     # [B, N]
+    n, dev = rows.shape[1], anchors.device
     q_block = torch.arange(n * gamma, device=dev) // gamma                          # [Nγ]
-    sees_ctx = torch.arange(seq_len, device=dev)[None, :] < anchors[q_block][:, None]
-    sees_block = q_block[:, None] == q_block[None, :]
-    return torch.cat([sees_ctx, sees_block], dim=1)[None]
+    sees_ctx = torch.arange(seq_len, device=dev)[None, None, :] < rows[:, q_block][..., None]
+    sees_block = (q_block[:, None] == q_block[None, :]).expand(rows.shape[0], -1, -1)
+    return torch.cat([sees_ctx, sees_block], dim=2)
