@@ -37,6 +37,7 @@ from pathlib import Path
 
 from bench.arg_types import positive_ints
 from bench.row_profiles import RowProfiles
+from specd.engine.spec_gate import DRAFT_REASONS, load_bucket
 
 ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = the engine's (scheduled)
     "none": {"method": "none", "schedule": None, "gamma": None},
@@ -123,7 +124,6 @@ class RunResult:
 STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_total", "spec_accepted_tokens_total",
              "admission_seconds_total", "spec_scheduler_seconds_total", "spec_paused_steps_total",
              "spec_class_explore_steps_total")
-GATE_REASONS = ("explore", "probe", "winner")   # spec_gate.DRAFT_REASONS, read from the stats by name
 
 
 def _delta(before: dict, after: dict) -> dict:
@@ -189,7 +189,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
                            for k, v in sorted(d.items()) if k.startswith("spec_scheduled_len") and v},
         graph_captures=graphs1 - graphs0, eager_steps=eager1 - eager0,
         gate_rested_steps=int(d["spec_paused_steps_total"]),
-        gate_drafted_by={**{r: int(d.get(f"spec_gate_drafted_{r}_steps_total", 0)) for r in GATE_REASONS},
+        gate_drafted_by={**{r: int(d.get(f"spec_gate_drafted_{r}_steps_total", 0)) for r in DRAFT_REASONS},
                          "class": int(d["spec_class_explore_steps_total"])})
 
 
@@ -390,8 +390,6 @@ def finish_exploring(engine, row: str, level: int, warm) -> int:
     8-token warm-ups at c = 32 that exploration spilled into the first timed runs of the first workload
     at each load (run U, session 8: coding c = 32 drafted 7 of 58 steps). The timed runs measure the
     steady state, probes included; the JSON lists the extra warm-ups per cell (``gate_extra_warmups``)."""
-    from specd.engine.spec_gate import load_bucket
-
     key, gate = gate_key(row), getattr(engine, "spec_gate", None)
     runs = 0
     while key and gate is not None and runs < EXTRA_WARMUPS and load_bucket(level) in gate.exploring(key):

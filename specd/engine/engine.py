@@ -255,7 +255,11 @@ class SpecEngine(GateSteps):
 
     def _graph_captures(self) -> int:
         """CUDA graphs captured so far, target and drafters (0 without graphs: on the CPU)."""
-        return self.runner.graph_captures + sum(getattr(p, "round_captures", 0) for p in self._proposers.values())
+        return self.runner.graph_captures + self._draft_captures()
+
+    def _draft_captures(self) -> int:
+        """Draft-round and block-forward graphs captured so far, over every proposer."""
+        return sum(getattr(p, "round_captures", 0) for p in self._proposers.values())
 
     def _commit(self, batch: list[ScheduledSeq]) -> None:
         """Publish the step's newly full, computed blocks, in one frame to kvd, as soon as their KV is
@@ -447,9 +451,8 @@ class SpecEngine(GateSteps):
     def graph_stats(self) -> dict[str, int]:
         """CUDA graphs captured so far (warm-ups included: a timed window reads the difference) and steps
         no graph covered."""
-        rounds = sum(getattr(p, "round_captures", 0) for p in self._proposers.values())
         return {"graph_captures_total": self._graph_captures(),
-                "draft_graph_captures_total": rounds,
+                "draft_graph_captures_total": self._draft_captures(),
                 "eager_steps_total": self.runner.eager_steps}
 
     def _sample(self, batch: list[ScheduledSeq], logits) -> list[tuple[ScheduledSeq, list[int]]]:

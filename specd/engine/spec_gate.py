@@ -65,9 +65,9 @@ REQUEST_DECAY = 0.8  # weight of a request's older drafting steps (its text chan
 CLASS_TOKENS = 32    # a prompt class is the first 32 prompt tokens: the chat template's system turn, so one
                      # application's requests share a class and different applications' do not
 CLASS_DECAY = 0.95   # weight of a class's older drafting steps: pooled over its requests, ~20 steps of memory
-DRAFT_REASONS = ("explore", "probe", "winner")   # a new cell's exploration, a probe of the losing arm, the winner
 CLASS_EXPLORE = 3    # drafting steps a recurring class takes on its own before the gate trusts its record
 MAX_CLASSES = 4096   # classes remembered (least recently admitted forgotten first): unique prompts stay bounded
+DRAFT_REASONS = ("explore", "probe", "winner")   # a new cell's exploration, a probe of the losing arm, the winner
 
 
 class GateError(ValueError):
