@@ -37,6 +37,7 @@ from pathlib import Path
 
 from bench.arg_types import positive_ints
 from bench.row_profiles import RowProfiles
+from specd.engine.gating import gate_key_name
 from specd.engine.spec_gate import DRAFT_REASONS, load_bucket
 
 ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = the engine's (scheduled)
@@ -376,11 +377,12 @@ EXTRA_WARMUPS = 3   # more warm-up runs a gated row gets, at most, while its gat
 
 
 def gate_key(row: str) -> str | None:
-    """The spec gate's key for a row's requests (specd/engine/gating.py ``_gate_key``), None if ungated."""
+    """The spec gate's key for a row's requests, None if the gate does not decide for them (fixed γ and
+    plain decoding; the confidence schedule and the gated one are gated)."""
     spec = ROWS[row]
-    if spec["schedule"] == "gated":
-        return f"{spec['method']}_gated"
-    return spec["method"] if spec["schedule"] == "confidence" else None
+    if spec["schedule"] not in ("confidence", "gated"):
+        return None
+    return gate_key_name(spec["method"], spec["schedule"])
 
 
 def finish_exploring(engine, row: str, level: int, warm) -> int:

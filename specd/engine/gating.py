@@ -17,6 +17,12 @@ from specd.engine.spec_gate import Drafters
 from specd.engine.speculation import Draft
 
 
+def gate_key_name(method: str, schedule: str | None) -> str:
+    """The gate cell family of a request: its method, with ``_gated`` for the fixed-γ gated schedule
+    (an underscore: the key ends up in Prometheus metric names)."""
+    return f"{method}_gated" if schedule == "gated" else method
+
+
 class GateSteps:
     def _observe_gate(self, batch: list[ScheduledSeq], emitted: dict[int, int], seconds: float,
                       timed: bool = True) -> None:
@@ -147,9 +153,7 @@ class GateSteps:
         return self._gate_key(method, seq)
 
     def _gate_key(self, method: str, seq: Sequence) -> str:
-        """The gate cell family of ``seq``: its method, with ``_gated`` for the fixed-γ gated schedule
-        (an underscore: the key ends up in Prometheus metric names)."""
-        return f"{method}_gated" if self._schedule_of(seq) == "gated" else method
+        return gate_key_name(method, self._schedule_of(seq))
 
     def _gate_drafts(self, batch: list[ScheduledSeq], method: str, gated: list[ScheduledSeq],
                      verify: int | None = None) -> bool:
