@@ -115,6 +115,7 @@ class RunResult:
     scheduled_lengths: dict[str, int] = field(default_factory=dict)
     graph_captures: int = 0      # CUDA graphs (target steps and draft rounds) captured during this timed run
     eager_steps: int = 0         # steps no CUDA graph covered
+    triton_compiles: int = 0     # Triton kernels built during this timed run (specd/engine/compile_count.py)
     gate_rested_steps: int = 0   # steps the measured pre-draft gate kept the scheduled requests from drafting
     # measured steps the gate let draft, by why: a new cell's exploration, a probe, the winning arm, and
     # steps where a recurring prompt class explored while its cell rested (session 8: run U's 22% loss on
@@ -138,10 +139,11 @@ def row_fields(row: str, gamma_cap: dict[str, int]) -> dict:
     return {"speculation": spec["method"], "spec_schedule": spec["schedule"], "num_speculative_tokens": gamma}
 
 
-def _graph_state(engine) -> tuple[int, int]:
-    """(CUDA graphs captured so far, target step and draft round alike; eager steps so far) (0, 0 without graphs)."""
+def _graph_state(engine) -> tuple[int, int, int]:
+    """(CUDA graphs captured so far, target step and draft round alike; eager steps so far; Triton kernels
+    built so far) (zeros without graphs or compiles)."""
     g = engine.graph_stats()
-    return g["graph_captures_total"], g["eager_steps_total"]
+    return g["graph_captures_total"], g["eager_steps_total"], g.get("triton_compiles_total", 0)
 
 
 def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: int, tag: str) -> RunResult:
@@ -154,7 +156,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
     spans: list[tuple[int, float]] = []
     inflight = 0
     before = dict(engine.stats())
-    graphs0, eager0 = _graph_state(engine)
+    graphs0, eager0, compiles0 = _graph_state(engine)
     t0 = time.perf_counter()
     while queue or inflight:
         while queue and inflight < concurrency:
@@ -173,7 +175,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
                 inflight -= 1
                 spans.append((count.get(out.id, 0), now - first.get(out.id, now)))
     wall = time.perf_counter() - t0
-    graphs1, eager1 = _graph_state(engine)
+    graphs1, eager1, compiles1 = _graph_state(engine)
     d = _delta(before, engine.stats())
     tokens = sum(n for n, _ in spans)
     rates = [n / s for n, s in spans if s > 0]
@@ -188,7 +190,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         scheduler_ms_per_step=1e3 * d["spec_scheduler_seconds_total"] / steps,
         scheduled_lengths={k.removeprefix("spec_scheduled_len").removesuffix("_total"): int(v)
                            for k, v in sorted(d.items()) if k.startswith("spec_scheduled_len") and v},
-        graph_captures=graphs1 - graphs0, eager_steps=eager1 - eager0,
+        graph_captures=graphs1 - graphs0, eager_steps=eager1 - eager0, triton_compiles=compiles1 - compiles0,
         gate_rested_steps=int(d["spec_paused_steps_total"]),
         gate_drafted_by={**{r: int(d.get(f"spec_gate_drafted_{r}_steps_total", 0)) for r in DRAFT_REASONS},
                          "class": int(d["spec_class_explore_steps_total"])})
@@ -296,7 +298,9 @@ def render_markdown(result: dict) -> str:
     timed = [r for cells in result["workloads"].values() for c in cells.values() for row in c["rows"].values()
              for r in row["runs"]]
     capturing = sum(1 for r in timed if r["graph_captures"])
-    lines += ["", f"Timed runs that captured CUDA graphs: {capturing} of {len(timed)}; eager steps in timed runs: "
+    compiling = sum(1 for r in timed if r.get("triton_compiles"))
+    lines += ["", f"Timed runs that captured CUDA graphs: {capturing} of {len(timed)}; that built Triton kernels: "
+                  f"{compiling}; eager steps in timed runs: "
                   f"{sum(r['eager_steps'] for r in timed)} of {sum(r['steps'] for r in timed)}."]
     verdicts = [c.get("never_slower") for cells in result["workloads"].values() for c in cells.values()]
     if any(v is not None for v in verdicts):
@@ -456,6 +460,9 @@ def run(args: argparse.Namespace) -> int:
     result["wall_s"] = time.perf_counter() - t0
     if engine.sps is not None:
         result["sps_profile"] = {str(b): s for b, s in engine.sps.to_table().items()}
+    if getattr(engine, "spec_gate", None) is not None:
+        # each gate cell's first reports (SpecGate.trace): what its exploration and first probes measured
+        result["gate_trace"] = engine.spec_gate.trace()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speedup.json").write_text(json.dumps(result, indent=2) + "\n")
     md = render_markdown(result)

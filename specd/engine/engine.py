@@ -10,7 +10,7 @@ import time
 import torch
 
 from kvd.hashing import namespace_root
-from specd.engine import sampler
+from specd.engine import compile_count, sampler
 from specd.engine.block_manager import BlockManager
 from specd.engine.block_source import BlockSource, local_source
 from specd.engine.config import SCHEDULES, EngineConfig
@@ -71,6 +71,7 @@ class SpecEngine(GateSteps):
         self._track_overhead = False            # True once the engine measured self.sps (an injected one is kept as is)
         self._scheduled_step = False            # this step's drafts went through the scheduler
         self.spec_gate: SpecGate | None = SpecGate()   # measured: do scheduled requests draft? None: always
+        compile_count.install()                 # a step that built a Triton kernel is no timing sample
         self._gate_arms: dict[str, bool] = {}   # this step: method -> its scheduled requests drafted
         self._resting: set[int] = set()         # this step: id() of the sequences the gate rests (no features)
         self._gate_drafting: dict[str, list[Sequence]] = {}   # this step: gate key -> its sequences that draft
@@ -199,7 +200,7 @@ class SpecEngine(GateSteps):
     def step(self) -> list[RequestOutput]:
         self._maybe_reconnect()
         self.drafts.settle()
-        captures = self._graph_captures()
+        cold = self._cold_events()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         self._counters["admission_seconds_total"] += time.perf_counter() - t0
@@ -243,15 +244,19 @@ class SpecEngine(GateSteps):
         c["forward_seconds_total"] += t2 - t1           # model + sampling/verification, synchronised by .tolist()
         c["output_seconds_total"] += (t3 - t2) + (t5 - t4)      # detokenize, stop checks, finishing
         c["commit_seconds_total"] += (t4 - t3) + (t6 - t5)      # publishing full blocks to kvd (target and draft)
-        # A step that captured a CUDA graph (target step, draft round or block forward; Triton compiles
-        # happen inside captures) lasted ~100 ms-seconds once: no sample of what a step costs. Session 8,
-        # run U: dspark's b = 1 drafting cell held 5 warm-up samples at 66 tok/s against 296 plain, so
-        # the gate rested it (and probed every 1,024 steps) where fixed γ = 7 ran 1.54x on extraction.
-        timed = self._graph_captures() == captures
+        # A step that captured a CUDA graph (target step, draft round or block forward) or built a Triton
+        # kernel lasted ~100 ms-seconds once: no sample of what a step costs. Session 8, run U: dspark's
+        # b = 1 drafting cell held 5 warm-up samples at 66 tok/s against 296 plain, so the gate rested it
+        # (and probed every 1,024 steps) where fixed γ = 7 ran 1.54x on extraction.
+        timed = self._cold_events() == cold
         if self._scheduled_step:
             self._update_overhead(batch, t6 - t0, timed)
         self._observe_gate(batch, {id(s.seq): len(toks) for s, toks in emitted}, t6 - t0, timed)
         return outputs
+
+    def _cold_events(self) -> int:
+        """One-off work so far that makes a step no timing sample: CUDA graph captures and Triton compiles."""
+        return self._graph_captures() + compile_count.compiles()
 
     def _graph_captures(self) -> int:
         """CUDA graphs captured so far, target and drafters (0 without graphs: on the CPU)."""
@@ -449,10 +454,11 @@ class SpecEngine(GateSteps):
                  method, self.runner.graph_captures - before, rounds, time.perf_counter() - t0)
 
     def graph_stats(self) -> dict[str, int]:
-        """CUDA graphs captured so far (warm-ups included: a timed window reads the difference) and steps
-        no graph covered."""
+        """CUDA graphs captured and Triton kernels built so far (warm-ups included: a timed window reads the
+        difference), and steps no graph covered."""
         return {"graph_captures_total": self._graph_captures(),
                 "draft_graph_captures_total": self._draft_captures(),
+                "triton_compiles_total": compile_count.compiles(),
                 "eager_steps_total": self.runner.eager_steps}
 
     def _sample(self, batch: list[ScheduledSeq], logits) -> list[tuple[ScheduledSeq, list[int]]]:

@@ -42,6 +42,15 @@ decode step does not). A new cell whose next smaller explored bucket rests start
 plain decoding, and drafting only through probes, instead of paying ``min_samples`` drafting steps at a
 load where drafting already lost at a lighter one.
 
+Warm-up samples: the first measured step of each arm in a cell is no sample (``warmup``). It is the
+cell's first step at its shape, where one-off costs land that the engine cannot see (allocator growth,
+library heuristics). Session 9, run X: the b4 cell's 5 exploring drafting samples averaged 78 tok/s
+against 970 plain on coding, where fixed γ = 7 ran at 0.73× plain in the timed runs, not 0.08×. The
+cell then rested, its probe wait at the 1,024-step maximum, through extraction, where fixed γ = 7 ran at
+1.32× plain. Which step held the cost was not recorded; ``trace`` now keeps each cell's first
+``TRACE_STEPS`` reports, so the next run's records say. Triton compiles and CUDA graph captures are
+excluded by the engine at any step (specd/engine/compile_count.py), one-off costs it can see.
+
 Lossless: whether a step drafts depends only on the wall time and token counts of earlier, finished
 steps, never on the drafts of this step; verification is untouched.
 """
@@ -67,6 +76,8 @@ CLASS_TOKENS = 32    # a prompt class is the first 32 prompt tokens: the chat te
 CLASS_DECAY = 0.95   # weight of a class's older drafting steps: pooled over its requests, ~20 steps of memory
 CLASS_EXPLORE = 3    # drafting steps a recurring class takes on its own before the gate trusts its record
 MAX_CLASSES = 4096   # classes remembered (least recently admitted forgotten first): unique prompts stay bounded
+WARMUP = 1           # first measured steps of each arm of a cell that are no sample (one-off costs)
+TRACE_STEPS = 16     # reports kept per cell, in order, for the records (``SpecGate.trace``)
 DRAFT_REASONS = ("explore", "probe", "winner")   # a new cell's exploration, a probe of the losing arm, the winner
 
 
@@ -104,6 +115,7 @@ class Rate:
     drafter_steps: float = 0.0    # their sequence-steps
     verified: float = 0.0         # draft tokens verified (drafting arm only; 0 when not reported)
     samples: int = 0
+    warmups: int = 0              # measured steps taken as warm-ups, not samples (``SpecGate.warmup``)
 
     def add(self, tokens: int, seconds: float, sequences: int, drafters: Drafters | None = None) -> None:
         self.tokens += tokens
@@ -195,6 +207,7 @@ class Cell:
     probe_left: int = 0       # steps of the current probe still to run
     probe_arm: bool = False   # the arm the current probe runs (fixed when it starts)
     resting_prior: bool = False   # started resting: a smaller bucket of the method had drafting lose
+    trace: list = field(default_factory=list)   # the first TRACE_STEPS reports: [drafted, tokens, ms, sequences, used]
 
     def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:
         """The drafting rate predicted for a batch whose drafting step emits ``acceptance`` tokens per
@@ -230,12 +243,15 @@ class SpecGate:
 
     def __init__(self, min_samples: int = MIN_SAMPLES, probe_every: int = PROBE_EVERY,
                  probe_steps: int = PROBE_STEPS, decay: float = DECAY, probe_max: int = PROBE_MAX,
-                 margin: float = MARGIN, probe_budget: float = PROBE_BUDGET, prior_steps: float = PRIOR_STEPS):
+                 margin: float = MARGIN, probe_budget: float = PROBE_BUDGET, prior_steps: float = PRIOR_STEPS,
+                 warmup: int = WARMUP):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
-                or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0):
+                or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
+                or warmup < 0):
             raise GateError(f"bad gate settings: min_samples={min_samples}, probe_every={probe_every}, "
                             f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}, "
-                            f"probe_budget={probe_budget}, prior_steps={prior_steps}")
+                            f"probe_budget={probe_budget}, prior_steps={prior_steps}, warmup={warmup}")
+        self.warmup = warmup
         self.min_samples, self.probe_every, self.probe_steps, self.decay = min_samples, probe_every, probe_steps, decay
         self.margin, self.probe_budget, self.prior_steps = margin, probe_budget, prior_steps
         self.probe_max = probe_max
@@ -398,6 +414,13 @@ class SpecGate:
                                          and drafters.verified >= 0):
             raise GateError(f"drafters {drafters} do not fit a step of {sequences} sequences and {tokens} tokens")
         cell = self._cell(method, sequences)
+        arm = cell.draft if drafted else cell.plain
+        used = arm.warmups >= self.warmup
+        if len(cell.trace) < TRACE_STEPS:
+            cell.trace.append([int(drafted), tokens, round(1e3 * seconds, 3), sequences, int(used)])
+        if not used:             # the arm's first step at this cell's shape: one-off costs, no sample
+            arm.warmups += 1
+            return
         cell.draft.age(self.decay)
         cell.plain.age(self.decay)
         if drafted:
@@ -410,6 +433,12 @@ class SpecGate:
         before it decides). For benchmarks: exploring is a once-per-cell cost, and a warm-up that ends
         before it does moves it into the timed runs (``bench speedup``)."""
         return sorted(b for (m, b), cell in self.cells.items() if m == method and self._exploring(cell) is not None)
+
+    def trace(self) -> dict[str, list]:
+        """Each cell's first ``TRACE_STEPS`` reports, in order: [drafted (1/0), tokens, ms, sequences,
+        used as a sample (1) or a warm-up (0)], keyed ``<method>_b<bucket>``. For benchmark records:
+        what each cell's decision was made from."""
+        return {f"{method}_b{bucket}": list(cell.trace) for (method, bucket), cell in sorted(self.cells.items())}
 
     def stats(self) -> dict[str, float | int]:
         """Flat, for engine stats and /metrics: per cell the measured tok/s of each arm, the samples, and

@@ -212,6 +212,7 @@ def test_warm_up_off_or_without_graphs_loads_nothing_at_start():
     engine = _engine(spec_warmup=False)
     assert engine._proposers == {} and engine.graph_stats() == {"graph_captures_total": 0,
                                                                  "draft_graph_captures_total": 0,
+                                                                 "triton_compiles_total": 0,
                                                                  "eager_steps_total": 0}
 
 
