@@ -32,7 +32,8 @@ def test_counters_are_differenced_at_every_depth_and_gauges_keep_their_after_val
 
 
 def test_gauge_names():
-    assert all(map(is_gauge, ("hit_rate", "p50_s", "spec_scheduled_tokens_mean", "promote_dram_bps", "watermarks")))
+    assert all(map(is_gauge, ("hit_rate", "p50_s", "spec_scheduled_tokens_mean", "promote_dram_bps", "watermarks",
+                              "kvd_recompute_block_seconds")))
     assert not any(map(is_gauge, ("lookups", "kvd_rpc_lookup_seconds_total", "pressure_drops", "total_s")))
 
 
