@@ -51,7 +51,7 @@ def _methods(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from specd.drafter.data import ANSWER_DTYPES
+    from specd.drafter.data import SERVED_DTYPES
 
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--prepare", action="store_true", help="only write the session files into --sessions (CPU)")
@@ -85,10 +85,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answers", choices=("engine", "harness"), default=None,
                    help="answer generator of the data stage (specd.drafter.data.ANSWERS): engine (serving engine, "
                         "CUDA graphs) or harness (eager); default: engine on CUDA, harness on the CPU")
-    p.add_argument("--answers-dtype", default="auto", choices=ANSWER_DTYPES,
+    p.add_argument("--answers-dtype", default="auto", choices=SERVED_DTYPES,
                    help="dtype the data stage answers in: auto = bfloat16 on CUDA (what specd serves in; 2.4x "
                         "faster than fp32 in session 8; a copy of the target, 2 bytes per parameter, during the "
                         "data stage), the target's dtype elsewhere; target = --dtype")
+    p.add_argument("--features-dtype", default="auto", choices=SERVED_DTYPES,
+                   help="dtype of the training stages' target pass (the drafter's features): auto = bfloat16 on "
+                        "CUDA, as specd serves; target = the target's dtype (before session 9)")
     p.add_argument("--gen-batch", type=int, default=128, help="sequences per answer-generation batch (the "
                    "engine's max_num_seqs)")
     p.add_argument("--max-len", type=int, default=3072, help="prompt + answer tokens at most (longer turns dropped)")
@@ -281,7 +284,7 @@ def stage_data(r: Run) -> dict:
 
     model, tok = r.target()
     answers = r.args.answers or data.default_answers(next(model.parameters()).device)
-    model = data.answers_model(model, r.args.answers_dtype)
+    model = data.served_copy(model, r.args.answers_dtype)
     per_w = read_workload_sessions(r.args.sessions, "train", r.args.train_sessions)
     sessions = [s for w in WORKLOADS for s in per_w[w]]
     # the answers' progress bar goes to stderr (the device log): in session 7 this stage ran 540 s on the
@@ -311,7 +314,8 @@ def _trainer_args(r: Run, method: str, out: Path, steps: int, lr: float, init: P
     argv = ["--target", str(a.target), "--data", str(a.sessions), "--method", method, "--out", str(out),
             "--steps", str(steps), "--lr", str(lr), "--gamma", str(a.gamma), "--layers", str(a.layers),
             "--markov-rank", str(a.markov_rank), "--batch-size", str(a.batch_size), "--anchors", str(a.anchors),
-            "--sts-temperature", str(a.sts_temperature), "--seed", str(a.seed), "--ckpt-every", "100", "--resume"]
+            "--sts-temperature", str(a.sts_temperature), "--seed", str(a.seed), "--ckpt-every", "100", "--resume",
+            "--features-dtype", a.features_dtype]
     if init is not None:
         argv += ["--init", str(init)]
     return build_parser().parse_args(argv)

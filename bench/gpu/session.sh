@@ -10,7 +10,8 @@
 #   bash bench/gpu/session.sh train        # one GPU: train-kv's drafter alone, through training (resumable)
 #   bash bench/gpu/session.sh answers-stacks  # one GPU: the data stage's Python stacks every 20 s for 80 s
 #   bash bench/gpu/session.sh train-probe  # one GPU, no GGUF: drafter training steps by batch size (train_probe.py),
-#                                          #   this export and, with OLD=<export dir>, an older one
+#                                          #   this export and, with OLD=<export dir>, an older one; with
+#                                          #   PROBE_FEATURES=bfloat16, this export again with a bf16 target pass
 #   bash bench/gpu/session.sh drafter-out  # the trained dspark drafter in bf16, as 15 MB pieces dsq.NN, to carry later
 #   bash bench/gpu/session.sh stash DIR    # copy a carried folder's files to /tmp/stash (the drafter's pieces)
 #   bash bench/gpu/session.sh final        # GPU0: bench speedup with the carried drafter, the draft-round profile,
@@ -213,6 +214,13 @@ PY
         --out "$RES/train-probe/$name.json" > "/tmp/logs/train-probe-$name.log" 2>&1
       echo "train-probe $name rc=$?"; grep "a step" "/tmp/logs/train-probe-$name.log"
     done
+    if [ -n "${PROBE_FEATURES:-}" ]; then   # session 9: this tree again, its target pass in PROBE_FEATURES (bfloat16)
+      PYTHONPATH=.:/tmp/site timeout "${PROBE_TIMEOUT:-200}" python bench/gpu/train_probe.py \
+        --prompts .carry/answers-prompts.json --batches "${PROBE_BATCHES:-8,16,32,8x64,32x64}" \
+        --features-dtype "$PROBE_FEATURES" --out "$RES/train-probe/features-$PROBE_FEATURES.json" \
+        > "/tmp/logs/train-probe-features.log" 2>&1
+      echo "train-probe features $PROBE_FEATURES rc=$?"; grep "a step" /tmp/logs/train-probe-features.log
+    fi
     pack train-probe
     ;;
   answers-stacks)

@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=12, help="timed steps per batch size (after 3 warm-ups)")
     p.add_argument("--anchors", type=int, default=16)
     p.add_argument("--profile-batch", default="", help="also profile 3 steps of this shape (as in --batches)")
+    p.add_argument("--features-dtype", default="target", choices=("target", "bfloat16"),
+                   help="the target pass's dtype (Trainer.features): target = fp32, as before session 9; "
+                        "bfloat16 = the pipeline's CUDA default since session 9 (--features-dtype auto)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="a 4-layer, 64-wide target (CPU smoke test)")
     p.add_argument("--out", required=True)
@@ -74,19 +77,27 @@ def main(argv: list[str] | None = None) -> int:
         seqs.append(TrainSequence(ids + answer, len(ids)))
     dcfg = DrafterConfig.for_target(config, "dspark", gamma=7, num_layers=1, markov_rank=64)
     result: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                    "sequences": len(seqs), "mean_tokens": sum(len(s.tokens) for s in seqs) / len(seqs),
+                    "features_dtype": args.features_dtype, "sequences": len(seqs), "mean_tokens": sum(len(s.tokens) for s in seqs) / len(seqs),
                     "anchors": args.anchors, "batches": {}}
 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize()
 
+    features = None          # the bf16 copy of --features-dtype bfloat16, made once
     with tempfile.TemporaryDirectory() as tmp:
         for shape in [b.strip() for b in args.batches.split(",") if b.strip()]:
             batch, anchors = _shape(shape, args.anchors)
             drafter = build_drafter(dcfg, target).to(device)
             trainer = Trainer(target, drafter, seqs, TrainConfig(steps=args.steps + 3, batch_size=batch,
                                                                  anchors=anchors), Path(tmp))
+            if args.features_dtype != "target":
+                if not hasattr(trainer, "features"):       # an older tree: it would time fp32 under this name
+                    raise SystemExit(f"this tree's Trainer has no features model (--features-dtype {args.features_dtype})")
+                if features is None:
+                    from specd.drafter.data import served_copy
+                    features = served_copy(target, args.features_dtype)
+                trainer.features = features
             times = []
             try:
                 for i in range(3 + args.steps):

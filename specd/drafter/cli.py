@@ -66,10 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--answers", choices=data.ANSWERS, default=None,
                    help="answer generator: engine (serving engine, CUDA graphs) or harness (eager); "
                         "default: engine on CUDA, harness on the CPU")
-    p.add_argument("--answers-dtype", default="auto", choices=data.ANSWER_DTYPES,
+    p.add_argument("--answers-dtype", default="auto", choices=data.SERVED_DTYPES,
                    help="dtype the target answers the training prompts in: auto = bfloat16 on CUDA (what specd "
                         "serves; 2.4x faster a step than fp32 on the H200; a copy of the target, 2 bytes per "
                         "parameter, while the answers are made), the target's dtype elsewhere; target = --dtype")
+    p.add_argument("--features-dtype", default="auto", choices=data.SERVED_DTYPES,
+                   help="dtype of the target pass that gives the drafter its training features: auto = bfloat16 on "
+                        "CUDA (what specd serves; fp32 attention was a third of an H200 training step; a copy of "
+                        "the target, 2 bytes per parameter), the target's dtype elsewhere; target = --dtype. "
+                        "The LM heads and STS calibration use the target")
     p.add_argument("--holdout", type=float, default=0.1, help="fraction of sequences kept for STS calibration")
     p.add_argument("--sts-temperature", type=float, default=0.0,
                    help="sampling temperature at which STS observes survival (0 = greedy)")
@@ -110,7 +115,8 @@ def fit(args: argparse.Namespace, target, seqs: list[data.TrainSequence], proven
     drafter = make_drafter(args, target)
     cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, anchors=args.anchors,
                       log_every=args.log_every, ckpt_every=args.ckpt_every, seed=args.seed)
-    trainer = Trainer(target, drafter, train_seqs, cfg, args.out)
+    features = data.served_copy(target, args.features_dtype)
+    trainer = Trainer(target, drafter, train_seqs, cfg, args.out, features=features)
     if args.resume and (args.out / CHECKPOINT).exists():
         print(f"resuming at step {trainer.load_checkpoint()}", file=sys.stderr)
     print(drafter.describe(), file=sys.stderr)
@@ -130,7 +136,8 @@ def fit(args: argparse.Namespace, target, seqs: list[data.TrainSequence], proven
                  "answer_tokens": sum(len(s.tokens) - s.prompt_len for s in seqs),
                  "answers": provenance.get("answers"),
                  "data_temperature": None if args.data else args.data_temperature},
-        "train": asdict(cfg), "steps_done": trainer.step, "loss_curves": asdict(curves),
+        "train": asdict(cfg), "features_dtype": str(features.embed_tokens.weight.dtype).removeprefix("torch."),
+        "steps_done": trainer.step, "loss_curves": asdict(curves),
         "wall_s": {"data": provenance["data_s"], "train": trainer.train_s},
         "weights_sha256": file_sha256(args.out / WEIGHTS),
         "sts": sts,
@@ -159,7 +166,7 @@ def training_data(args: argparse.Namespace, target, tokenizer) -> tuple[list[dat
     if args.resume and path.exists():
         written = json.loads(meta.read_text()).get("answers") if meta.exists() else None
         return data.load_sequences(path), file_sha256(source), written
-    answerer = data.answers_model(target, args.answers_dtype)
+    answerer = data.served_copy(target, args.answers_dtype)
     if args.data:
         seqs = data.session_sequences(answerer, tokenizer, args.data, "train", args.seed, args.max_len, max_new,
                                       answers=args.answers)

@@ -163,15 +163,17 @@ def _step(model: DecoderModel, kv, feed: dict[int, list[int]], params: list[Samp
     return sample(model.logits(hidden[last]), [params[i] for i in rows], [gens[i] for i in rows]).tolist()
 
 
-ANSWER_DTYPES = ("auto", "target", "bfloat16", "float16", "float32")
+SERVED_DTYPES = ("auto", "target", "bfloat16", "float16", "float32")
 
 
-def answers_model(model: DecoderModel, choice: str) -> DecoderModel:
-    """The model the data stage answers with (``ANSWER_DTYPES``): the target, or a copy of it cast to
-    another dtype.
-    Why bf16 on CUDA: the drafter learns to predict what the served target says, and specd serves in
-    bf16; the fp32 engine was also 2.4x slower a step (bench/gpu/answers_probe.py, session 8). The
-    later stages still read the fp32 target's features of these sequences."""
+def served_copy(model: DecoderModel, choice: str) -> DecoderModel:
+    """The model a training stage runs the target as (``SERVED_DTYPES``): the target itself, or a copy
+    cast to another dtype; ``auto`` is bfloat16 on CUDA, the target elsewhere.
+    Why bf16 on CUDA, for the answers and for the training features alike: the drafter learns to predict
+    what the served target says from the features it computes, and specd serves in bf16. The fp32 engine
+    was also 2.4x slower a step (bench/gpu/answers_probe.py, session 8), and fp32 attention was a third of
+    a training step's GPU time (bench/gpu/train_probe.py, session 9). The drafter's borrowed embedding
+    and LM head stay the target's (fp32 by default)."""
     device = next(model.parameters()).device
     if choice == "target" or (choice == "auto" and device.type != "cuda"):
         return model

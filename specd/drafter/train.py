@@ -85,6 +85,15 @@ def target_states(target: DecoderModel, seqs: Sequence[list[int]], layers: Seque
     return list(out.hidden.split(sizes)), captured
 
 
+def in_dtype(hidden: list[Tensor], captured: list[list[Tensor]], dtype: torch.dtype
+             ) -> tuple[list[Tensor], list[list[Tensor]]]:
+    """``target_states``' output cast to ``dtype`` (the drafter's and the borrowed LM head's): features
+    from a bf16 pass feed an fp32 drafter. A no-op when the dtypes already match."""
+    if not hidden or hidden[0].dtype == dtype:
+        return hidden, captured
+    return [h.to(dtype) for h in hidden], [[c.to(dtype) for c in cs] for cs in captured]
+
+
 @torch.no_grad()
 def target_pass(target: DecoderModel, seqs: Sequence[list[int]], layers: Sequence[int]
                 ) -> tuple[list[Tensor], list[list[Tensor]]]:
@@ -204,8 +213,13 @@ def block_loss_reference(drafter, method: str, feats: list[list[Tensor]], seqs: 
 class Trainer:
     """Owns the optimizer, schedule, data RNG and loss curves of one run; `train` may be resumed."""
 
-    def __init__(self, target: DecoderModel, drafter, seqs: Sequence[TrainSequence], cfg: TrainConfig, out_dir: Path):
+    def __init__(self, target: DecoderModel, drafter, seqs: Sequence[TrainSequence], cfg: TrainConfig, out_dir: Path,
+                 features: DecoderModel | None = None):
+        """``features``: the model whose pass gives the drafter its features and the target's hidden
+        states (default ``target``): a bf16 copy on CUDA (``data.served_copy``), what specd serves. The
+        LM head of the target logits stays ``target``'s, as does the drafter's borrowed head."""
         self.target, self.drafter, self.seqs, self.cfg, self.out_dir = target, drafter, list(seqs), cfg, Path(out_dir)
+        self.features = target if features is None else features
         self.method = drafter.config.method
         self.device = next(target.parameters()).device
         params = [p for p in drafter.parameters() if p.requires_grad]
@@ -221,7 +235,8 @@ class Trainer:
     def train_step(self) -> LossParts:
         idx = torch.randint(len(self.seqs), (self.cfg.batch_size,), generator=self.gen).tolist()
         batch = [self.seqs[i] for i in idx]
-        hidden, feats = target_states(self.target, [s.tokens for s in batch], self.drafter.config.target_layers)
+        hidden, feats = in_dtype(*target_states(self.features, [s.tokens for s in batch],
+                                                self.drafter.config.target_layers), self.target.lm_head.weight.dtype)
         toks = [torch.tensor(s.tokens, dtype=torch.int64, device=self.device) for s in batch]
         anchors = [method_anchors(self.method, s, self.drafter.config.gamma, self.cfg.anchors, self.gen)
                    for s in batch]           # on the host: block_loss moves them in one copy

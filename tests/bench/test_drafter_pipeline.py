@@ -114,21 +114,21 @@ def test_methods_flag_needs_dspark_and_known_names():
     assert "dflash" not in names and "eagle3" not in names and "ngram" in names and "dspark" in names
 
 
-def test_answers_model_casts_a_copy_only_when_asked():
+def test_served_copy_casts_a_copy_only_when_asked():
     """The data stage answers in bf16 on CUDA (what specd serves), the target elsewhere; a cast is a
     copy, so the later stages still read the fp32 target."""
     import torch
 
-    from specd.drafter.data import answers_model
+    from specd.drafter.data import served_copy
     from specd.models.config import ModelConfig
     from specd.models.decoder import DecoderModel
 
     model = DecoderModel(ModelConfig(arch="llama", vocab_size=32, hidden_size=16, intermediate_size=32,
                                      num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, rms_norm_eps=1e-5,
                                      rope_theta=10000.0))
-    assert answers_model(model, "auto") is model            # CPU: the target itself
-    assert answers_model(model, "target") is model
-    assert answers_model(model, "float32") is model
-    cast = answers_model(model, "bfloat16")
+    assert served_copy(model, "auto") is model            # CPU: the target itself
+    assert served_copy(model, "target") is model
+    assert served_copy(model, "float32") is model
+    cast = served_copy(model, "bfloat16")
     assert cast is not model and cast.embed_tokens.weight.dtype == torch.bfloat16
     assert model.embed_tokens.weight.dtype == torch.float32

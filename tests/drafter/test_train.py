@@ -111,6 +111,31 @@ def test_training_lowers_the_loss(stories, tmp_path):
     assert sum(curves.total[-3:]) < sum(curves.total[:3])
 
 
+def test_features_from_a_bf16_copy_train_an_fp32_drafter(stories, tmp_path):
+    """The CUDA default (--features-dtype auto): the target pass runs in a bf16 copy, the drafter and
+    the LM heads stay fp32. Its first step's loss is the fp32 step's up to bf16 rounding of the
+    features, and a planted cast error (features left in bf16) is refused by the drafter's fp32 matmul."""
+    from specd.drafter.data import served_copy
+    from specd.drafter.train import in_dtype, target_states
+
+    target, seqs = stories
+    ref = _trainer(target, seqs, tmp_path / "fp32", 1).train_step()
+    half = served_copy(target, "bfloat16")
+    assert half is not target and half.embed_tokens.weight.dtype == torch.bfloat16
+    assert target.embed_tokens.weight.dtype == torch.float32              # the target is untouched
+    tr = _trainer(target, seqs, tmp_path / "bf16", 1)
+    tr.features = half
+    got = tr.train_step()
+    assert torch.isfinite(got.total) and abs(got.total.item() - ref.total.item()) < 0.05 * ref.total.item()
+    assert got.total.item() != ref.total.item()                           # the features did change
+    hidden, feats = target_states(half, [seqs[0].tokens], tr.drafter.config.target_layers)
+    assert hidden[0].dtype == torch.bfloat16
+    with pytest.raises(RuntimeError):
+        tr.drafter.fuse(feats[0])
+    cast_h, cast_f = in_dtype(hidden, feats, torch.float32)
+    assert cast_h[0].dtype == torch.float32 and tr.drafter.fuse(cast_f[0]).dtype == torch.float32
+
+
 @pytest.mark.parametrize("method", ["dflash", "eagle3"])
 def test_baseline_methods_train(stories, tmp_path, method):
     target, seqs = stories
