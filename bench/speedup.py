@@ -440,6 +440,8 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
             # why a gated row drafted or rested, readable from the JSON of any run
             workloads[name][str(level)]["gate"] = {k: v for k, v in engine.stats().items()
                                                    if k.startswith("spec_gate_")}
+            if getattr(engine, "spec_gate", None) is not None:   # each gate cell's latest reports, with why
+                workloads[name][str(level)]["gate_recent"] = engine.spec_gate.trace(latest=True)
     profiles.write()
     return {"rows": rows, "skipped_rows": skipped, "cut": cut,
             "row_settings": {row: row_fields(row, cap) for row in rows}, "workloads": workloads,

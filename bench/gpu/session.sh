@@ -43,6 +43,9 @@
 #   .carry/qwen-sessions  python -m bench drafter-pipeline --prepare --sessions .carry/qwen-sessions \
 #                             --out .carry/qwen-sessions --train-sessions 48 --eval-sessions 16 --turns 2 \
 #                             --max-tokens 128 --max-chars 3000
+#   .carry/qs1000.tgz     (session 9) the same --prepare with --train-sessions 1000 into /tmp/qs1000, then
+#                             tar czf .carry/qs1000.tgz -C /tmp qs1000: train with TRAIN_DATA=.carry/qs1000.tgz
+#                             TRAIN_SESSIONS=1000 (5.4 MB carried instead of 24 MB; same eval sessions)
 #   .carry/sessions       python -m bench serve-plan --plan gpu-all --build --sessions .carry/sessions
 #   .whl                  wheels: pyzmq, pydantic(+core, annotated-types, typing-inspection), gguf,
 #                             fastapi, starlette, uvicorn, opentelemetry-api, kvikio-cu13 (+libkvikio-cu13,
@@ -76,14 +79,27 @@ speed_drafters() {  # DRAFTERS for speedup_run: ${SPEED_DRAFTERS} (empty: none),
   case "$DRAFTERS" in *=/tmp/dsp*) unpack_drafter ;; esac
 }
 
+train_data() {  # the training sessions: ${TRAIN_DATA:-.carry/qwen-sessions500}, a folder or a .tgz of one folder
+                # (session 9: .carry/qs1000.tgz, 1,000 train sessions per workload, 5.4 MB instead of 24 MB;
+                # its eval sessions are qwen-sessions500's); a .tgz is unpacked once into /tmp/train-data
+  local d=${TRAIN_DATA:-.carry/qwen-sessions500}
+  case "$d" in
+    *.tgz)
+      if [ ! -d /tmp/train-data ]; then mkdir -p /tmp/train-data && tar xzf "$d" -C /tmp/train-data || return 1; fi
+      ls -d /tmp/train-data/*/ | head -n 1 | sed 's#/$##' ;;
+    *) echo "$d" ;;
+  esac
+}
+
 train_dspark() {  # train_dspark OUT TIMEOUT [ARGS...]: train-kv's recipe on GPU0 (dspark alone, TRAIN_SESSIONS
                   # train sessions per workload answered by the serving engine, TRAIN_BATCH sequences a step of
                   # TRAIN_ANCHORS anchors each, default 8 x 16; TRAIN_LAYERS draft layers, default 1, the
                   # DSpark paper's drafter has 2); resumable from /tmp/dp
-  local out=$1 limit=$2
+  local out=$1 limit=$2 data
   shift 2
+  data=$(train_data) || return 1
   CUDA_VISIBLE_DEVICES=0 timeout "$limit" python -m bench drafter-pipeline --target "$MODEL" \
-    --sessions .carry/qwen-sessions500 --work /tmp/dp --out "$out" --methods dspark \
+    --sessions "$data" --work /tmp/dp --out "$out" --methods dspark \
     --steps "${TRAIN_STEPS:-2500}" --train-sessions "${TRAIN_SESSIONS:-500}" --answers engine \
     --budget-s "${TRAIN_BUDGET:-900}" --gamma 7 --device cuda --batch-size "${TRAIN_BATCH:-8}" \
     --anchors "${TRAIN_ANCHORS:-16}" --layers "${TRAIN_LAYERS:-1}" "$@" \
@@ -97,7 +113,7 @@ pack() {  # pack $RES/<phase> (+ logs) into one tarball under $OUT
 
 speedup_run() {  # speedup_run GPU DRAFTERS ROWS BUDGET_S OUT: bench speedup on the five eval workloads
   local W
-  W=$(ls .carry/qwen-sessions500/*.eval.jsonl | paste -sd, -)
+  W=$(ls "$(train_data)"/*.eval.jsonl | paste -sd, -)    # the eval sessions beside the training ones (TRAIN_DATA)
   CUDA_VISIBLE_DEVICES=$1 python -m bench speedup --model "$MODEL" --drafters "$2" --rows "$3" --workloads "$W" \
     --concurrency 1,4,8,16,32 --requests 8 --max-tokens 48 --repeats "${SPEED_REPEATS:-2}" --device cuda \
     --budget-s "$4" --out "$5" > /tmp/logs/speedup.log 2>&1

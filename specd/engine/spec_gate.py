@@ -56,7 +56,7 @@ steps, never on the drafts of this step; verification is untouched.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from math import ceil
 
@@ -207,7 +207,9 @@ class Cell:
     probe_left: int = 0       # steps of the current probe still to run
     probe_arm: bool = False   # the arm the current probe runs (fixed when it starts)
     resting_prior: bool = False   # started resting: a smaller bucket of the method had drafting lose
-    trace: list = field(default_factory=list)   # the first TRACE_STEPS reports: [drafted, tokens, ms, sequences, used]
+    trace: list = field(default_factory=list)   # the first TRACE_STEPS reports (``SpecGate.trace``)
+    recent: deque = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))   # the latest ones
+    reason: str = ""          # why the last measured step of this cell ran its arm (DRAFT_REASONS)
 
     def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:
         """The drafting rate predicted for a batch whose drafting step emits ``acceptance`` tokens per
@@ -327,24 +329,26 @@ class SpecGate:
         cell = self._cell(method, sequences)
         explore = self._exploring(cell)
         if explore is not None:
-            return self._drafts("explore", explore) if measured else not cell.resting_prior
+            return self._drafts(cell, "explore", explore) if measured else not cell.resting_prior
         winner = cell.drafting_wins(self.margin, self._acceptance(cell, requests, sequences), verify)
         if not measured:
             return winner
         if cell.probe_left:
             cell.probe_left -= 1
-            return self._drafts("probe", cell.probe_arm)
+            return self._drafts(cell, "probe", cell.probe_arm)
         if cell.clock == 0:      # the first step after a probe or the exploration: both rates are fresh
             cell.wait = 1 if cell.draft.samples == 0 else self._wait(cell, winner)
         cell.clock += 1
         if cell.clock < cell.wait:
-            return self._drafts("winner", winner)
+            return self._drafts(cell, "winner", winner)
         cell.clock, cell.probe_left, cell.probe_arm = 0, self.probe_steps - 1, not winner
         self.probes += 1
-        return self._drafts("probe", cell.probe_arm)
+        return self._drafts(cell, "probe", cell.probe_arm)
 
-    def _drafts(self, reason: str, drafting: bool) -> bool:
-        """Count a measured step's decision to draft under its reason; returns it unchanged."""
+    def _drafts(self, cell: Cell, reason: str, drafting: bool) -> bool:
+        """Count a measured step's decision to draft under its reason, and keep the reason for the
+        step's report (``trace``); returns the decision unchanged."""
+        cell.reason = reason
         if drafting:
             self.drafted_by[reason] += 1
         return drafting
@@ -416,8 +420,11 @@ class SpecGate:
         cell = self._cell(method, sequences)
         arm = cell.draft if drafted else cell.plain
         used = arm.warmups >= self.warmup
+        report = [int(drafted), tokens, round(1e3 * seconds, 3), sequences, int(used), cell.reason]
+        cell.reason = ""
         if len(cell.trace) < TRACE_STEPS:
-            cell.trace.append([int(drafted), tokens, round(1e3 * seconds, 3), sequences, int(used)])
+            cell.trace.append(report)
+        cell.recent.append(report)
         if not used:             # the arm's first step at this cell's shape: one-off costs, no sample
             arm.warmups += 1
             return
@@ -434,11 +441,13 @@ class SpecGate:
         before it does moves it into the timed runs (``bench speedup``)."""
         return sorted(b for (m, b), cell in self.cells.items() if m == method and self._exploring(cell) is not None)
 
-    def trace(self) -> dict[str, list]:
-        """Each cell's first ``TRACE_STEPS`` reports, in order: [drafted (1/0), tokens, ms, sequences,
-        used as a sample (1) or a warm-up (0)], keyed ``<method>_b<bucket>``. For benchmark records:
-        what each cell's decision was made from."""
-        return {f"{method}_b{bucket}": list(cell.trace) for (method, bucket), cell in sorted(self.cells.items())}
+    def trace(self, latest: bool = False) -> dict[str, list]:
+        """Each cell's first ``TRACE_STEPS`` reports (``latest``: its last ones), in order: [drafted (1/0),
+        tokens, ms, sequences, used as a sample (1) or a warm-up (0), reason (``DRAFT_REASONS``; "" for a
+        step whose arm no measured decision chose)], keyed ``<method>_b<bucket>``. For benchmark records:
+        what each cell's decision was made from, and what it did lately."""
+        return {f"{method}_b{bucket}": list(cell.recent if latest else cell.trace)
+                for (method, bucket), cell in sorted(self.cells.items())}
 
     def stats(self) -> dict[str, float | int]:
         """Flat, for engine stats and /metrics: per cell the measured tok/s of each arm, the samples, and
