@@ -76,6 +76,7 @@ class SpecEngine(GateSteps):
         self._resting: set[int] = set()         # this step: id() of the sequences the gate rests (no features)
         self._gate_drafting: dict[str, list[Sequence]] = {}   # this step: gate key -> its sequences that draft
         self._profiled = False                  # this step measured self.sps: its time is no gate sample
+        self._decode_step = False               # this step: every sequence decodes one token (set by step)
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)
@@ -208,6 +209,7 @@ class SpecEngine(GateSteps):
         if not batch:
             self._fail_unschedulable(outputs)
             return outputs
+        self._decode_step = self._pure_decode(batch)     # asked by the gate three times a step (gating.py)
         self._add_drafts(batch)
         self._rest_prompts(batch)
         capture = self._capture_layers(batch)
