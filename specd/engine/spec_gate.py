@@ -81,6 +81,14 @@ TRACE_STEPS = 16     # reports kept per cell, in order, for the records (``SpecG
 DRAFT_REASONS = ("explore", "probe", "winner")   # a new cell's exploration, a probe of the losing arm, the winner
 
 
+def _basis(basis: tuple) -> list:
+    """A report's decision basis, rounded for the records; [None] * 3 when the step had none."""
+    if not basis:
+        return [None, None, None]
+    acceptance, predicted, plain = basis
+    return [None if acceptance is None else round(acceptance, 3), round(predicted, 1), round(plain, 1)]
+
+
 class GateError(ValueError):
     """A gate setting or a step measurement that cannot be used."""
 
@@ -210,6 +218,7 @@ class Cell:
     trace: list = field(default_factory=list)   # the first TRACE_STEPS reports (``SpecGate.trace``)
     recent: deque = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))   # the latest ones
     reason: str = ""          # why the last measured step of this cell ran its arm (DRAFT_REASONS)
+    basis: tuple = ()         # what decided it: (predicted acceptance, predicted drafting tok/s, plain tok/s)
 
     def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:
         """The drafting rate predicted for a batch whose drafting step emits ``acceptance`` tokens per
@@ -335,9 +344,12 @@ class SpecGate:
         explore = self._exploring(cell)
         if explore is not None:
             return self._drafts(cell, "explore", explore) if measured else not cell.resting_prior
-        winner = cell.drafting_wins(self.margin, self._acceptance(cell, requests, sequences), verify)
+        acceptance = self._acceptance(cell, requests, sequences)
+        predicted = cell.draft_rate(acceptance, verify)
+        winner = predicted > cell.plain.per_s * (1.0 + self.margin)      # Cell.drafting_wins, spelled out
         if not measured:
             return winner
+        cell.basis = (acceptance, predicted, cell.plain.per_s)   # for the step's report (``trace``)
         if cell.probe_left:
             cell.probe_left -= 1
             return self._drafts(cell, "probe", cell.probe_arm)
@@ -425,8 +437,8 @@ class SpecGate:
         cell = self._cell(method, sequences)
         arm = cell.draft if drafted else cell.plain
         used = arm.warmups >= self.warmup
-        report = (drafted, tokens, seconds, sequences, used, cell.reason)    # formatted by ``trace``
-        cell.reason = ""
+        report = (drafted, tokens, seconds, sequences, used, cell.reason, cell.basis)    # formatted by ``trace``
+        cell.reason, cell.basis = "", ()
         if len(cell.trace) < TRACE_STEPS:
             cell.trace.append(report)
         cell.recent.append(report)
@@ -449,10 +461,11 @@ class SpecGate:
     def trace(self, latest: bool = False) -> dict[str, list]:
         """Each cell's first ``TRACE_STEPS`` reports (``latest``: its last ones), in order: [drafted (1/0),
         tokens, ms, sequences, used as a sample (1) or a warm-up (0), reason (``DRAFT_REASONS``; "" for a
-        step whose arm no measured decision chose)], keyed ``<method>_b<bucket>``. For benchmark records:
-        what each cell's decision was made from, and what it did lately."""
-        return {f"{method}_b{bucket}": [[int(d), t, round(1e3 * sec, 3), n, int(u), why]
-                                         for d, t, sec, n, u, why in (cell.recent if latest else cell.trace)]
+        step whose arm no measured decision chose), predicted acceptance, predicted drafting tok/s, plain
+        tok/s (the last three None while the cell explores)], keyed ``<method>_b<bucket>``. For benchmark
+        records: what each cell's decision was made from, and what it did lately."""
+        return {f"{method}_b{bucket}": [[int(d), t, round(1e3 * sec, 3), n, int(u), why, *_basis(basis)]
+                                         for d, t, sec, n, u, why, basis in (cell.recent if latest else cell.trace)]
                 for (method, bucket), cell in sorted(self.cells.items())}
 
     def stats(self) -> dict[str, float | int]:

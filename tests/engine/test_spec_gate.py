@@ -341,13 +341,16 @@ def test_trace_keeps_each_cells_first_reports_in_order():
     drive(gate, 40, draft_tok_s=500.0)
     trace = gate.trace()["dspark_b4"]
     assert len(trace) == 16                                     # TRACE_STEPS, not all 40
-    assert trace[0] == [1, 4, 8.0, 4, 0, "explore"]             # drafted, tokens, ms, sequences, a warm-up, why
+    assert trace[0] == [1, 4, 8.0, 4, 0, "explore", None, None, None]   # drafted, tokens, ms, sequences,
+                                                                # a warm-up, why; no basis while exploring
     assert [t[0] for t in trace[:6]] == [1, 1, 1, 0, 0, 0]      # 1 + 2 drafting, then 1 + 2 plain
     assert [t[4] for t in trace[:6]] == [0, 1, 1, 0, 1, 1]
     assert trace[3][2] == 4.0                                   # a plain step: 4 tokens at 1,000 tok/s
     assert {t[5] for t in trace[6:]} == {"winner"}              # then plain decoding wins (500 < 1,000 tok/s)
     latest = gate.trace(latest=True)["dspark_b4"]
-    assert len(latest) == 16 and latest[-1] == [0, 4, 4.0, 4, 1, "winner"]    # the 40th report
+    assert len(latest) == 16 and latest[-1][:6] == [0, 4, 4.0, 4, 1, "winner"]    # the 40th report
+    acceptance, drafting, plain = latest[-1][6:]                # it rested: drafting predicted below plain
+    assert acceptance is None and drafting == 500.0 and plain == 1000.0
 
 
 def test_bad_settings_and_samples_are_refused():
