@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from specd.engine.scheduler import ScheduledSeq
 from specd.engine.sequence import Sequence
-from specd.engine.spec_gate import Drafters
+from specd.engine.spec_gate import RESTING_DECAY, Drafters
+
+RESUME_EVERY = 4   # resting steps between asks whether aged records would draft again (``_resumes``)
 from specd.engine.speculation import Draft
 
 
@@ -74,12 +76,31 @@ class GateSteps:
         schedule (``_gate_key``): a confidence-scheduled step and a fixed-γ one cost differently."""
         resting: set[int] = set()
         for key, members in self._gate_rests(batch, group):
-            if not self.spec_gate.probe_next(key, len(batch)):
+            resumes = self._resumes(batch, key, members)      # ages their records whatever comes next
+            if not (self.spec_gate.probe_next(key, len(batch)) or resumes):
                 self._rest([s.seq for s in members])
-            else:                # capture this step's features: the probe drafts from a fresh context
-                self._gate_arms.pop(key, None)      # and the capture's time is no resting sample
-            resting.update(id(s) for s in members)
+            else:                # capture this step's features: the probe (or the resuming requests)
+                self._gate_arms.pop(key, None)      # draft from a fresh context; the capture's time is
+            resting.update(id(s) for s in members)  # no resting sample
         return [s for s in group if id(s) not in resting] if resting else group
+
+    def _resumes(self, batch: list[ScheduledSeq], key: str, members: list[ScheduledSeq]) -> bool:
+        """Age the resting requests' records (``Acceptance.rest``) and say whether, aged, they would draft
+        at the next step. Then this step captures their features (as before a probe), so they resume from
+        a context that ends at their newest token instead of one that misses the whole rest. Only pure
+        decode steps age: a step with prompt chunks measures nothing. Lossless: earlier steps' counts only."""
+        if not self._decode_step:
+            return False
+        records = [s.seq.gate_acceptance for s in members]
+        decay = RESTING_DECAY
+        for record in records:            # Acceptance.rest, inlined: every resting request, every step
+            record.tokens *= decay
+            record.steps *= decay
+        # asked every RESUME_EVERY steps: records drift by 5% a step, and the question costs a pass over
+        # the batch (~15 µs a step at c = 32 on the CPU machine, tests/engine/gate_cost_probe.py)
+        if self._counters["steps_total"] % RESUME_EVERY:
+            return False
+        return self.spec_gate.resumes(key, len(batch), records)
 
     def _rest_prompts(self, batch: list[ScheduledSeq]) -> None:
         """Prompt chunks of gated requests capture no features where the gate rests their method at this

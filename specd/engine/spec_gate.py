@@ -71,6 +71,8 @@ MARGIN = 0.03        # drafting must beat plain decoding by this fraction: a rat
                      # is noisy, and on the H200 near-ties flipped the arms and cost more than they won
 PRIOR_STEPS = 2.0    # weight, in drafting steps, of the cell's acceptance in a request's own estimate
 REQUEST_DECAY = 0.8  # weight of a request's older drafting steps (its text changes: quoting, then prose)
+RESTING_DECAY = 0.95 # weight a request's record keeps at each step it rests: it drifts back to its class's
+                     # acceptance over ~20 resting steps, so one bad start does not rest it to its end
 CLASS_TOKENS = 32    # a prompt class is the first 32 prompt tokens: the chat template's system turn, so one
                      # application's requests share a class and different applications' do not
 CLASS_DECAY = 0.95   # weight of a class's older drafting steps: pooled over its requests, ~20 steps of memory
@@ -197,6 +199,17 @@ class Acceptance:
         self.steps = self.steps * decay + 1.0
         if self.group is not None and pool:
             self.group.add(tokens)
+
+    def rest(self, decay: float = RESTING_DECAY) -> None:
+        """One measured step this request rested: its own record loses weight, so its estimate drifts
+        back toward where it started (its class's acceptance, ``SpecGate._start``). Why: a resting request
+        produces no evidence, so without this a request whose first drafts were rejected rested to its
+        end. Session 9, CPU (Qwen 0.5B, extraction, c = 1, run W's drafter): every request drafted its
+        first 4-12 steps, fell just under break-even (1.6-2.2 tokens a step against ~2.3) and rested
+        its remaining 20-35 steps, 179 of 253 steps in all, where drafting paid 1.16x overall. The class
+        record is untouched (it learns only from whole contexts)."""
+        self.tokens *= decay
+        self.steps *= decay
 
 
 def prompt_class(prompt_ids: list[int]) -> tuple[int, ...]:
@@ -361,6 +374,15 @@ class SpecGate:
         cell.clock, cell.probe_left, cell.probe_arm = 0, self.probe_steps - 1, not winner
         self.probes += 1
         return self._drafts(cell, "probe", cell.probe_arm)
+
+    def resumes(self, method: str, sequences: int, requests: list[Acceptance]) -> bool:
+        """Did this step rest ``requests`` on the prediction (not in an exploration or a probe), and would
+        the prediction now draft for them (their records aged by ``Acceptance.rest``)? The engine then
+        captures their features this step, so the next step drafts from a fresh context."""
+        cell = self.cells.get((method, load_bucket(sequences)))
+        if cell is None or cell.reason != "winner" or self._exploring(cell) is not None:
+            return False
+        return cell.drafting_wins(self.margin, self._acceptance(cell, requests, sequences))
 
     def _drafts(self, cell: Cell, reason: str, drafting: bool) -> bool:
         """Count a measured step's decision to draft under its reason, and keep the reason for the

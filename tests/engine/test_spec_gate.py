@@ -353,6 +353,38 @@ def test_trace_keeps_each_cells_first_reports_in_order():
     assert acceptance is None and drafting == 500.0 and plain == 1000.0
 
 
+def test_a_resting_request_drifts_back_to_its_class_and_resumes():
+    """Session 9, CPU (Qwen 0.5B, extraction, c = 1): requests drafted their first steps, fell just under
+    break-even, and rested to their end, since a resting request adds no evidence. Its record now loses
+    5% of its weight per resting step (Acceptance.rest), and ``resumes`` says when the aged record would
+    draft again (toward its class's acceptance), never on a probe's rest; without the aging it never does."""
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=500, probe_steps=2)
+    for drafted in (True, True, False, False):          # drafting 300 tok/s at 3 a step, plain 200 tok/s
+        gate.should_draft("dspark", 1)
+        gate.observe("dspark", 1, drafted, 3 if drafted else 1, 0.01 if drafted else 0.005,
+                     Drafters(1, 3, 7) if drafted else None)
+    earlier = gate.record("dspark", [1, 2, 3])
+    for _ in range(20):
+        earlier.add(3)                                  # the class drafts 3 tokens a step
+    record = gate.record("dspark", [1, 2, 3])
+    for _ in range(4):
+        record.add(1)                                   # this request's first drafts: 1 token a step
+    assert not gate.should_draft("dspark", 1, requests=[record])     # rests on its own record
+    frozen = (record.tokens, record.steps)
+    assert not gate.resumes("dspark", 1, [record])      # unaged, it would rest forever
+    rested = 0
+    while not gate.resumes("dspark", 1, [record]):
+        record.rest()
+        rested += 1
+        assert rested < 40
+        gate.should_draft("dspark", 1, requests=[record])   # the step's decision (sets its reason)
+    assert 2 <= rested and gate.should_draft("dspark", 1, requests=[record])
+    assert record.steps == pytest.approx(frozen[1] * 0.95 ** rested)
+    gate.cells[("dspark", 1)].reason = "probe"          # a probe's rest is not the prediction's
+    assert not gate.resumes("dspark", 1, [record])
+    assert not gate.resumes("dspark", 8, [record])      # no cell at this load
+
+
 def test_bad_settings_and_samples_are_refused():
     with pytest.raises(GateError):
         SpecGate(probe_every=64, probe_max=32)
@@ -490,6 +522,10 @@ class ScriptedGate:
         return self.arms.pop(0) if self.arms else True
 
     def probe_next(self, method, sequences):
+        return False
+
+    def resumes(self, method, sequences, requests):
+        """A scripted rest is never the prediction's: nothing resumes early."""
         return False
 
     def record(self, method, prompt):
@@ -631,10 +667,13 @@ def test_the_step_before_a_probe_captures_features_and_drafting_steps_record_acc
     # step 0 is the prefill; drafting steps 1-2, resting steps 3-7: only the announced one (7) captured
     assert verifications[1:3] == [1, 1] and verifications[3:8] == [0] * 5 and verifications[8] == 1
     assert feats_while_resting[3:8] == [False] * 4 + [True]
-    # every drafting step is on the request's own acceptance record: ≥ 1 token per step
-    steps = sum(verifications)
+    # every drafting step is on the request's own acceptance record (≥ 1 token per step), aged by 0.8 at
+    # each drafting step and by 0.95 at each resting one (Acceptance.rest)
+    expected = 0.0
+    for v in verifications[1:]:
+        expected = expected * 0.8 + 1.0 if v else expected * 0.95
     record = seq.gate_acceptance
-    assert record.steps == pytest.approx(sum(0.8 ** i for i in range(steps)), rel=1e-6)
+    assert record.steps == pytest.approx(expected, rel=1e-6)
     assert record.tokens >= record.steps
 
 
