@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from specd.engine.scheduler import ScheduledSeq
 from specd.engine.sequence import Sequence
-from specd.engine.spec_gate import RESTING_DECAY, Drafters
+from specd.engine.spec_gate import Acceptance, Drafters
+from specd.engine.speculation import Draft
 
 RESUME_EVERY = 4   # resting steps between asks whether aged records would draft again (``_resumes``)
-from specd.engine.speculation import Draft
 
 
 def gate_key_name(method: str, schedule: str | None) -> str:
@@ -92,10 +92,7 @@ class GateSteps:
         if not self._decode_step:
             return False
         records = [s.seq.gate_acceptance for s in members]
-        decay = RESTING_DECAY
-        for record in records:            # Acceptance.rest, inlined: every resting request, every step
-            record.tokens *= decay
-            record.steps *= decay
+        Acceptance.rest_all(records)
         # asked every RESUME_EVERY steps: records drift by 5% a step, and the question costs a pass over
         # the batch (~15 µs a step at c = 32 on the CPU machine, tests/engine/gate_cost_probe.py)
         if self._counters["steps_total"] % RESUME_EVERY:

@@ -200,16 +200,22 @@ class Acceptance:
         if self.group is not None and pool:
             self.group.add(tokens)
 
+    @staticmethod
+    def rest_all(records: list["Acceptance"], decay: float = RESTING_DECAY) -> None:
+        """``rest`` for every record of a step's resting requests, in one call (the engine's path)."""
+        for r in records:
+            r.tokens *= decay
+            r.steps *= decay
+
     def rest(self, decay: float = RESTING_DECAY) -> None:
         """One measured step this request rested: its own record loses weight, so its estimate drifts
-        back toward where it started (its class's acceptance, ``SpecGate._start``). Why: a resting request
+        back toward where it started (its class's acceptance, ``SpecGate._acceptance``). Why: a resting request
         produces no evidence, so without this a request whose first drafts were rejected rested to its
         end. Session 9, CPU (Qwen 0.5B, extraction, c = 1, run W's drafter): every request drafted its
         first 4-12 steps, fell just under break-even (1.6-2.2 tokens a step against ~2.3) and rested
         its remaining 20-35 steps, 179 of 253 steps in all, where drafting paid 1.16x overall. The class
         record is untouched (it learns only from whole contexts)."""
-        self.tokens *= decay
-        self.steps *= decay
+        Acceptance.rest_all([self], decay)
 
 
 def prompt_class(prompt_ids: list[int]) -> tuple[int, ...]:
@@ -259,7 +265,11 @@ class Cell:
         return t_draft / (t_plain + (t_draft - t_plain) * max(0, verify) / mean)
 
     def drafting_wins(self, margin: float = 0.0, acceptance: float | None = None, verify: int | None = None) -> bool:
-        return self.draft_rate(acceptance, verify) > self.plain.per_s * (1.0 + margin)
+        return self.beats_plain(self.draft_rate(acceptance, verify), margin)
+
+    def beats_plain(self, rate: float, margin: float = 0.0) -> bool:
+        """Does a predicted drafting ``rate`` beat plain decoding's measured one by ``margin``?"""
+        return rate > self.plain.per_s * (1.0 + margin)
 
 
 class SpecGate:
@@ -316,7 +326,7 @@ class SpecGate:
     def acceptance(self, method: str, sequences: int, requests: list[Acceptance] | None) -> float | None:
         """The batch's predicted tokens per sequence of a drafting step, when ``requests`` draft in a batch
         of ``sequences``: each drafting request's own record shrunk toward the cell's drafting requests
-        (a new request starts at its class's, ``_start``), and one token for each sequence that does not draft. None: no
+        (a new request starts at its class's), and one token for each sequence that does not draft. None: no
         record yet."""
         return self._acceptance(self._cell(method, sequences), requests, sequences)
 
@@ -326,24 +336,17 @@ class SpecGate:
         prior = cell.draft.per_drafter_step
         if prior <= 0:
             return None
+        # Each request's own record with ``prior_steps`` steps of where it starts added: its class's pooled
+        # record shrunk toward ``prior`` the same way, or ``prior`` without a class record. One loop, no
+        # helper calls: it runs for every gated request at every step (~1 µs a request in calls alone on
+        # the CPU machine, c = 32; tests/engine/gate_cost_probe.py).
         k = self.prior_steps
         drafting = 0.0
-        for r in requests:    # _shrunk(r, _start(r, prior)), inlined: asked for every gated request at every
-            g = r.group       # step (~1 µs a request in calls alone on the CPU machine, c = 32)
+        for r in requests:
+            g = r.group
             start = prior if g is None or g.steps <= 0 else (g.tokens + k * prior) / (g.steps + k)
             drafting += (r.tokens + k * start) / (r.steps + k)
         return (drafting + max(0, sequences - len(requests))) / max(sequences, len(requests))
-
-    def _start(self, record: Acceptance, prior: float) -> float:
-        """Where a request's estimate starts: its class's pooled record shrunk toward the cell's
-        drafting requests (``prior``) the same way, or the cell's without a class record."""
-        group = record.group
-        return prior if group is None or group.steps <= 0 else self._shrunk(group, prior)
-
-    def _shrunk(self, record: Acceptance | ClassRecord, prior: float) -> float:
-        """A record's tokens per drafting step with ``prior_steps`` steps of ``prior`` added."""
-        k = self.prior_steps
-        return (record.tokens + k * prior) / (record.steps + k)
 
     def should_draft(self, method: str, sequences: int, measured: bool = True,
                      requests: list[Acceptance] | None = None, verify: int | None = None) -> bool:
@@ -359,7 +362,7 @@ class SpecGate:
             return self._drafts(cell, "explore", explore) if measured else not cell.resting_prior
         acceptance = self._acceptance(cell, requests, sequences)
         predicted = cell.draft_rate(acceptance, verify)
-        winner = predicted > cell.plain.per_s * (1.0 + self.margin)      # Cell.drafting_wins, spelled out
+        winner = cell.beats_plain(predicted, self.margin)
         if not measured:
             return winner
         cell.basis = (acceptance, predicted, cell.plain.per_s)   # for the step's report (``trace``)
