@@ -106,6 +106,16 @@ train_dspark() {  # train_dspark OUT TIMEOUT [ARGS...]: train-kv's recipe on GPU
     >> /tmp/logs/drafter-pipeline.log 2>&1
 }
 
+train_probe() {  # train_probe TREE NAME [ARGS...]: bench/gpu/train_probe.py on TREE's code, into
+                 # $RES/train-probe/NAME.json and /tmp/logs/train-probe-NAME.log
+  local tree=$1 name=$2
+  shift 2
+  PYTHONPATH=$tree:/tmp/site timeout "${PROBE_TIMEOUT:-200}" python bench/gpu/train_probe.py \
+    --prompts .carry/answers-prompts.json --batches "${PROBE_BATCHES:-8,16,32,8x64,32x64}" "$@" \
+    --out "$RES/train-probe/$name.json" > "/tmp/logs/train-probe-$name.log" 2>&1
+  echo "train-probe $name rc=$?"; grep "a step" "/tmp/logs/train-probe-$name.log"
+}
+
 pack() {  # pack $RES/<phase> (+ logs) into one tarball under $OUT
   tar czf "$OUT/$1.tgz" -C "$RES" "$1" -C /tmp logs 2>/dev/null
   ls -la "$OUT"
@@ -224,18 +234,10 @@ PY
     # .carry/answers-prompts.json (answers_probe --prepare). OLD=.carry/old42 times an older export too
     mkdir -p "$RES/train-probe"
     for tree in . ${OLD:-}; do
-      name=$(basename "$(cd "$tree" && pwd)")
-      PYTHONPATH=$tree:/tmp/site timeout "${PROBE_TIMEOUT:-200}" python bench/gpu/train_probe.py \
-        --prompts .carry/answers-prompts.json --batches "${PROBE_BATCHES:-8,16,32,8x64,32x64}" --profile-batch 8x16 \
-        --out "$RES/train-probe/$name.json" > "/tmp/logs/train-probe-$name.log" 2>&1
-      echo "train-probe $name rc=$?"; grep "a step" "/tmp/logs/train-probe-$name.log"
+      train_probe "$tree" "$(basename "$(cd "$tree" && pwd)")" --profile-batch 8x16
     done
     if [ -n "${PROBE_FEATURES:-}" ]; then   # session 9: this tree again, its target pass in PROBE_FEATURES (bfloat16)
-      PYTHONPATH=.:/tmp/site timeout "${PROBE_TIMEOUT:-200}" python bench/gpu/train_probe.py \
-        --prompts .carry/answers-prompts.json --batches "${PROBE_BATCHES:-8,16,32,8x64,32x64}" \
-        --features-dtype "$PROBE_FEATURES" --out "$RES/train-probe/features-$PROBE_FEATURES.json" \
-        > "/tmp/logs/train-probe-features.log" 2>&1
-      echo "train-probe features $PROBE_FEATURES rc=$?"; grep "a step" /tmp/logs/train-probe-features.log
+      train_probe . "features-$PROBE_FEATURES" --features-dtype "$PROBE_FEATURES"
     fi
     pack train-probe
     ;;
