@@ -121,11 +121,19 @@ class RunResult:
     # steps where a recurring prompt class explored while its cell rested (session 8: run U's 22% loss on
     # coding at c = 32 came from 7 drafting steps whose reasons the records did not say)
     gate_drafted_by: dict[str, int] = field(default_factory=dict)
+    gate_rest_again_steps: int = 0   # rested steps decided without a pass over the requests (SpecGate.rests_again)
+    # where a step's wall time went, ms per step: the engine's phases (schedule: admission, kvd, gate and
+    # drafting; forward: the model, sampling and verification; output; commit), the rest of ``step`` (its
+    # settle, the gate's report) and the closed loop's own work between steps. Session 9, run X: a resting
+    # scheduled row ran 2-3% behind ``none`` at c >= 4 with no verification, and nothing said where.
+    phase_ms_per_step: dict[str, float] = field(default_factory=dict)
 
 
+PHASES = ("schedule_seconds_total", "forward_seconds_total", "output_seconds_total", "commit_seconds_total")
 STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_total", "spec_accepted_tokens_total",
              "admission_seconds_total", "spec_scheduler_seconds_total", "spec_paused_steps_total",
-             "spec_class_explore_steps_total")
+             "spec_class_explore_steps_total", "spec_rest_again_steps_total") + PHASES
+
 
 
 def _delta(before: dict, after: dict) -> dict:
@@ -157,14 +165,17 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
     inflight = 0
     before = dict(engine.stats())
     graphs0, eager0, compiles0 = _graph_state(engine)
+    in_step = 0.0
     t0 = time.perf_counter()
     while queue or inflight:
         while queue and inflight < concurrency:
             i, p = queue.popleft()
             engine.add_request(Request(f"{tag}-{i}", list(p.ids), p.params, **fields))
             inflight += 1
+        ts = time.perf_counter()
         outs = engine.step()
         now = time.perf_counter()
+        in_step += now - ts
         for out in outs:
             if out.error or out.finish_reason in ("error", "abort"):
                 raise SpeedupError(f"request {out.id} failed: {out.error or out.finish_reason}")
@@ -193,7 +204,18 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         graph_captures=graphs1 - graphs0, eager_steps=eager1 - eager0, triton_compiles=compiles1 - compiles0,
         gate_rested_steps=int(d["spec_paused_steps_total"]),
         gate_drafted_by={**{r: int(d.get(f"spec_gate_drafted_{r}_steps_total", 0)) for r in DRAFT_REASONS},
-                         "class": int(d["spec_class_explore_steps_total"])})
+                         "class": int(d["spec_class_explore_steps_total"])},
+        gate_rest_again_steps=int(d["spec_rest_again_steps_total"]),
+        phase_ms_per_step=phase_split(d, in_step, wall, steps))
+
+
+def phase_split(d: dict, in_step: float, wall: float, steps: int) -> dict[str, float]:
+    """ms per step: the engine's four phase counters (``PHASES``), the rest of ``engine.step``, and the
+    closed loop's time outside it."""
+    phases = {k.removesuffix("_seconds_total"): 1e3 * d[k] / steps for k in PHASES}
+    phases["rest_of_step"] = 1e3 * in_step / steps - sum(phases.values())
+    phases["outside_step"] = 1e3 * (wall - in_step) / steps
+    return {k: round(v, 4) for k, v in phases.items()}
 
 
 # ---- summaries (pure) --------------------------------------------------------------------------------

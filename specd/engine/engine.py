@@ -64,7 +64,7 @@ class SpecEngine(GateSteps):
                               spec_drafted_tokens_total=0, spec_accepted_tokens_total=0, spec_paused_steps_total=0,
                               spec_class_explore_steps_total=0, spec_scheduled_requests_total=0,
                               spec_scheduled_tokens_total=0, admission_seconds_total=0.0,
-                              spec_scheduler_seconds_total=0.0)
+                              spec_scheduler_seconds_total=0.0, spec_rest_again_steps_total=0)
         self._scheduled_lengths: collections.Counter[int] = collections.Counter()   # ℓ chosen per scheduled draft
         self._proposers: dict = {}
         self.sps: SpsProfile | None = None      # SPS(B) of verify steps, measured on first scheduled draft
@@ -77,6 +77,7 @@ class SpecEngine(GateSteps):
         self._gate_drafting: dict[str, list[Sequence]] = {}   # this step: gate key -> its sequences that draft
         self._profiled = False                  # this step measured self.sps: its time is no gate sample
         self._decode_step = False               # this step: every sequence decodes one token (set by step)
+        self._rest_chain: tuple | None = None   # the last step rested a whole gated group (gating._rests_again)
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)

@@ -74,15 +74,49 @@ class GateSteps:
     def _gate_group(self, batch: list[ScheduledSeq], group: list[ScheduledSeq]) -> list[ScheduledSeq]:
         """``group`` minus the requests the measured gate rests this step. Gate cells are per method and
         schedule (``_gate_key``): a confidence-scheduled step and a fixed-γ one cost differently."""
+        chain, self._rest_chain = self._rest_chain, None
+        if self._rests_again(batch, group, chain):
+            return []
         resting: set[int] = set()
-        for key, members in self._gate_rests(batch, group):
+        rests = self._gate_rests(batch, group)
+        for key, members in rests:
             resumes = self._resumes(batch, key, members)      # ages their records whatever comes next
             if not (self.spec_gate.probe_next(key, len(batch)) or resumes):
                 self._rest([s.seq for s in members])
+                if self._decode_step and len(members) == len(group) and self._gate_arms.get(key) is False:
+                    # the whole group rests on the gate's answer: the next step may ask ``rests_again``
+                    self._rest_chain = (key, len(batch), len(group), self._counters["steps_total"])
             else:                # capture this step's features: the probe (or the resuming requests)
                 self._gate_arms.pop(key, None)      # draft from a fresh context; the capture's time is
             resting.update(id(s) for s in members)  # no resting sample
         return [s for s in group if id(s) not in resting] if resting else group
+
+    def _rests_again(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], chain: tuple | None) -> bool:
+        """The steady rest, without a pass over the group: when the previous step rested this whole group
+        on the gate's answer (``chain``: its key, batch size, group size and step), this is the next pure
+        decode step of the same batch size, and the gate is sure it rests again (``SpecGate.rests_again``),
+        the group rests: records aged, features not captured, the step reported under the resting arm,
+        exactly as ``_gate_group``'s full path would. The same batch size on consecutive pure decode steps
+        means the same requests: a request leaves by finishing or by preemption (the batch shrinks) and
+        joins with a prompt chunk (no pure decode step). A due probe announcement is honoured (features
+        captured, no sample), and the chain ends there."""
+        if chain is None or not self._decode_step or not self._gate_on():
+            return False
+        key, size, count, step = chain
+        if step + 1 != self._counters["steps_total"] or size != len(batch) or count != len(group):
+            return False
+        if not self.spec_gate.rests_again(key, size):
+            return False
+        self._counters["spec_paused_steps_total"] += 1
+        self._counters["spec_rest_again_steps_total"] += 1
+        seqs = [s.seq for s in group]
+        Acceptance.rest_all([seq.gate_acceptance for seq in seqs])
+        if self.spec_gate.probe_next(key, size):
+            return True          # the probe's features are captured this step: no resting sample (``_gate_arms``)
+        self._gate_arms[key] = False
+        self._rest(seqs)
+        self._rest_chain = (key, size, count, step + 1)
+        return True
 
     def _resumes(self, batch: list[ScheduledSeq], key: str, members: list[ScheduledSeq]) -> bool:
         """Age the resting requests' records (``Acceptance.rest``) and say whether, aged, they would draft

@@ -238,6 +238,9 @@ class Cell:
     recent: deque = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))   # the latest ones
     reason: str = ""          # why the last measured step of this cell ran its arm (DRAFT_REASONS)
     basis: tuple = ()         # what decided it: (predicted acceptance, predicted drafting tok/s, plain tok/s)
+    rest_bound: tuple | None = None   # (the highest acceptance its resting requests can drift to,) while the
+                                      # prediction rests them (``SpecGate.rests_again``); None: no such rest
+    rest_admitted: int = -1   # ``SpecGate.admitted`` when ``rest_bound`` was taken (a new request may explore)
 
     def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:
         """The drafting rate predicted for a batch whose drafting step emits ``acceptance`` tokens per
@@ -292,6 +295,7 @@ class SpecGate:
         self.cells: dict[tuple[str, int], Cell] = {}
         self.classes: OrderedDict[tuple[str, tuple[int, ...]], ClassRecord] = OrderedDict()
         self.probes = 0
+        self.admitted = 0          # records made (``record``): a new request can make its class explore
         # measured steps that drafted, by why (DRAFT_REASONS): what a run's drafting steps were for
         self.drafted_by = dict.fromkeys(DRAFT_REASONS, 0)
 
@@ -310,6 +314,7 @@ class SpecGate:
         else:
             self.classes.move_to_end(key)
         group.requests += 1
+        self.admitted += 1
         return Acceptance(group=group)
 
     @staticmethod
@@ -330,7 +335,11 @@ class SpecGate:
         record yet."""
         return self._acceptance(self._cell(method, sequences), requests, sequences)
 
-    def _acceptance(self, cell: Cell, requests: list[Acceptance] | None, sequences: int) -> float | None:
+    def _acceptance(self, cell: Cell, requests: list[Acceptance] | None, sequences: int,
+                    highest: bool = False) -> float | None:
+        """``acceptance``'s body. ``highest``: each request counts at the larger of its own estimate and
+        where it starts (its class's), the most a resting request's estimate can reach: resting only ages
+        its own steps (``Acceptance.rest``), which moves the estimate from where it is toward its start."""
         if not requests:
             return None
         prior = cell.draft.per_drafter_step
@@ -345,7 +354,8 @@ class SpecGate:
         for r in requests:
             g = r.group
             start = prior if g is None or g.steps <= 0 else (g.tokens + k * prior) / (g.steps + k)
-            drafting += (r.tokens + k * start) / (r.steps + k)
+            own = (r.tokens + k * start) / (r.steps + k)
+            drafting += start if highest and start > own else own
         return (drafting + max(0, sequences - len(requests))) / max(sequences, len(requests))
 
     def should_draft(self, method: str, sequences: int, measured: bool = True,
@@ -366,6 +376,7 @@ class SpecGate:
         if not measured:
             return winner
         cell.basis = (acceptance, predicted, cell.plain.per_s)   # for the step's report (``trace``)
+        cell.rest_bound = None
         if cell.probe_left:
             cell.probe_left -= 1
             return self._drafts(cell, "probe", cell.probe_arm)
@@ -373,10 +384,39 @@ class SpecGate:
             cell.wait = 1 if cell.draft.samples == 0 else self._wait(cell, winner)
         cell.clock += 1
         if cell.clock < cell.wait:
+            if not winner and verify is None:    # the bound ``rests_again`` keeps for the same requests
+                cell.rest_bound = (self._acceptance(cell, requests, sequences, highest=True),)
+                cell.rest_admitted = self.admitted
             return self._drafts(cell, "winner", winner)
         cell.clock, cell.probe_left, cell.probe_arm = 0, self.probe_steps - 1, not winner
         self.probes += 1
         return self._drafts(cell, "probe", cell.probe_arm)
+
+    def rests_again(self, method: str, sequences: int) -> bool:
+        """``should_draft``'s measured answer for the same resting requests as this cell's last step, one
+        resting step later, when it is sure to be a rest on the prediction; False: ask ``should_draft``.
+
+        Why: a resting step's gate work walks every gated request (the prediction, the exploration check,
+        the grouping by key): ~70 µs a step at c = 32 on the CPU machine (tests/engine/gate_cost_probe.py),
+        where a plain H200 step at c = 8 lasts ~3.8 ms. Session 9, run X: scheduled dspark rested through
+        whole cells at 0.97-0.98x plain decoding, ~75 µs a step behind. Sure means: the cell's last step
+        rested on the prediction, with the acceptance bound ``rest_bound`` (each request at the most its
+        aged record can reach); the draft arm has not changed since (only a drafting step changes it, and
+        uniform aging leaves its rates as they are); no request was admitted (a new one may make its class
+        explore); no probe is due; and drafting at the bound still loses to plain decoding's current rate.
+        Then the full question would rest too, and it advances the clock as it would. The caller vouches
+        for "the same requests" (the engine: consecutive pure decode steps of the same batch size)."""
+        cell = self.cells.get((method, load_bucket(sequences)))
+        if (cell is None or cell.rest_bound is None or cell.rest_admitted != self.admitted or cell.probe_left
+                or cell.clock == 0 or cell.clock + 1 >= cell.wait):
+            return False
+        acceptance = cell.rest_bound[0]
+        predicted = cell.draft_rate(acceptance)
+        if cell.beats_plain(predicted, self.margin):
+            return False
+        cell.basis = (acceptance, predicted, cell.plain.per_s)
+        cell.clock += 1
+        return not self._drafts(cell, "winner", False)
 
     def resumes(self, method: str, sequences: int, requests: list[Acceptance]) -> bool:
         """Did this step rest ``requests`` on the prediction (not in an exploration or a probe), and would
@@ -473,6 +513,7 @@ class SpecGate:
         cell.draft.age(self.decay)
         cell.plain.age(self.decay)
         if drafted:
+            cell.rest_bound = None
             cell.draft.add(tokens, seconds, sequences, drafters)
         else:
             cell.plain.add(tokens, seconds, sequences)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import example, given, note, settings
+from hypothesis import strategies as st
 
 from specd.engine.spec_gate import Drafters, GateError, SpecGate, load_bucket
 
@@ -385,6 +387,80 @@ def test_a_resting_request_drifts_back_to_its_class_and_resumes():
     assert not gate.resumes("dspark", 8, [record])      # no cell at this load
 
 
+@settings(max_examples=100, deadline=None)
+@example([(1.0, 6.0, 2)], [1.0] * 40, 400.0, 0, [1.0, 1.0, 5.0])   # a request that drifts into drafting
+@given(st.lists(st.tuples(st.floats(1.0, 4.0), st.floats(0.5, 6.0), st.integers(0, 2)), min_size=1, max_size=12),
+       st.lists(st.floats(0.7, 1.4), min_size=40, max_size=40), st.floats(150.0, 900.0), st.integers(0, 3),
+       st.lists(st.floats(1.0, 5.0), min_size=3, max_size=3))
+def test_rests_again_rests_only_where_the_full_question_rests(records, plain_speeds, draft_tok_s, extra, rates):
+    """The steady rest's shortcut (``rests_again``) against the full question (``should_draft``), step by
+    step, on copies of the same gate and records: the requests' records age by ``Acceptance.rest`` at each
+    resting step and plain decoding's measured rate wanders (a resting cell's samples), so either may make
+    drafting win. Wherever the shortcut rests, the full question rests too, and the two gates' probe
+    clocks stay equal; a shortcut that read the records as they were when the rest began fails this."""
+    import copy
+
+    from specd.engine.spec_gate import Acceptance
+
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=24, probe_max=64, probe_steps=1)
+    n = len(records) + extra                     # some sequences of the batch are not gated
+    for drafted in (True, True, False, False):   # drafting at draft_tok_s and 2 tokens a sequence
+        gate.should_draft("dspark", n)
+        gate.observe("dspark", n, drafted, 2 * n if drafted else n,
+                     2 * n / draft_tok_s if drafted else n / 400.0, Drafters(n, 2 * n, 7 * n) if drafted else None)
+    classes = [gate.record("dspark", [c]) for c in range(3)]
+    recs = []
+    for per_step, steps, c in records:           # its own record: 1-4 tokens a step over 0.5-6 steps
+        r = gate.record("dspark", [c])
+        r.tokens, r.steps = per_step * steps, steps
+        recs.append(r)
+    for rate, g in zip(rates, classes):          # where each class's requests start: 1-5 tokens a step
+        g.group.tokens, g.group.steps = 4.0 * rate, 4.0
+    shortcut = 0
+    for speed in plain_speeds:
+        full_gate, full_recs = copy.deepcopy((gate, recs))
+        fast = gate.rests_again("dspark", n)
+        full = full_gate.should_draft("dspark", n, requests=full_recs)
+        if fast:
+            shortcut += 1
+            assert not full
+            assert gate.cells[("dspark", load_bucket(n))].clock == full_gate.cells[("dspark", load_bucket(n))].clock
+        else:
+            drafted = gate.should_draft("dspark", n, requests=recs)
+            assert drafted == full
+        rested = not full
+        if rested:
+            Acceptance.rest_all(recs)
+        gate.observe("dspark", n, not rested, n if rested else 2 * n,
+                     (n / (400.0 * speed)) if rested else 2 * n / draft_tok_s,
+                     None if rested else Drafters(n, 2 * n, 7 * n))
+    note(f"{shortcut} of {len(plain_speeds)} steps took the shortcut")
+
+
+def test_rests_again_takes_the_steady_rest_and_not_a_probe_or_a_new_request():
+    """The shortcut's preconditions: a prediction's rest before it (not a probe's), no request admitted
+    since, no probe due next, and drafting still losing at the records' highest reach."""
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=6, probe_max=6, probe_steps=1)
+    assert not gate.rests_again("dspark", 4)                     # no cell
+    drive(gate, 4, draft_tok_s=300.0)                            # explored: plain (1,000 tok/s) wins
+    record = gate.record("dspark", [1])
+    assert not gate.rests_again("dspark", 4)                     # no prediction's rest yet
+    assert not gate.should_draft("dspark", 4, requests=[record] * 4)
+    taken = []
+    for _ in range(12):
+        again = gate.rests_again("dspark", 4)
+        if not again:
+            gate.should_draft("dspark", 4, requests=[record] * 4)
+        taken.append(again)
+        gate.observe("dspark", 4, False, 4, 0.004)
+    cell = gate.cells[("dspark", 4)]
+    assert taken.count(True) >= 6 and cell.wait == 6             # most steps, but every probe asked in full
+    assert gate.probes >= 1
+    gate.should_draft("dspark", 4, requests=[record] * 4)
+    gate.record("dspark", [2])                                   # a new request: ask in full
+    assert not gate.rests_again("dspark", 4)
+
+
 def test_bad_settings_and_samples_are_refused():
     with pytest.raises(GateError):
         SpecGate(probe_every=64, probe_max=32)
@@ -455,6 +531,11 @@ def test_engine_rests_a_slow_drafter_and_stays_exact(engine):
     drafted = after["spec_gate_dspark_b4_draft_samples"]
     assert drafted == 3 and paused >= 20, (drafted, paused)   # explored 3 times, then rested to the end (28)
     assert after["spec_gate_dspark_b4_drafting"] == 0
+    # a steady rest takes the shortcut (SpecGate.rests_again) after its first step: 12 of 23 rested steps
+    # here; the others are the first rests and the explorations of the smaller buckets the batch shrinks to
+    # as requests finish (3 and 2 sequences: bucket 2; then 1)
+    again = after["spec_rest_again_steps_total"] - before["spec_rest_again_steps_total"]
+    assert 10 <= again < paused, (again, paused)
     assert after["spec_gate_dspark_b4_plain_tok_s"] > after["spec_gate_dspark_b4_draft_tok_s"]
 
 
@@ -526,6 +607,10 @@ class ScriptedGate:
 
     def resumes(self, method, sequences, requests):
         """A scripted rest is never the prediction's: nothing resumes early."""
+        return False
+
+    def rests_again(self, method, sequences):
+        """Every step is asked in full (the script's next arm)."""
         return False
 
     def record(self, method, prompt):
