@@ -96,6 +96,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "engine's max_num_seqs)")
     p.add_argument("--max-len", type=int, default=3072, help="prompt + answer tokens at most (longer turns dropped)")
     p.add_argument("--steps", type=int, default=400, help="training steps of each generic drafter")
+    p.add_argument("--init-dspark", type=Path, default=None,
+                   help="warm-start the generic dspark drafter from this trained drafter directory (its "
+                        "layers, Markov rank and γ; a bf16 copy loads into fp32 training weights): more steps "
+                        "on more data without repeating the ones a device session already paid for")
     p.add_argument("--tune-steps", type=int, default=80, help="tuning steps per workload")
     p.add_argument("--layers", type=int, default=1, help="dspark/dflash draft layers")
     p.add_argument("--markov-rank", type=int, default=64, help="dspark Markov rank (2·V·r parameters)")
@@ -342,7 +346,8 @@ def _fit(r: Run, args: argparse.Namespace, seq_file: Path, deadline: float) -> d
 def stage_train(r: Run, method: str, methods_left: int) -> dict:
     """Stage 2: one generic drafter on the shared data, within its share of the training window."""
     out = r.work / "drafters" / method
-    args = _trainer_args(r, method, out, r.args.steps, r.args.lr, None)
+    init = r.args.init_dspark if method == "dspark" else None
+    args = _trainer_args(r, method, out, r.args.steps, r.args.lr, init)
     return _fit(r, args, r.work / "data" / "all.jsonl", r.budget.share("train", methods_left))
 
 

@@ -94,7 +94,8 @@ train_data() {  # the training sessions: ${TRAIN_DATA:-.carry/qwen-sessions500},
 train_dspark() {  # train_dspark OUT TIMEOUT [ARGS...]: train-kv's recipe on GPU0 (dspark alone, TRAIN_SESSIONS
                   # train sessions per workload answered by the serving engine, TRAIN_BATCH sequences a step of
                   # TRAIN_ANCHORS anchors each, default 8 x 16; TRAIN_LAYERS draft layers, default 1, the
-                  # DSpark paper's drafter has 2); resumable from /tmp/dp
+                  # DSpark paper's drafter has 2; TRAIN_INIT=/tmp/dsp warm-starts from the stashed drafter,
+                  # after `unpack_drafter`); resumable from /tmp/dp
   local out=$1 limit=$2 data
   shift 2
   data=$(train_data) || return 1
@@ -102,7 +103,7 @@ train_dspark() {  # train_dspark OUT TIMEOUT [ARGS...]: train-kv's recipe on GPU
     --sessions "$data" --work /tmp/dp --out "$out" --methods dspark \
     --steps "${TRAIN_STEPS:-2500}" --train-sessions "${TRAIN_SESSIONS:-500}" --answers engine \
     --budget-s "${TRAIN_BUDGET:-900}" --gamma 7 --device cuda --batch-size "${TRAIN_BATCH:-8}" \
-    --anchors "${TRAIN_ANCHORS:-16}" --layers "${TRAIN_LAYERS:-1}" "$@" \
+    --anchors "${TRAIN_ANCHORS:-16}" --layers "${TRAIN_LAYERS:-1}" ${TRAIN_INIT:+--init-dspark "$TRAIN_INIT"} "$@" \
     >> /tmp/logs/drafter-pipeline.log 2>&1
 }
 
@@ -221,6 +222,7 @@ PY
     # session 7: the dspark drafter alone (train-kv's recipe, no serving plan beside it: one GPU), through
     # training only (no tuning or acceptance evaluation); resumable: run it again until it prints "trained"
     mkdir -p "$RES/train"
+    case "${TRAIN_INIT:-}" in /tmp/dsp*) unpack_drafter ;; esac
     train_dspark "$RES/train/acceptance" "${TRAIN_TIMEOUT:-560}" --stop-after train
     rc=$?; echo "drafter-pipeline rc=$rc"
     grep -v "it/s\]" /tmp/logs/drafter-pipeline.log | tail -n 12

@@ -132,3 +132,26 @@ def test_served_copy_casts_a_copy_only_when_asked():
     cast = served_copy(model, "bfloat16")
     assert cast is not model and cast.embed_tokens.weight.dtype == torch.bfloat16
     assert model.embed_tokens.weight.dtype == torch.float32
+
+
+def test_init_dspark_warm_starts_the_generic_dspark_drafter(sessions, tmp_path):
+    """--init-dspark: the generic dspark stage starts from a trained drafter (a device session's), so more
+    data and steps add to the steps already paid for. With no steps of its own, the stage writes the
+    drafter it started from, weight for weight, and its training.json names it."""
+    from safetensors.torch import load_file
+
+    first = tmp_path / "first"
+    assert _pipeline(sessions, first, tmp_path / "out1", "--methods", "dspark", "--stop-after", "train") == 0
+    start = first / "drafters" / "dspark"
+    second = tmp_path / "second"
+    assert _pipeline(sessions, second, tmp_path / "out2", "--methods", "dspark", "--stop-after", "train",
+                     "--init-dspark", str(start), "--steps", "0") == 0
+    got = load_file(str(second / "drafters" / "dspark" / "drafter.safetensors"))
+    want = load_file(str(start / "drafter.safetensors"))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert json.loads((second / "drafters" / "dspark" / "training.json").read_text())["init"] == str(start)
+    fresh = tmp_path / "fresh"                       # the same stage without it starts elsewhere
+    assert _pipeline(sessions, fresh, tmp_path / "out3", "--methods", "dspark", "--stop-after", "train",
+                     "--steps", "0") == 0
+    other = load_file(str(fresh / "drafters" / "dspark" / "drafter.safetensors"))
+    assert not all(torch.equal(other[k], want[k]) for k in want)
