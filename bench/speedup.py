@@ -328,7 +328,33 @@ def render_markdown(result: dict) -> str:
     if any(v is not None for v in verdicts):
         lines += ["", f"Scheduled dspark never slower than none in every cell: "
                       f"**{'yes' if all(v for v in verdicts if v is not None) else 'NO'}**"]
+        floor = noise_floor(result, SCHEDULED, result.get("tolerance", 0.0))
+        aa = noise_floor(result, "none-aa", result.get("tolerance", 0.0))
+        if floor and aa:
+            lines += ["", f"The same rule, cell by cell (p50 throughput and per-user ratios ≥ 1 − tolerance): "
+                          f"scheduled dspark fails it in {floor['failed']} of {floor['cells']} cells, worst "
+                          f"{floor['worst']:.3f}; the A/A row (`none` against itself) in {aa['failed']} of "
+                          f"{aa['cells']}, worst {aa['worst']:.3f}: the rule's noise floor at this run length."]
     return "\n".join(lines) + "\n"
+
+
+def noise_floor(result: dict, row: str, tolerance: float = 0.0) -> dict | None:
+    """How often ``row`` fails the never-slower rule over the cells, and its worst cell (the lower of its
+    p50 throughput and per-user ratios). For the A/A row, the rule's noise floor. Session 10 (runs AA and
+    AC, 3 repeats of ~0.4-1.3 s): the A/A row failed it in 9 and 16 of 25 cells, worst 0.96-0.97, so a
+    per-cell verdict at this run length cannot tell a 1% loss from noise; the count beside the scheduled
+    row's says how far apart they are. None when the row was not run."""
+    worst, failed, cells = None, 0, 0
+    for levels in result["workloads"].values():
+        for cell in levels.values():
+            r = cell["rows"].get(row)
+            if r is None:
+                continue
+            ratios = [r["throughput_ratio"]["p50"]] + ([r["per_user_ratio"]["p50"]] if r["per_user_ratio"] else [])
+            cells += 1
+            failed += min(ratios) < 1 - tolerance
+            worst = min(ratios) if worst is None else min(worst, min(ratios))
+    return {"cells": cells, "failed": failed, "worst": worst} if cells else None
 
 
 # ---- command line ------------------------------------------------------------------------------------

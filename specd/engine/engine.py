@@ -74,10 +74,11 @@ class SpecEngine(GateSteps):
         compile_count.install()                 # a step that built a Triton kernel is no timing sample
         self._gate_arms: dict[str, bool] = {}   # this step: method -> its scheduled requests drafted
         self._resting: set[int] = set()         # this step: id() of the sequences the gate rests (no features)
+        self._resting_keys: set[str] = set()    # this step: gate keys whose every gated request rests
         self._gate_drafting: dict[str, list[Sequence]] = {}   # this step: gate key -> its sequences that draft
         self._profiled = False                  # this step measured self.sps: its time is no gate sample
         self._decode_step = False               # this step: every sequence decodes one token (set by step)
-        self._rest_chain: tuple | None = None   # the last step rested a whole gated group (gating._rests_again)
+        self._rest_chain = None                 # the last step rested a whole gated group (gating.RestChain)
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)
@@ -370,7 +371,8 @@ class SpecEngine(GateSteps):
         found = {}
         for sched in batch:
             method = self._method(sched.seq)
-            if method not in ("none", "ngram") and method not in found and id(sched.seq) not in self._resting:
+            if (method not in ("none", "ngram") and method not in found and id(sched.seq) not in self._resting
+                    and sched.seq.gate_key not in self._resting_keys):
                 found[method] = self._proposer(method)
         return found
 
@@ -390,7 +392,7 @@ class SpecEngine(GateSteps):
         for sched in batch:
             method = self._method(sched.seq)
             if (method in proposers and sched.seq.status is not SeqStatus.FINISHED
-                    and id(sched.seq) not in self._resting):
+                    and id(sched.seq) not in self._resting and sched.seq.gate_key not in self._resting_keys):
                 rows.setdefault(method, []).extend(range(row, row + valid[id(sched)]))
                 owners.setdefault(method, []).append((sched.seq, valid[id(sched)]))
             row += sched.num_tokens + sched.num_draft

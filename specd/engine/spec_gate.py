@@ -133,10 +133,13 @@ class Rate:
         self.seq_steps += sequences
         self.steps += 1.0
         self.samples += 1
-        d = drafters if drafters is not None else Drafters(sequences, tokens)
-        self.drafter_steps += d.count
-        self.drafter_tokens += d.emitted
-        self.verified += d.verified
+        if drafters is None:      # every sequence drafted, or a plain step (no Drafters built: every step)
+            self.drafter_steps += sequences
+            self.drafter_tokens += tokens
+        else:
+            self.drafter_steps += drafters.count
+            self.drafter_tokens += drafters.emitted
+            self.verified += drafters.verified
 
     def age(self, decay: float) -> None:
         self.tokens *= decay
@@ -238,8 +241,8 @@ class Cell:
     recent: deque = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))   # the latest ones
     reason: str = ""          # why the last measured step of this cell ran its arm (DRAFT_REASONS)
     basis: tuple = ()         # what decided it: (predicted acceptance, predicted drafting tok/s, plain tok/s)
-    rest_bound: tuple | None = None   # (the highest acceptance its resting requests can drift to,) while the
-                                      # prediction rests them (``SpecGate.rests_again``); None: no such rest
+    rest_bound: tuple | None = None   # while the prediction rests its requests: the highest acceptance they
+                                      # can drift to, for them and for any subset (``SpecGate.rests_again``)
     rest_admitted: int = -1   # ``SpecGate.admitted`` when ``rest_bound`` was taken (a new request may explore)
 
     def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:
@@ -336,27 +339,33 @@ class SpecGate:
         return self._acceptance(self._cell(method, sequences), requests, sequences)
 
     def _acceptance(self, cell: Cell, requests: list[Acceptance] | None, sequences: int,
-                    highest: bool = False) -> float | None:
+                    highest: bool = False):
         """``acceptance``'s body. ``highest``: each request counts at the larger of its own estimate and
         where it starts (its class's), the most a resting request's estimate can reach: resting only ages
-        its own steps (``Acceptance.rest``), which moves the estimate from where it is toward its start."""
+        its own steps (``Acceptance.rest``), which moves the estimate from where it is toward its start.
+        Then it returns (the batch's bound, the bound of any subset of it in any batch: the largest
+        request's, at least the 1 token of a sequence that does not draft); (None, None) with no record."""
         if not requests:
-            return None
+            return (None, None) if highest else None
         prior = cell.draft.per_drafter_step
         if prior <= 0:
-            return None
+            return (None, None) if highest else None
         # Each request's own record with ``prior_steps`` steps of where it starts added: its class's pooled
         # record shrunk toward ``prior`` the same way, or ``prior`` without a class record. One loop, no
         # helper calls: it runs for every gated request at every step (~1 µs a request in calls alone on
         # the CPU machine, c = 32; tests/engine/gate_cost_probe.py).
         k = self.prior_steps
-        drafting = 0.0
+        drafting, top = 0.0, 1.0
         for r in requests:
             g = r.group
             start = prior if g is None or g.steps <= 0 else (g.tokens + k * prior) / (g.steps + k)
             own = (r.tokens + k * start) / (r.steps + k)
-            drafting += start if highest and start > own else own
-        return (drafting + max(0, sequences - len(requests))) / max(sequences, len(requests))
+            if highest:
+                own = start if start > own else own
+                top = own if own > top else top
+            drafting += own
+        batch = (drafting + max(0, sequences - len(requests))) / max(sequences, len(requests))
+        return (batch, top) if highest else batch
 
     def should_draft(self, method: str, sequences: int, measured: bool = True,
                      requests: list[Acceptance] | None = None, verify: int | None = None) -> bool:
@@ -385,16 +394,17 @@ class SpecGate:
         cell.clock += 1
         if cell.clock < cell.wait:
             if not winner and verify is None:    # the bound ``rests_again`` keeps for the same requests
-                cell.rest_bound = (self._acceptance(cell, requests, sequences, highest=True),)
+                cell.rest_bound = self._acceptance(cell, requests, sequences, highest=True)
                 cell.rest_admitted = self.admitted
             return self._drafts(cell, "winner", winner)
         cell.clock, cell.probe_left, cell.probe_arm = 0, self.probe_steps - 1, not winner
         self.probes += 1
         return self._drafts(cell, "probe", cell.probe_arm)
 
-    def rests_again(self, method: str, sequences: int) -> bool:
+    def rests_again(self, method: str, sequences: int, subset: bool = False) -> bool:
         """``should_draft``'s measured answer for the same resting requests as this cell's last step, one
         resting step later, when it is sure to be a rest on the prediction; False: ask ``should_draft``.
+        ``subset``: some of those requests (others left), in a batch of ``sequences`` of the same bucket.
 
         Why: a resting step's gate work walks every gated request (the prediction, the exploration check,
         the grouping by key): ~70 µs a step at c = 32 on the CPU machine (tests/engine/gate_cost_probe.py),
@@ -405,12 +415,12 @@ class SpecGate:
         uniform aging leaves its rates as they are); no request was admitted (a new one may make its class
         explore); no probe is due; and drafting at the bound still loses to plain decoding's current rate.
         Then the full question would rest too, and it advances the clock as it would. The caller vouches
-        for "the same requests" (the engine: consecutive pure decode steps of the same batch size)."""
+        for "the same requests" or a subset (the engine: consecutive pure decode steps, ``RestChain``)."""
         cell = self.cells.get((method, load_bucket(sequences)))
         if (cell is None or cell.rest_bound is None or cell.rest_admitted != self.admitted or cell.probe_left
                 or cell.clock == 0 or cell.clock + 1 >= cell.wait):
             return False
-        acceptance = cell.rest_bound[0]
+        acceptance = cell.rest_bound[1 if subset else 0]
         predicted = cell.draft_rate(acceptance)
         if cell.beats_plain(predicted, self.margin):
             return False

@@ -52,6 +52,21 @@ def test_summaries_ratio_per_repeat_and_verdict():
     assert geomean([2.0, 0.5]) == pytest.approx(1.0)
 
 
+def test_noise_floor_counts_the_cells_a_row_fails_and_its_worst():
+    """The never-slower rule applied to any row, cell by cell: the A/A row's count is the rule's noise floor."""
+    from bench.speedup import noise_floor
+
+    def cell(aa_rate, aa_user, s_rate):
+        return summarize_cell({BASELINE: [_run(100)], "none-aa": [_run(aa_rate, per_user=aa_user)],
+                               SCHEDULED: [_run(s_rate)]})
+    result = {"workloads": {"a": {"1": cell(101, 101, 97), "4": cell(99, 101, 102)},
+                            "b": {"1": cell(100, 98, 100)}}}
+    assert noise_floor(result, "none-aa") == {"cells": 3, "failed": 2, "worst": pytest.approx(0.98)}
+    assert noise_floor(result, SCHEDULED) == {"cells": 3, "failed": 1, "worst": pytest.approx(0.97)}
+    assert noise_floor(result, SCHEDULED, tolerance=0.05)["failed"] == 0
+    assert noise_floor(result, "ngram") is None
+
+
 @pytest.mark.slow
 def test_speedup_end_to_end_on_stories(tmp_path):
     greedy = _sessions(tmp_path / "stories-greedy.jsonl", "greedy", 0.0)

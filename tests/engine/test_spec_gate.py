@@ -388,16 +388,21 @@ def test_a_resting_request_drifts_back_to_its_class_and_resumes():
 
 
 @settings(max_examples=100, deadline=None)
-@example([(1.0, 6.0, 2)], [1.0] * 40, 400.0, 0, [1.0, 1.0, 5.0])   # a request that drifts into drafting
+@example([(1.0, 6.0, 2)], [1.0] * 40, 400.0, 0, [1.0, 1.0, 5.0], [False] * 40)   # drifts into drafting
+@example([(1.0, 6.0, 0)] * 3 + [(4.0, 6.0, 2)] * 4, [1.0] * 40, 300.0, 0, [1.0, 1.0, 3.0],
+         [False] + [True] * 3 + [False] * 36)           # the poor requests finish first: the rest drafts
 @given(st.lists(st.tuples(st.floats(1.0, 4.0), st.floats(0.5, 6.0), st.integers(0, 2)), min_size=1, max_size=12),
        st.lists(st.floats(0.7, 1.4), min_size=40, max_size=40), st.floats(150.0, 900.0), st.integers(0, 3),
-       st.lists(st.floats(1.0, 5.0), min_size=3, max_size=3))
-def test_rests_again_rests_only_where_the_full_question_rests(records, plain_speeds, draft_tok_s, extra, rates):
+       st.lists(st.floats(1.0, 5.0), min_size=3, max_size=3), st.lists(st.booleans(), min_size=40, max_size=40))
+def test_rests_again_rests_only_where_the_full_question_rests(records, plain_speeds, draft_tok_s, extra, rates,
+                                                              leaves):
     """The steady rest's shortcut (``rests_again``) against the full question (``should_draft``), step by
     step, on copies of the same gate and records: the requests' records age by ``Acceptance.rest`` at each
-    resting step and plain decoding's measured rate wanders (a resting cell's samples), so either may make
+    resting step, plain decoding's measured rate wanders (a resting cell's samples), and requests leave
+    (finish) within the load bucket, so the shortcut is asked about a subset; any of these may make
     drafting win. Wherever the shortcut rests, the full question rests too, and the two gates' probe
-    clocks stay equal; a shortcut that read the records as they were when the rest began fails this."""
+    clocks stay equal; a shortcut that read the records as they were when the rest began, or the whole
+    group's bound for a subset, fails this."""
     import copy
 
     from specd.engine.spec_gate import Acceptance
@@ -416,10 +421,12 @@ def test_rests_again_rests_only_where_the_full_question_rests(records, plain_spe
         recs.append(r)
     for rate, g in zip(rates, classes):          # where each class's requests start: 1-5 tokens a step
         g.group.tokens, g.group.steps = 4.0 * rate, 4.0
-    shortcut = 0
-    for speed in plain_speeds:
+    shortcut, subset = 0, False
+    for speed, leave in zip(plain_speeds, leaves):
+        if leave and len(recs) > 1 and load_bucket(n - 1) == load_bucket(n):
+            recs, n, subset = recs[1:], n - 1, True      # the first request finished
         full_gate, full_recs = copy.deepcopy((gate, recs))
-        fast = gate.rests_again("dspark", n)
+        fast = gate.rests_again("dspark", n, subset=subset)
         full = full_gate.should_draft("dspark", n, requests=full_recs)
         if fast:
             shortcut += 1
@@ -428,6 +435,7 @@ def test_rests_again_rests_only_where_the_full_question_rests(records, plain_spe
         else:
             drafted = gate.should_draft("dspark", n, requests=recs)
             assert drafted == full
+            subset = False                               # the full question took the bound for these
         rested = not full
         if rested:
             Acceptance.rest_all(recs)
@@ -531,11 +539,11 @@ def test_engine_rests_a_slow_drafter_and_stays_exact(engine):
     drafted = after["spec_gate_dspark_b4_draft_samples"]
     assert drafted == 3 and paused >= 20, (drafted, paused)   # explored 3 times, then rested to the end (28)
     assert after["spec_gate_dspark_b4_drafting"] == 0
-    # a steady rest takes the shortcut (SpecGate.rests_again) after its first step: 12 of 23 rested steps
-    # here; the others are the first rests and the explorations of the smaller buckets the batch shrinks to
-    # as requests finish (3 and 2 sequences: bucket 2; then 1)
+    # a steady rest takes the shortcut (SpecGate.rests_again) after its first step, also as requests leave
+    # within a load bucket (3 -> 2 sequences): 13 of 23 rested steps here; the others are the first rests
+    # and the explorations of the smaller buckets the batch shrinks to as requests finish (bucket 2, then 1)
     again = after["spec_rest_again_steps_total"] - before["spec_rest_again_steps_total"]
-    assert 10 <= again < paused, (again, paused)
+    assert 11 <= again < paused, (again, paused)
     assert after["spec_gate_dspark_b4_plain_tok_s"] > after["spec_gate_dspark_b4_draft_tok_s"]
 
 
@@ -609,7 +617,7 @@ class ScriptedGate:
         """A scripted rest is never the prediction's: nothing resumes early."""
         return False
 
-    def rests_again(self, method, sequences):
+    def rests_again(self, method, sequences, subset=False):
         """Every step is asked in full (the script's next arm)."""
         return False
 
