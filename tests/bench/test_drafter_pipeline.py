@@ -155,3 +155,16 @@ def test_init_dspark_warm_starts_the_generic_dspark_drafter(sessions, tmp_path):
                      "--steps", "0") == 0
     other = load_file(str(fresh / "drafters" / "dspark" / "drafter.safetensors"))
     assert not all(torch.equal(other[k], want[k]) for k in want)
+
+
+def test_the_last_stage_of_a_stop_after_run_takes_the_skipped_stages_windows():
+    """--stop-after train: training may run to STOP_SHARE of the budget, not to its own 62% (session 10:
+    176 of 565 s left unused); without --stop-after, the shares are the pipeline's."""
+    from bench.drafter_pipeline import SHARES, STOP_SHARE, Budget
+
+    full, cut = Budget(100.0, 0.0), Budget(100.0, 0.0, "train")
+    assert cut.deadline("train") - cut.t0 == pytest.approx(100.0 * STOP_SHARE)
+    assert full.deadline("train") - full.t0 == pytest.approx(100.0 * SHARES["train"])
+    assert cut.deadline("data") - cut.t0 == pytest.approx(100.0 * SHARES["data"])
+    tune = Budget(100.0, 0.0, "tune")
+    assert tune.deadline("tune") - tune.t0 == pytest.approx(100.0 * STOP_SHARE)
