@@ -34,7 +34,10 @@
 # thirteen 38 MB pieces, N=0..12, made with `split -b 38000000 -d -a 2 GGUF .carry/q38/q.` and appended
 # with `PIECES=.carry/q38 bash bench/gpu/session.sh piece N` carrying `.carry/q38/q.NN` (~90 s of device time
 # in session 8; the tracked tree is ~26 MB since session 7; until session 5: eleven 45 MB pieces in
-# .carry/q.NN, the default PIECES; sessions 6-7: seventeen 30 MB pieces in .carry/q30);
+# .carry/q.NN, the default PIECES; sessions 6-7: seventeen 30 MB pieces in .carry/q30). Session 10: the
+# tracked tree is 30 MiB, and a 38 MB piece with it is over the 64 MiB a call carries: upload the seventeen
+# 30 MB pieces of .carry/q30 instead (`cat .carry/q30/q.NN >> /tmp/m/q.gguf`, carrying that piece only;
+# ~125 s of device time from a cold machine, ~80 s of it the start);
 # and at most 8 files come back: each phase packs its results into one tarball under $OUT.
 # Run it from a clean export of a commit, so the results name the code that made them: `bash bench/gpu/export.sh`
 # here (writes .carry/clean and its COMMIT file, read by bench/provenance.py), carry .carry/clean, and on the

@@ -51,6 +51,11 @@ cell then rested, its probe wait at the 1,024-step maximum, through extraction, 
 ``TRACE_STEPS`` reports, so the next run's records say. Triton compiles and CUDA graph captures are
 excluded by the engine at any step (specd/engine/compile_count.py), one-off costs it can see.
 
+Steady rests: a resting step's full question walks every gated request, ~70 µs a step on the H200's host
+at c = 8 (session 10, run AA: the scheduled row's whole 1.6% gap there). ``rests_again`` answers it
+without the walk when the answer is sure: the same requests (or some of them) rested on the prediction at
+the last step, and drafting at the most their aging records can reach (``Cell.rest_bound``) still loses.
+
 Lossless: whether a step drafts depends only on the wall time and token counts of earlier, finished
 steps, never on the drafts of this step; verification is untouched.
 """
