@@ -230,14 +230,22 @@ class Run:
 
     def stage(self, name: str, fn) -> dict:
         """Run `fn() -> summary` unless its marker exists; record the summary with the stage's wall time
-        (skipped stages are only listed, so a resumed run retries them)."""
+        (skipped stages are only listed, so a resumed run retries them; a truncated one is continued)."""
         done = self.stages.done(name)
-        if done is not None:
+        earlier = 0.0
+        if done is not None and done.get("status") == "truncated":
+            # a training stage the budget cut: go on from its checkpoint (the trainer always resumes), so a
+            # later call with time left finishes the schedule instead of skipping it (session 10, run AB:
+            # the second call skipped a stage cut at 1,600 of 2,500 steps)
+            progress(self.budget, name, f"cut earlier at step {done.get('steps_done')} of {done.get('steps')}, "
+                                        "resuming")
+            earlier = done.get("wall_s", 0.0)
+        elif done is not None:
             progress(self.budget, name, "done earlier, skipped")
             return done
         t0 = time.perf_counter()
         summary = fn()
-        summary["wall_s"] = time.perf_counter() - t0
+        summary["wall_s"] = time.perf_counter() - t0 + earlier     # the budget counts both attempts
         progress(self.budget, name, f"{summary['status']} in {summary['wall_s']:.1f}s"
                                     + (f" ({summary['reason']})" if "reason" in summary else ""))
         if summary["status"] == "skipped":          # no marker: a later run with time left tries again

@@ -168,3 +168,21 @@ def test_the_last_stage_of_a_stop_after_run_takes_the_skipped_stages_windows():
     assert cut.deadline("data") - cut.t0 == pytest.approx(100.0 * SHARES["data"])
     tune = Budget(100.0, 0.0, "tune")
     assert tune.deadline("tune") - tune.t0 == pytest.approx(100.0 * STOP_SHARE)
+
+
+def test_a_truncated_training_stage_is_continued_by_a_later_run(sessions, tmp_path, capsys):
+    """A training stage the budget cut is not done: the next run with time left goes on from its
+    checkpoint to the full step count, and its marker counts both attempts' wall time."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    args = ("--methods", "dspark", "--stop-after", "train")
+    assert _pipeline(sessions, work, out, *args, "--budget-s", "0.001") == 0
+    first = json.loads((work / "stages" / "train-dspark.json").read_text())
+    assert first["status"] == "truncated" and first["steps_done"] == 0
+    capsys.readouterr()
+    assert _pipeline(sessions, work, out, *args) == 0
+    assert "cut earlier at step 0 of 2, resuming" in capsys.readouterr().out
+    second = json.loads((work / "stages" / "train-dspark.json").read_text())
+    assert second["status"] == "done" and second["steps_done"] == 2
+    assert second["wall_s"] > first["wall_s"]
+    assert _pipeline(sessions, work, out, *args) == 0       # now done: skipped
+    assert "done earlier, skipped" in capsys.readouterr().out
