@@ -141,6 +141,23 @@ def test_a_refused_refill_adds_nothing_and_a_blocking_allocate_still_serves():
     assert src.sync_allocates == 1 and len(a.block_table) == 3
 
 
+def test_a_blocking_refill_restores_the_reserve_floor_for_the_rest_of_the_step():
+    """An empty reserve (the batch had just emptied and given it back) and no refill in flight: the first
+    admission's blocking allocate also takes the floor, so the step's next admissions need no round trip
+    of their own (session 10, tests/kvd/reserve_probe.py: 18 blocking allocates for 24 requests before,
+    ~6 per admission step)."""
+    src = PostingSource(256)
+    bm = BlockManager(src, BS, ROOT, reserve=0, reserve_floor=16)
+    seqs = [seq_of(range(9), f"p{i}") for i in range(4)]             # 3 blocks each
+    for s in seqs:
+        bm.ensure_slots(s, 9)
+    assert src.sync_allocates == 1 and all(len(s.block_table) == 3 for s in seqs)
+    assert len(bm._reserve) == 3 + 16 - 12                            # the need and the floor taken, 12 used
+    plain = BlockManager(LocalBlockSource(256, 8, torch.device("cpu")), BS, ROOT, reserve=0)
+    plain.ensure_slots(seq_of(range(9), "q"), 9)                      # no posting source: the need only
+    assert not plain._reserve
+
+
 def test_admissions_of_one_step_look_up_together_with_the_same_hits():
     src = PostingSource(256)
     bm = BlockManager(src, BS, ROOT, reserve=0, reserve_floor=0)
