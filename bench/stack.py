@@ -50,6 +50,7 @@ WARMUP_PROMPT = "Once upon a time"  # shorter than one KV block: it warms the en
 ENGINE_RESERVE_BLOCKS = 8            # specd's BlockManager keeps this many free blocks leased ahead of need
 SWEEP_TOKEN_IDS = range(3, 259)      # byte-level ids every vocabulary here has (stories260K: 512, Qwen: 151,936)
 MAX_SWEEPS = 4
+IDLE_RELEASE_WAIT_S = 1.0   # how long a reset waits for specd's idle release (its server polls every 20 ms)
 
 
 class StackError(RuntimeError):
@@ -218,11 +219,12 @@ class Stack:
 
         kvd's flush drops every *unleased* block. What can still hold published blocks is specd's
         block reserve: free blocks leased ahead of need in one write lease, which stays open (with every
-        block committed through it) until all its blocks are used. An idle engine gives its reserve back,
-        but a reset must not depend on when the engine noticed it was idle. So first two "sweep" requests, with
-        prompts no workload shares, use up the reserve: the last one leaves a new reserve lease whose
-        only used block is its own unfinished, unpublished one, as a fresh stack's warm-up does. Then
-        flush all tiers and check nothing published is left; sweep again if something is.
+        block committed through it) until all its blocks are used or given back. specd gives its reserve
+        back once its server has been idle for a poll (20 ms; ``SpecEngine.release_idle``), not the instant
+        its last request finishes (session 10: in a closed loop every admission step after a batch emptied
+        allocated blocking again). So first two "sweep" requests, with prompts no workload shares, use up
+        the reserve, then the reset flushes all tiers until nothing published is left, for up to
+        ``IDLE_RELEASE_WAIT_S`` (the idle release), and sweeps again if something is.
 
         Not reset, because specd has no verb for it: the engine's learned think times per session class
         (specd/engine/hints.py ``ReturnTimeModel``; the bench gives every cell its own session ids, so
@@ -239,10 +241,15 @@ class Stack:
                 for _ in range(2 if sweeps == 0 else 1):
                     specd.generate(self._sweep_prompt(sweeps), max_tokens=1, temperature=0.0)
                     sweeps += 1
-                flushed += int(admin.flush(None))
-                left = published_blocks(admin.stats())
-                if left == 0:
-                    return {"sweeps": sweeps, "flushed": flushed}
+                deadline = time.monotonic() + IDLE_RELEASE_WAIT_S
+                while True:              # the engine gives its reserve back once idle for a server poll
+                    flushed += int(admin.flush(None))
+                    left = published_blocks(admin.stats())
+                    if left == 0:
+                        return {"sweeps": sweeps, "flushed": flushed}
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.02)
                 if sweeps >= MAX_SWEEPS:
                     raise StackError(f"{self.name}: {left} published blocks still leased after {sweeps} sweeps")
 

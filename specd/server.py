@@ -135,6 +135,8 @@ class SpecdServer:
                 except zmq.Again:
                     break
                 self._handle(sock, frames)
+        elif not busy:           # idle for a whole poll: the block reserve goes back to kvd
+            getattr(self.engine, "release_idle", lambda: False)()
         if self.engine.has_work():
             self._step(sock)
 

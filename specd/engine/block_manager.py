@@ -247,14 +247,18 @@ class BlockManager:
             else:
                 self.source.release_blocks(lease, blocks)
 
-    def release_reserve(self) -> None:
+    def release_reserve(self) -> bool:
         """Give back every reserve block (idle, reattach, shutdown), a refill in flight included: its
-        answer is waited for first, so no lease of it is left behind."""
+        answer is waited for first, so no lease of it is left behind. Returns whether anything was held
+        (nothing held: no call to the source)."""
+        if not self._reserve and not self._in_flight:
+            return False
         if self._in_flight:
             self.settle()
         done = self._give_back([lease for lease, _ in self._reserve])
         self._reserve.clear()
         self.source.release(done)
+        return True
 
     def _give_back(self, leases) -> list[LeaseId]:
         """One block of each listed allocate lease is no longer used; returns the leases now unused."""

@@ -176,7 +176,8 @@ class HybridBlockManager(BlockManager):
         for g, gs in self._gseqs.pop(id(seq), {}).items():
             self.others[g].free(gs)                            # type: ignore[arg-type]
 
-    def release_reserve(self) -> None:
-        super().release_reserve()
+    def release_reserve(self) -> bool:
+        held = super().release_reserve()
         for bm in self.others.values():
-            bm.release_reserve()
+            held = bm.release_reserve() or held
+        return held

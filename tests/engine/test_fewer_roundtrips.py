@@ -214,7 +214,13 @@ def test_engine_batches_lookups_matches_uncached_and_leaves_no_lease_when_idle(t
         assert after["cached_tokens_total"] - before["cached_tokens_total"] == 4 * ((len(prompts[0]) - 1) // 16 * 16)
         assert after["kvd_posted_total"] > after["kvd_blocking_calls_total"] > 0
         with KvdClient(kvd.run_dir) as c:
-            assert c.leases() == []                          # idle: no reserve, no hit lease left
+            assert c.leases()                                # the reserve outlives the last request ...
+            assert cached.release_idle()                     # ... until the engine is idle (the server's poll)
+            deadline = time.monotonic() + 5.0                # the release is posted: kvd takes it in a moment
+            while c.leases() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert c.leases() == []                          # then no reserve, no hit lease left
+            assert not cached.release_idle()                 # nothing held: no call
 
 
 @pytest.mark.slow
