@@ -135,7 +135,6 @@ STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_tot
              "spec_class_explore_steps_total", "spec_rest_again_steps_total") + PHASES
 
 
-
 def _delta(before: dict, after: dict) -> dict:
     keys = set(STAT_KEYS) | {k for k in after if k.startswith(("spec_scheduled_len", "spec_gate_drafted_"))}
     return {k: after.get(k, 0) - before.get(k, 0) for k in keys}

@@ -222,9 +222,10 @@ class Stack:
         block committed through it) until all its blocks are used or given back. specd gives its reserve
         back once its server has been idle for a poll (20 ms; ``SpecEngine.release_idle``), not the instant
         its last request finishes (session 10: in a closed loop every admission step after a batch emptied
-        allocated blocking again). So first two "sweep" requests, with prompts no workload shares, use up
-        the reserve, then the reset flushes all tiers until nothing published is left, for up to
-        ``IDLE_RELEASE_WAIT_S`` (the idle release), and sweeps again if something is.
+        allocated blocking again). So the reset sends two "sweep" requests, with prompts no workload
+        shares (they no longer use up the reserve: a blocking refill restores it to its floor of up to 64
+        blocks), then flushes all tiers until nothing published is left, for up to ``IDLE_RELEASE_WAIT_S``
+        (the idle release), and sweeps again if something is.
 
         Not reset, because specd has no verb for it: the engine's learned think times per session class
         (specd/engine/hints.py ``ReturnTimeModel``; the bench gives every cell its own session ids, so

@@ -5,8 +5,8 @@ Why a file of its own: the gate decides per (method, load) cell from measured st
 part of it (asking before or after a proposer runs, resting prompts and decoders, recording each
 request's acceptance, reporting the step) had grown to a third of engine.py. ``GateSteps`` is mixed into
 ``SpecEngine``; it reads the engine's ``spec_gate``, ``sps``/``_track_overhead``, ``_counters`` and the
-per-step state initialised in ``SpecEngine.__init__`` (``_gate_arms``, ``_resting``, ``_gate_drafting``,
-``_profiled``), and calls its ``_method``, ``_proposer``, ``_schedule_of`` and ``_wants_confidence``.
+per-step state initialised in ``SpecEngine.__init__`` (``_gate_arms``, ``_resting``, ``_resting_keys``,
+``_gate_drafting``, ``_profiled``, and ``_rest_chain`` across steps), and calls its ``_method``, ``_proposer``, ``_schedule_of`` and ``_wants_confidence``.
 docs/design/speculation.md ("Measured pre-draft gate") says what each rule is for and what it measured.
 """
 from __future__ import annotations
