@@ -8,6 +8,7 @@ from kernels.block_copy import gather_blocks, gather_blocks_ref, scatter_blocks,
 from kernels.dispatch import use_triton
 from kernels.errors import KernelArgumentError
 from kernels.kv_append import append_kv, append_kv_ref
+from kernels.nucleus import nucleus_probs, nucleus_probs_ref
 from kernels.paged_attention import paged_attention, paged_attention_ref
 from kernels.rejection_sample import rejection_sample, rejection_sample_ref
 
@@ -17,6 +18,8 @@ __all__ = [
     "append_kv_ref",
     "gather_blocks",
     "gather_blocks_ref",
+    "nucleus_probs",
+    "nucleus_probs_ref",
     "paged_attention",
     "paged_attention_ref",
     "rejection_sample",

@@ -82,6 +82,8 @@ class SpecEngine(GateSteps):
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)
+        if self.runner.graphs is not None:
+            sampler.warm(self.device, self.model.config.vocab_size)
         if self._warming():
             for method in dict.fromkeys([config.speculation, *config.drafters]):
                 if method != "none":

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import torch
 
+from kernels.nucleus import nucleus_probs
 from specd.sampling_params import SamplingParams
 
 
@@ -22,7 +23,7 @@ class RowKinds:
 
     plain: tuple[int, ...]     # no top-k, top-p ≥ 1: one softmax, no sort
     top_k: tuple[int, ...]     # top-k (top-p applied inside the k): torch.topk, no full sort
-    top_p: tuple[int, ...]     # top-p without top-k: the full sort
+    top_p: tuple[int, ...]     # top-p without top-k: kernels.nucleus (a full sort on the CPU)
     max_k: int = 0             # the largest k of the top_k rows
 
     @classmethod
@@ -42,7 +43,7 @@ class SamplingPath:
     greedy: bool = False       # some rows are greedy (argmax, one-hot)
     plain: bool = False        # some sampled rows take the plain softmax
     max_k: int = 0             # > 0: some rows take top-k; the largest k among them
-    top_p: bool = False        # some rows take top-p without top-k (the full sort)
+    top_p: bool = False        # some rows take top-p without top-k (kernels.nucleus)
 
     @classmethod
     def of(cls, params: Sequence[SamplingParams], vocab: int) -> "SamplingPath":
@@ -92,8 +93,9 @@ def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     Returns probs [B, V] fp32 with the filtered tokens at exactly 0.
 
     ``kinds``: the rows' paths when the caller knows the settings on the host (else read from the
-    tensors: one sync). Only rows with top-p and no top-k sort the whole vocabulary; a top-k row sorts
-    its k candidates (``torch.topk``), an unfiltered row is one softmax."""
+    tensors: one sync). Rows with top-p and no top-k go through ``kernels.nucleus`` (a full sort only in
+    its CPU reference); a top-k row sorts its k candidates (``torch.topk``), an unfiltered row is one
+    softmax."""
     logits = logits.float() / temperature.unsqueeze(1)
     vocab = logits.shape[1]
     if kinds is None:
@@ -118,9 +120,9 @@ def _top_k_probs(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
 
 
 def _top_p_probs(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, max_k: int) -> torch.Tensor:
-    """Rows with top-p and no top-k: the nucleus needs the whole vocabulary sorted."""
-    values, order = torch.sort(logits, dim=1, descending=True)
-    return _filter_sorted(values, order, top_k, top_p, logits.shape[1])
+    """Rows with top-p and no top-k: ``kernels.nucleus`` (no sort on CUDA; its sorted reference on the
+    CPU). A tie at the nucleus' boundary keeps the whole tie group (see that module)."""
+    return nucleus_probs(logits.contiguous(), top_p.float())
 
 
 def _filter_sorted(values: torch.Tensor, order: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -160,6 +162,13 @@ class RowSettings:
                               dtype=torch.float32).to(device)
         kinds = RowKinds.of([p.top_k for p in chosen], [p.top_p for p in chosen], vocab)
         return cls(sampled, ints[0], floats[0], ints[1], floats[1], kinds)
+
+
+def warm(device: torch.device, vocab: int) -> None:
+    """Build the top-p kernels (``kernels.nucleus``) now: on the first sampled request a build would run
+    inside a timed step (~0.1 s a kernel, five kernels). A no-op off CUDA."""
+    if device.type == "cuda":
+        nucleus_probs(torch.zeros(1, vocab, device=device), torch.full((1,), 0.9, device=device))
 
 
 def one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:

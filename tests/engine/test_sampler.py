@@ -72,11 +72,30 @@ def settings(top_k, top_p):
 @pytest.mark.parametrize("vocab", [512, 151_936])
 @pytest.mark.parametrize("top_k, top_p", [([20, 1, 5, 50, 20, 3, 7, 100], [1.0, 1, 1, 1, .9, .5, .95, .8]),
                                           ([0] * 8, [.9, .5, .99, .1, .9, .7, .3, .95])], ids=["top-k", "top-p"])
-def test_filtered_rows_equal_the_reference_exactly(vocab, top_k, top_p):
+def test_filtered_rows_equal_the_reference(vocab, top_k, top_p):
+    """Top-k rows: bit for bit. Top-p rows without top-k go through kernels.nucleus (session 11): the
+    same nucleus, its weights normalised as exp(l - max) / Σ kept instead of a second softmax, so equal
+    up to rounding."""
     torch.manual_seed(vocab)
     logits = torch.randn(8, vocab) * 3
     t, k, p = settings(top_k, top_p)
-    assert torch.equal(sampling_probs(logits, t, k, p), reference_probs(logits, t, k, p))
+    new, ref = sampling_probs(logits, t, k, p), reference_probs(logits, t, k, p)
+    if top_k[0]:
+        assert torch.equal(new, ref)
+    else:
+        assert_same_nucleus(new, ref)
+
+
+def assert_same_nucleus(new, ref, mass_tol=1e-4):
+    """The same nucleus up to the boundary tokens a rounded running sum decides: with tens of thousands
+    of kept tokens of ~1e-6 each, the former fp32 cumsum (error ~sqrt(n)·eps) moved the boundary by a
+    few tokens (152k vocabulary: 76,684 kept against 76,686). Those tokens carry < mass_tol in all; the
+    common tokens' probabilities differ by the renormalisation only."""
+    differ = (new > 0) != (ref > 0)
+    assert (torch.where(differ, new + ref, 0.0).sum(1) < mass_tol).all()
+    assert (differ.sum(1) <= (ref > 0).sum(1) // 1000).all()      # a nucleus under 1,000 tokens: identical
+    both = (new > 0) & (ref > 0)
+    assert torch.allclose(new[both], ref[both], rtol=mass_tol, atol=0.0)
 
 
 @pytest.mark.parametrize("vocab", [512, 151_936])
@@ -137,4 +156,7 @@ def test_slot_sampler_fast_paths_equal_the_reference(kinds):
         tokens, probs = new(logits, slot)
         want_tokens, want_probs = reference_slot(params, [torch.Generator().manual_seed(i) for i in range(4)], 3,
                                                  logits, slot)
-        assert torch.equal(tokens, want_tokens) and torch.equal(probs, want_probs)
+        assert torch.equal(tokens, want_tokens)
+        assert_same_nucleus(probs, want_probs)          # top-p rows: rounding only (see above)
+        if kinds == "greedy":
+            assert torch.equal(probs, want_probs)

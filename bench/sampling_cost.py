@@ -1,0 +1,133 @@
+"""What the sampling transform costs on the GPU, by rows: the sorted top-p reference against the
+bisection kernel (kernels/nucleus.py), eager and replayed from a CUDA graph, beside the other pieces a
+sampled step pays for (softmax, inverse CDF, torch.topk).
+
+    python -m bench.sampling_cost --out sampling_cost.json            # CUDA
+    python -m bench.sampling_cost --tiny --out /tmp/s.json            # CPU smoke test (reference only)
+
+Why: run AD (session 10) showed a plain step 0.6-1.7 ms slower on the four top-p workloads than on the
+greedy one, and a draft round 1.5-7 ms slower; this separates the transform from the rest of a step.
+Logits are synthetic (no model needed): Zipf-shaped rows, ``-a * ln(rank)`` over a random permutation of
+the vocabulary, scaled by 1 / temperature, with ``a`` spread so that nuclei run from a handful of
+tokens to thousands; the JSON records each row set's nucleus sizes. Each cell is the median of
+``--repeats`` timings (CUDA events), host launch time measured apart (no sync).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from kernels.nucleus import nucleus_probs_ref, nucleus_probs_triton
+from specd.engine.sampler import inverse_cdf
+
+VOCAB = 151936
+
+
+def zipf_logits(rows: int, vocab: int, device: str, seed: int = 0) -> torch.Tensor:
+    """[rows, vocab] fp32: row i is -a_i * ln(rank) over a random permutation, a_i from 0.9 to 2.2
+    (top-p 0.9 nuclei from thousands of tokens down to a few)."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.linspace(0.9, 2.2, rows) if rows > 1 else torch.tensor([1.3])
+    rank = torch.arange(1, vocab + 1, dtype=torch.float32)
+    out = torch.empty(rows, vocab)
+    for i in range(rows):
+        out[i, torch.randperm(vocab, generator=g)] = -a[i] * torch.log(rank)
+    return out.to(device)
+
+
+def _time(fn, repeats: int, cuda: bool) -> dict:
+    """Median ms of ``fn()`` end to end and of its host launch time alone."""
+    for _ in range(3):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    total, host = [], []
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            start.record()
+            fn()
+            end.record()
+            host.append((time.perf_counter() - t0) * 1e3)
+            end.synchronize()
+            total.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            total.append((time.perf_counter() - t0) * 1e3)
+    out = {"ms_p50": statistics.median(total), "ms_p90": sorted(total)[int(0.9 * (len(total) - 1))]}
+    if host:
+        out["host_ms_p50"] = statistics.median(host)
+    return out
+
+
+def _graphed(fn):
+    """fn captured in a CUDA graph: returns the replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def measure(rows_list: list[int], vocab: int, device: str, repeats: int, top_p: float) -> list[dict]:
+    cuda = device.startswith("cuda")
+    records = []
+    for rows in rows_list:
+        logits = zipf_logits(rows, vocab, device)
+        p = torch.full((rows,), top_p, device=device)
+        ref = nucleus_probs_ref(logits, p)
+        rec = {"rows": rows, "vocab": vocab, "top_p": top_p,
+               "nucleus_sizes": sorted((ref > 0).sum(1).tolist()),
+               "sorted_ref": _time(lambda: nucleus_probs_ref(logits, p), repeats, cuda),
+               "softmax": _time(lambda: torch.softmax(logits, dim=1), repeats, cuda),
+               "inverse_cdf": _time(lambda: inverse_cdf(ref, torch.rand(rows, device=device)), repeats, cuda),
+               "topk_64": _time(lambda: torch.topk(logits, 64, dim=1), repeats, cuda),
+               "topk_1024": _time(lambda: torch.topk(logits, 1024, dim=1), repeats, cuda)}
+        if cuda:
+            got = nucleus_probs_triton(logits, p)
+            rec["kernel_rows_with_other_kept_set"] = int(((got > 0) != (ref > 0)).any(1).sum())
+            rec["kernel_max_abs_diff"] = float((got - ref).abs().max())
+            rec["kernel"] = _time(lambda: nucleus_probs_triton(logits, p), repeats, cuda)
+            rec["sorted_ref_graph"] = _time(_graphed(lambda: nucleus_probs_ref(logits, p)), repeats, cuda)
+            rec["kernel_graph"] = _time(_graphed(lambda: nucleus_probs_triton(logits, p)), repeats, cuda)
+            rec["kernel_speedup_eager"] = rec["sorted_ref"]["ms_p50"] / rec["kernel"]["ms_p50"]
+            rec["kernel_speedup_graph"] = rec["sorted_ref_graph"]["ms_p50"] / rec["kernel_graph"]["ms_p50"]
+        records.append(rec)
+        print(json.dumps({k: v for k, v in rec.items() if k != "nucleus_sizes"}), flush=True)
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    ap.add_argument("--rows", default="1,4,8,32,64,256", help="row counts to time (comma-separated)")
+    ap.add_argument("--top-p", type=float, default=0.9)
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--tiny", action="store_true", help="CPU, vocabulary 4,096, 3 repeats (a smoke test)")
+    args = ap.parse_args(argv)
+    device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
+    vocab = 4096 if args.tiny else VOCAB
+    repeats = 3 if args.tiny else args.repeats
+    rows = [int(r) for r in args.rows.split(",")]
+    records = measure(rows, vocab, device, repeats, args.top_p)
+    meta = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "records": records}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

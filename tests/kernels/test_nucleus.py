@@ -1,0 +1,94 @@
+"""Top-p without a sort: the kernel (interpreted) keeps the reference's nucleus on every row shape that
+takes a different path through it, the reference is the smallest-prefix definition, and a row's result
+never depends on its batch."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.errors import KernelArgumentError
+from kernels.nucleus import CHUNK, SEARCH_BLOCK, nucleus_probs_ref, nucleus_probs_triton
+
+
+def _assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert torch.equal(got > 0, want > 0), ((got > 0).sum(1).tolist(), (want > 0).sum(1).tolist())
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-9)
+    assert torch.allclose(got.sum(1), torch.ones(got.shape[0]), atol=1e-5)
+
+
+def _zipf(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Rows shaped like a language model's: -a ln(rank) over a random permutation, a from 0.9 to 2.2."""
+    g = torch.Generator().manual_seed(seed)
+    rank = torch.arange(1, vocab + 1, dtype=torch.float32)
+    out = torch.empty(rows, vocab)
+    for i, a in enumerate(torch.linspace(0.9, 2.2, rows)):
+        out[i, torch.randperm(vocab, generator=g)] = -a * torch.log(rank)
+    return out
+
+
+@pytest.mark.parametrize("vocab", [37, CHUNK + 905])
+def test_kernel_keeps_the_reference_nucleus(vocab):
+    """One chunk and two (the second partial); the nuclei run from 1 token to all of them."""
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.cat([torch.randn(5, vocab, generator=g) * 3, _zipf(4, vocab, vocab)])
+    top_p = torch.tensor([0.9, 0.5, 1.0, 0.99, 0.1, 0.9, 0.95, 0.6, 0.999])
+    _assert_same(nucleus_probs_triton(logits, top_p), nucleus_probs_ref(logits, top_p))
+
+
+def test_a_bracket_larger_than_the_register_search_is_searched_in_passes():
+    """Nearly flat rows put every token in the top bucket: the search runs over the list in memory."""
+    g = torch.Generator().manual_seed(5)
+    vocab = SEARCH_BLOCK + 1500
+    logits = torch.randn(3, vocab, generator=g) * 0.01
+    top_p = torch.tensor([0.9, 0.5, 0.999])
+    want = nucleus_probs_ref(logits, top_p)
+    assert ((want > 0).sum(1) > 2000).all()
+    _assert_same(nucleus_probs_triton(logits, top_p), want)
+
+
+def test_ties_masked_tokens_and_signed_zeros():
+    inf = float("inf")
+    logits = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0, 0.0],       # a tie group crossing p: all of it stays
+                           [2.0, 1.0, 1.0, 0.0, 0.0, 0.0],
+                           [0.0, -0.0, 0.0, -inf, 1.0, 1.0],      # -0.0 ties with 0.0; -inf never kept
+                           [-inf, -inf, 3.0, -inf, -inf, -inf]])
+    top_p = torch.tensor([0.3, 0.5, 0.5, 0.9])
+    want = torch.tensor([[0.25, 0.25, 0.25, 0.25, 0, 0],
+                         [0.5761, 0.2119, 0.2119, 0, 0, 0],
+                         [0, 0, 0, 0, 0.5, 0.5],
+                         [0, 0, 1.0, 0, 0, 0]])
+    for fn in (nucleus_probs_ref, nucleus_probs_triton):
+        assert torch.allclose(fn(logits, top_p), want, atol=1e-4), fn.__name__
+
+
+def test_reference_is_the_smallest_prefix_reaching_p():
+    """Untied rows: the kept tokens are the top ones, their mass reaches p, and without the smallest
+    of them it would not."""
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(6, 300, generator=g) * 2
+    top_p = torch.tensor([0.2, 0.5, 0.7, 0.9, 0.95, 0.99])
+    probs = nucleus_probs_ref(logits, top_p)
+    full = torch.softmax(logits, dim=1)
+    for row in range(6):
+        kept = probs[row] > 0
+        assert full[row][~kept].max() < full[row][kept].min()
+        assert full[row][kept].sum() >= top_p[row] - 1e-6
+        assert full[row][kept].sum() - full[row][kept].min() < top_p[row]
+
+
+def test_a_rows_result_does_not_depend_on_its_batch():
+    logits = _zipf(4, 700, 3)
+    top_p = torch.tensor([0.9, 0.8, 0.95, 0.5])
+    batch = nucleus_probs_triton(logits, top_p)
+    for row in range(4):
+        assert torch.equal(nucleus_probs_triton(logits[row:row + 1], top_p[row:row + 1])[0], batch[row])
+
+
+def test_bad_arguments_are_typed_errors():
+    with pytest.raises(KernelArgumentError, match="fp32"):
+        nucleus_probs_triton(torch.zeros(2, 5, dtype=torch.float16), torch.ones(2))
+    with pytest.raises(KernelArgumentError, match="top_p"):
+        nucleus_probs_triton(torch.zeros(2, 5), torch.ones(3))
+    with pytest.raises(KernelArgumentError, match="contiguous"):
+        nucleus_probs_triton(torch.zeros(5, 2).t(), torch.ones(2))
+    assert nucleus_probs_triton(torch.zeros(0, 5), torch.ones(0)).shape == (0, 5)
