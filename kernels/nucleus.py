@@ -15,21 +15,20 @@ exactly 0. That is "the smallest prefix of the sorted vocabulary whose mass reac
 crosses p stays) whenever the boundary logit is not tied; a tie keeps the whole tie group, so the result
 never depends on the order a sort puts equal values in. ``p >= 1`` keeps every token.
 
-The kernels (grid ``(rows, chunks of CHUNK tokens)`` except the search):
-1. ``_chunk_max``: each chunk's largest logit.
-2. ``_ladder``: with the row's max m, the mass and count of each chunk's tokens per *bucket* of
-   ``floor((m - l) / STEP)`` (NB buckets of STEP nats; the last takes everything further down).
-3. ``_compact``: every program sums the row's bucket masses from the top (the same order everywhere,
-   so all agree) and finds the bucket j where the mass first reaches ``p · s``. Tokens in buckets above j
-   are kept and those below dropped, whatever their exact rank; only bucket j's tokens (the bracket)
-   need ranking. Each chunk writes its bracket logits to a compact list in the output row (scratch until
-   step 5), at offsets from the counts of the chunks before it.
-4. ``_search``: one program per row bisects the bracket's keys (the logits' bits, ordered as the values)
-   for the smallest key whose strictly-larger mass stays below ``p · s``, in registers when the bracket
-   has at most SEARCH_BLOCK tokens (the usual case: a bucket of e^0.5 around the boundary), else in
-   passes over the list.
-5. ``_write``: ``w / kept mass`` for keys at or above the boundary, 0 elsewhere.
+Two launches:
+1. ``_ladder`` (grid ``(rows, chunks of CHUNK tokens)``): each chunk's largest logit, and the mass and
+   count of its tokens per *bucket* of STEP nats on a fixed grid, ``floor(-l / STEP)``, counted from the
+   bucket of the chunk's own max (NB buckets, the last for everything further down). The grid is the
+   same for every chunk, so the row's buckets are the chunks' shifted by whole buckets, and no chunk
+   needs the row's max first.
+2. ``_select`` (one program per row): adds the chunks' buckets from the top (masses rescaled to the
+   row's max) and finds the bucket j where the mass first reaches ``p · s``. Tokens in buckets above j
+   are kept and those below dropped, whatever their exact rank; only bucket j's tokens (the bracket, a
+   factor e^STEP of weights around the boundary) need ranking. It copies them to a list in the output
+   row, searches the list for the boundary (16 probes per pass over the list, so about 5 passes), and
+   writes the probabilities over the list.
 Every sum runs in a fixed order, so a row's result is deterministic and never depends on other rows.
+Timings: docs/design/kernels.md.
 """
 from __future__ import annotations
 
@@ -40,11 +39,13 @@ import triton.language as tl
 from kernels.dispatch import use_triton
 from kernels.errors import KernelArgumentError
 
-CHUNK = 4096           # tokens per program of the chunked kernels (37 chunks at V = 151,936)
+CHUNK = 4096           # tokens per program of _ladder (38 chunks at V = 151,936)
 SUB = 128              # tokens per bucketing step inside a chunk ([SUB, NB] one-hot tiles)
-NB = 64                # buckets below the row's max
-STEP = 0.5             # nats per bucket: 63 buckets cover e^-31.5 of the max, the last takes the rest
-SEARCH_BLOCK = 4096    # a bracket up to this size is searched in registers
+NB = 64                # buckets below a max
+STEP = 0.5             # nats per bucket (a power of two: the grid arithmetic is exact); 63 buckets reach e^-31.5
+ROW_BLOCK = 2048       # tokens per step of _select's passes over the row
+LIST_BLOCK = 256       # bracket tokens per step of the search ([LIST_BLOCK, PROBES] tiles)
+PROBES = 16            # thresholds tried per pass over the bracket
 
 
 def nucleus_probs(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -73,30 +74,18 @@ def nucleus_probs_ref(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor
 
 
 def nucleus_probs_triton(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Five launches, no host synchronisation (capturable in a CUDA graph)."""
+    """Two launches, no host synchronisation (capturable in a CUDA graph)."""
     _check_args(logits, top_p)
     rows, vocab = logits.shape
     out = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
     if rows == 0 or vocab == 0:
         return out
     chunks = triton.cdiv(vocab, CHUNK)
-    dev = logits.device
-    chunk_max = torch.empty((rows, chunks), dtype=torch.float32, device=dev)
-    mass = torch.empty((rows, chunks, NB), dtype=torch.float32, device=dev)
-    count = torch.empty((rows, chunks, NB), dtype=torch.int32, device=dev)
-    row_max = torch.empty(rows, dtype=torch.float32, device=dev)
-    cut = torch.empty(rows, dtype=torch.int32, device=dev)          # boundary key
-    kept = torch.empty(rows, dtype=torch.float32, device=dev)       # kept mass
-    block_s = triton.next_power_of_2(chunks)
-    grid = (rows, chunks)
-    _chunk_max[grid](logits, chunk_max, vocab, logits.stride(0), chunks, CHUNK=CHUNK)
-    _ladder[grid](logits, chunk_max, mass, count, row_max, vocab, logits.stride(0), chunks,
-                  CHUNK=CHUNK, SUB=SUB, NB=NB, STEP=STEP, BLOCK_S=block_s)
-    _compact[grid](logits, top_p, row_max, mass, count, out, vocab, logits.stride(0), out.stride(0), chunks,
-                   CHUNK=CHUNK, SUB=SUB, NB=NB, STEP=STEP, BLOCK_S=block_s)
-    _search[(rows,)](top_p, row_max, mass, count, out, cut, kept, out.stride(0), chunks,
-                     NB=NB, BLOCK_S=block_s, SEARCH_BLOCK=SEARCH_BLOCK, num_warps=8)
-    _write[grid](logits, row_max, cut, kept, out, vocab, logits.stride(0), out.stride(0), CHUNK=CHUNK, num_warps=8)
+    scratch = torch.empty((rows, chunks, NB + 1), dtype=torch.float32, device=logits.device)
+    _ladder[(rows, chunks)](logits, scratch, vocab, logits.stride(0), CHUNK=CHUNK, SUB=SUB, NB=NB, STEP=STEP)
+    _select[(rows,)](logits, top_p, scratch, out, vocab, logits.stride(0), out.stride(0), chunks,
+                     NB=NB, STEP=STEP, BLOCK_S=triton.next_power_of_2(chunks), ROW_BLOCK=ROW_BLOCK,
+                     LIST_BLOCK=LIST_BLOCK, PROBES=PROBES, num_warps=8)
     return out
 
 
@@ -120,159 +109,128 @@ def _key(x):
 
 
 @triton.jit
-def _row_max(chunk_max_ptr, row, chunks, BLOCK_S: tl.constexpr):
-    s = tl.arange(0, BLOCK_S)
-    return tl.max(tl.load(chunk_max_ptr + row * chunks + s, mask=s < chunks, other=float("-inf")), 0)
+def _grid(x, STEP: tl.constexpr):
+    """A logit's bucket on the fixed grid (as a float: -inf lands at +inf)."""
+    return tl.floor(x * (-1.0 / STEP))
 
 
 @triton.jit
-def _chunk_max(logits_ptr, chunk_max_ptr, vocab, stride_l, chunks, CHUNK: tl.constexpr):
+def _ladder(logits_ptr, scratch_ptr, vocab, stride_l,
+            CHUNK: tl.constexpr, SUB: tl.constexpr, NB: tl.constexpr, STEP: tl.constexpr):
+    """scratch[row, chunk] = [mass per bucket (NB, relative to the chunk's max), the chunk's max]."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
+    chunks = tl.num_programs(1)
+    l_row = logits_ptr + row * stride_l
     idx = c * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(logits_ptr + row * stride_l + idx, mask=idx < vocab, other=float("-inf"))
-    tl.store(chunk_max_ptr + row * chunks + c, tl.max(x, 0))
-
-
-@triton.jit
-def _bucket(x, row_max, NB: tl.constexpr, STEP: tl.constexpr):
-    """The bucket of each logit below the row's max: floor((max - x) / STEP), the last for the rest."""
-    d = (row_max - x) / STEP
-    return tl.minimum(d, NB - 1).to(tl.int32)
-
-
-@triton.jit
-def _ladder(logits_ptr, chunk_max_ptr, mass_ptr, count_ptr, row_max_ptr, vocab, stride_l, chunks,
-            CHUNK: tl.constexpr, SUB: tl.constexpr, NB: tl.constexpr, STEP: tl.constexpr, BLOCK_S: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
-    top = _row_max(chunk_max_ptr, row, chunks, BLOCK_S)
-    if c == 0:
-        tl.store(row_max_ptr + row, top)
+    top = tl.max(tl.load(l_row + idx, mask=idx < vocab, other=float("-inf")), 0)
+    home = _grid(top, STEP)
     buckets = tl.arange(0, NB)
     m_acc = tl.zeros([NB], tl.float32)
-    n_acc = tl.zeros([NB], tl.int32)
     for sub in range(0, CHUNK, SUB):
         idx = c * CHUNK + sub + tl.arange(0, SUB)
         inside = idx < vocab
-        x = tl.load(logits_ptr + row * stride_l + idx, mask=inside, other=float("-inf"))
-        w = tl.exp(x - top)
-        hit = (_bucket(x, top, NB, STEP)[:, None] == buckets[None, :]) & inside[:, None]
-        m_acc += tl.sum(tl.where(hit, w[:, None], 0.0), 0)
-        n_acc += tl.sum(hit.to(tl.int32), 0)
-    base = (row * chunks + c) * NB
-    tl.store(mass_ptr + base + buckets, m_acc)
-    tl.store(count_ptr + base + buckets, n_acc)
+        x = tl.load(l_row + idx, mask=inside, other=float("-inf"))
+        b = tl.minimum(_grid(x, STEP) - home, NB - 1)
+        hit = (b[:, None] == buckets[None, :].to(tl.float32)) & (x > float("-inf"))[:, None]   # -inf: no mass
+        m_acc += tl.sum(tl.where(hit, tl.exp(x - top)[:, None], 0.0), 0)
+    base = scratch_ptr + (row * chunks + c) * (NB + 1)
+    tl.store(base + buckets, m_acc)
+    tl.store(base + NB, top)
 
 
 @triton.jit
-def _bracket(top_p_ptr, mass_ptr, row, chunks, NB: tl.constexpr, BLOCK_S: tl.constexpr):
-    """(bracket bucket j, mass of the buckets above j, target p · s), from the row's bucket masses; the
-    same arithmetic in every program that asks."""
+def _select(logits_ptr, top_p_ptr, scratch_ptr, out_ptr, vocab, stride_l, stride_o, chunks,
+            NB: tl.constexpr, STEP: tl.constexpr, BLOCK_S: tl.constexpr, ROW_BLOCK: tl.constexpr,
+            LIST_BLOCK: tl.constexpr, PROBES: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    l_row = logits_ptr + row * stride_l
+    o_row = out_ptr + row * stride_o
+    width = NB + 1
     s = tl.arange(0, BLOCK_S)
-    buckets = tl.arange(0, NB)
-    m = tl.load(mass_ptr + (row * chunks + s[:, None]) * NB + buckets[None, :], mask=(s < chunks)[:, None], other=0.0)
-    per_bucket = tl.sum(m, 0)                       # [NB]
-    total = tl.sum(per_bucket, 0)
+    g = tl.arange(0, NB)
+    chunk_rows = scratch_ptr + (row * chunks + s) * width
+    real = s < chunks
+    chunk_top = tl.load(chunk_rows + NB, mask=real, other=float("-inf"))
+    top = tl.max(chunk_top, 0)
+    home = _grid(top, STEP)
+    # the row's buckets: chunk bucket b is row bucket b + shift; masses rescaled from the chunk's max
+    shift = tl.minimum(_grid(chunk_top, STEP) - home, NB).to(tl.int32)     # an all -inf chunk: NB (none)
+    scale = tl.exp(chunk_top - top)
+    src = g[None, :] - shift[:, None]
+    fed = (src >= 0) & (g[None, :] < NB - 1) & (src < NB - 1) & real[:, None]
+    per_bucket = tl.sum(tl.load(chunk_rows[:, None] + src, mask=fed, other=0.0) * scale[:, None], 0)
+    chunk_mass = tl.sum(tl.load(chunk_rows[:, None] + g[None, :], mask=real[:, None], other=0.0), 1)
+    total = tl.sum(chunk_mass * scale, 0)
+    per_bucket = tl.where(g == NB - 1, tl.maximum(total - tl.sum(per_bucket, 0), 0.0), per_bucket)
     p = tl.load(top_p_ptr + row)
-    target = tl.where(p >= 1.0, float("inf"), p * total)
-    through = tl.cumsum(per_bucket, 0)              # mass of buckets 0..b
+    target = tl.where(p >= 1.0, float("inf"), p * total)      # p = 1 keeps every token, whatever the rounding
+    through = tl.cumsum(per_bucket, 0)
     j = tl.minimum(tl.sum((through < target).to(tl.int32), 0), NB - 1)
-    above = tl.sum(tl.where(buckets < j, per_bucket, 0.0), 0)
-    return j, above, target
+    above = tl.sum(tl.where(g < j, per_bucket, 0.0), 0)
 
+    # the bracket's logits to the front of the output row (scratch until the last pass)
+    offs = tl.arange(0, ROW_BLOCK)
+    n = 0
+    for start in range(0, vocab, ROW_BLOCK):
+        inside = start + offs < vocab
+        x = tl.load(l_row + start + offs, mask=inside, other=float("-inf"))
+        member = (tl.minimum(_grid(x, STEP) - home, NB - 1) == j.to(tl.float32)) & inside
+        at = n + tl.cumsum(member.to(tl.int32), 0) - 1
+        tl.store(o_row + at, x, mask=member)
+        n += tl.sum(member.to(tl.int32), 0)
+    tl.debug_barrier()
 
-@triton.jit
-def _compact(logits_ptr, top_p_ptr, row_max_ptr, mass_ptr, count_ptr, out_ptr, vocab, stride_l, stride_o, chunks,
-             CHUNK: tl.constexpr, SUB: tl.constexpr, NB: tl.constexpr, STEP: tl.constexpr, BLOCK_S: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
-    j, above, target = _bracket(top_p_ptr, mass_ptr, row, chunks, NB, BLOCK_S)
-    s = tl.arange(0, BLOCK_S)
-    before = tl.load(count_ptr + (row * chunks + s) * NB + j, mask=s < c, other=0)
-    offset = tl.sum(before, 0)
-    top = tl.load(row_max_ptr + row)
-    for sub in range(0, CHUNK, SUB):
-        idx = c * CHUNK + sub + tl.arange(0, SUB)
-        inside = idx < vocab
-        x = tl.load(logits_ptr + row * stride_l + idx, mask=inside, other=float("-inf"))
-        member = (_bucket(x, top, NB, STEP) == j) & inside
-        at = offset + tl.cumsum(member.to(tl.int32), 0) - 1
-        tl.store(out_ptr + row * stride_o + at, x, mask=member)
-        offset += tl.sum(member.to(tl.int32), 0)
-
-
-@triton.jit
-def _search(top_p_ptr, row_max_ptr, mass_ptr, count_ptr, out_ptr, cut_ptr, kept_ptr, stride_o, chunks,
-            NB: tl.constexpr, BLOCK_S: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    j, above, target = _bracket(top_p_ptr, mass_ptr, row, chunks, NB, BLOCK_S)
-    s = tl.arange(0, BLOCK_S)
-    n = tl.sum(tl.load(count_ptr + (row * chunks + s) * NB + j, mask=s < chunks, other=0), 0)
-    top = tl.load(row_max_ptr + row)
-    list_ptr = out_ptr + row * stride_o
-    offs = tl.arange(0, SEARCH_BLOCK)
-    # bounds: every bracket key is > lo and <= hi; G(k) = above + Σ_{bracket key > k} w
+    # the smallest key whose strictly-larger mass, G(k) = above + Σ_{bracket key > k} w, is below target;
+    # invariants: G(lo) >= target > G(hi), every bracket key in (lo, hi]; c_lo = #(key > lo), e_hi = #(key >= hi)
     lo = tl.full([], 2147483647, tl.int64)
     hi = tl.full([], -2147483648, tl.int64)
     g_lo = above
-    for start in range(0, n, SEARCH_BLOCK):
-        x = tl.load(list_ptr + start + offs, mask=start + offs < n, other=float("-inf"))
+    e_hi = 0
+    loffs = tl.arange(0, LIST_BLOCK)
+    for start in range(0, n, LIST_BLOCK):
+        inside = start + loffs < n
+        x = tl.load(o_row + start + loffs, mask=inside, other=float("-inf"))
         k = _key(x).to(tl.int64)
-        inside = start + offs < n
         lo = tl.minimum(lo, tl.min(tl.where(inside, k, 2147483647), 0))
         hi = tl.maximum(hi, tl.max(tl.where(inside, k, -2147483648), 0))
         g_lo += tl.sum(tl.exp(x - top), 0)
+    for start in range(0, n, LIST_BLOCK):
+        inside = start + loffs < n
+        k = _key(tl.load(o_row + start + loffs, mask=inside, other=float("-inf"))).to(tl.int64)
+        e_hi += tl.sum(((k == hi) & inside).to(tl.int32), 0)
     lo = lo - 1
-    between = (hi - lo > 1).to(tl.int32)
-    if n <= SEARCH_BLOCK:
-        x = tl.load(list_ptr + offs, mask=offs < n, other=float("-inf"))
-        k = _key(x).to(tl.int64)
-        w = tl.exp(x - top)
-        inside = offs < n
-        while between > 0:
-            mid = lo + (hi - lo) // 2
-            g_mid = above + tl.sum(tl.where(k > mid, w, 0.0), 0)
-            valid = g_mid < target
-            n_below = tl.sum(((k > lo) & (k < mid) & inside).to(tl.int32), 0)
-            n_above = tl.sum(((k > mid) & (k < hi) & inside).to(tl.int32), 0)
-            between = tl.where(valid, n_below, n_above)
-            g_lo = tl.where(valid, g_lo, g_mid)
-            hi = tl.where(valid, mid, hi)
-            lo = tl.where(valid, lo, mid)
-    else:
-        while between > 0:
-            mid = lo + (hi - lo) // 2
-            g = tl.zeros([SEARCH_BLOCK], tl.float32)
-            n_below = tl.zeros([SEARCH_BLOCK], tl.int32)
-            n_above = tl.zeros([SEARCH_BLOCK], tl.int32)
-            for start in range(0, n, SEARCH_BLOCK):
-                inside = start + offs < n
-                x = tl.load(list_ptr + start + offs, mask=inside, other=float("-inf"))
-                k = _key(x).to(tl.int64)
-                g += tl.where(k > mid, tl.exp(x - top), 0.0)
-                n_below += ((k > lo) & (k < mid) & inside).to(tl.int32)
-                n_above += ((k > mid) & (k < hi) & inside).to(tl.int32)
-            g_mid = above + tl.sum(g, 0)
-            valid = g_mid < target
-            between = tl.where(valid, tl.sum(n_below, 0), tl.sum(n_above, 0))
-            g_lo = tl.where(valid, g_lo, g_mid)
-            hi = tl.where(valid, mid, hi)
-            lo = tl.where(valid, lo, mid)
+    c_lo = n
+    between = c_lo - e_hi
+    probe = tl.arange(0, PROBES)
+    while between > 0:
+        th = lo + (hi - lo) * (probe + 1).to(tl.int64) // (PROBES + 1)        # [PROBES], increasing
+        above_th = tl.zeros([PROBES], tl.float32)
+        over = tl.zeros([PROBES], tl.int32)
+        at_th = tl.zeros([PROBES], tl.int32)
+        for start in range(0, n, LIST_BLOCK):
+            inside = start + loffs < n
+            x = tl.load(o_row + start + loffs, mask=inside, other=float("-inf"))
+            k = _key(x).to(tl.int64)
+            gt = (k[:, None] > th[None, :]) & inside[:, None]
+            above_th += tl.sum(tl.where(gt, tl.exp(x - top)[:, None], 0.0), 0)
+            over += tl.sum(gt.to(tl.int32), 0)
+            at_th += tl.sum(((k[:, None] == th[None, :]) & inside[:, None]).to(tl.int32), 0)
+        valid = above + above_th < target                                    # false ... false, true ... true
+        any_invalid = tl.sum((~valid).to(tl.int32), 0) > 0
+        any_valid = tl.sum(valid.to(tl.int32), 0) > 0
+        g_lo = tl.where(any_invalid, tl.min(tl.where(valid, float("inf"), above + above_th), 0), g_lo)
+        c_lo = tl.where(any_invalid, tl.min(tl.where(valid, 2147483647, over), 0), c_lo)
+        e_hi = tl.where(any_valid, tl.max(tl.where(valid, over + at_th, -1), 0), e_hi)
+        lo = tl.where(any_invalid, tl.max(tl.where(valid, lo, th), 0), lo)
+        hi = tl.where(any_valid, tl.min(tl.where(valid, th, hi), 0), hi)
+        between = c_lo - e_hi
     # no bracket key strictly between lo and hi: the kept tokens are those with key > lo, of mass G(lo)
     # (an empty bracket: the last bucket, forced when the whole mass stays below the target: keep all)
-    tl.store(cut_ptr + row, tl.where(n > 0, lo + 1, -2147483648).to(tl.int32))
-    tl.store(kept_ptr + row, g_lo)
-
-
-@triton.jit
-def _write(logits_ptr, row_max_ptr, cut_ptr, kept_ptr, out_ptr, vocab, stride_l, stride_o, CHUNK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
-    idx = c * CHUNK + tl.arange(0, CHUNK)
-    inside = idx < vocab
-    x = tl.load(logits_ptr + row * stride_l + idx, mask=inside, other=float("-inf"))
-    top = tl.load(row_max_ptr + row)
-    keep = _key(x) >= tl.load(cut_ptr + row)
-    w = tl.exp(x - top) / tl.load(kept_ptr + row)
-    tl.store(out_ptr + row * stride_o + idx, tl.where(keep, w, 0.0), mask=inside)
+    cut = tl.where(n > 0, lo + 1, -2147483648).to(tl.int32)
+    tl.debug_barrier()
+    for start in range(0, vocab, ROW_BLOCK):
+        inside = start + offs < vocab
+        x = tl.load(l_row + start + offs, mask=inside, other=float("-inf"))
+        w = tl.exp(x - top) / g_lo
+        tl.store(o_row + start + offs, tl.where(_key(x) >= cut, w, 0.0), mask=inside)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernels.errors import KernelArgumentError
-from kernels.nucleus import CHUNK, SEARCH_BLOCK, nucleus_probs_ref, nucleus_probs_triton
+from kernels.nucleus import CHUNK, LIST_BLOCK, nucleus_probs_ref, nucleus_probs_triton
 
 
 def _assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -35,10 +35,10 @@ def test_kernel_keeps_the_reference_nucleus(vocab):
     _assert_same(nucleus_probs_triton(logits, top_p), nucleus_probs_ref(logits, top_p))
 
 
-def test_a_bracket_larger_than_the_register_search_is_searched_in_passes():
-    """Nearly flat rows put every token in the top bucket: the search runs over the list in memory."""
+def test_a_bracket_over_many_list_blocks():
+    """Nearly flat rows put every token in the top bucket: the search walks a long list."""
     g = torch.Generator().manual_seed(5)
-    vocab = SEARCH_BLOCK + 1500
+    vocab = 12 * LIST_BLOCK + 1500
     logits = torch.randn(3, vocab, generator=g) * 0.01
     top_p = torch.tensor([0.9, 0.5, 0.999])
     want = nucleus_probs_ref(logits, top_p)
@@ -92,3 +92,13 @@ def test_bad_arguments_are_typed_errors():
     with pytest.raises(KernelArgumentError, match="contiguous"):
         nucleus_probs_triton(torch.zeros(5, 2).t(), torch.ones(2))
     assert nucleus_probs_triton(torch.zeros(0, 5), torch.ones(0)).shape == (0, 5)
+
+
+def test_a_chunk_of_masked_tokens_adds_nothing():
+    """A whole chunk at -inf (a masked vocabulary tail) has no max of its own to count from."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.full((2, CHUNK + 300), float("-inf"))
+    logits[:, CHUNK:] = torch.randn(2, 300, generator=g)
+    logits[1, :CHUNK] = torch.randn(CHUNK, generator=g) - 3.0      # and a chunk whose max is below the row's
+    top_p = torch.tensor([0.8, 0.95])
+    _assert_same(nucleus_probs_triton(logits, top_p), nucleus_probs_ref(logits, top_p))
