@@ -122,8 +122,8 @@ def _ladder(logits_ptr, scratch_ptr, vocab, stride_l,
     c = tl.program_id(1)
     chunks = tl.num_programs(1)
     l_row = logits_ptr + row * stride_l
-    idx = c * CHUNK + tl.arange(0, CHUNK)
-    top = tl.max(tl.load(l_row + idx, mask=idx < vocab, other=float("-inf")), 0)
+    whole = c * CHUNK + tl.arange(0, CHUNK)
+    top = tl.max(tl.load(l_row + whole, mask=whole < vocab, other=float("-inf")), 0)
     home = _grid(top, STEP)
     buckets = tl.arange(0, NB)
     m_acc = tl.zeros([NB], tl.float32)
@@ -171,14 +171,14 @@ def _select(logits_ptr, top_p_ptr, scratch_ptr, out_ptr, vocab, stride_l, stride
 
     # the bracket's logits to the front of the output row (scratch until the last pass)
     offs = tl.arange(0, ROW_BLOCK)
-    n = 0
+    n = tl.zeros([], tl.int32)
     for start in range(0, vocab, ROW_BLOCK):
-        inside = start + offs < vocab
-        x = tl.load(l_row + start + offs, mask=inside, other=float("-inf"))
-        member = (tl.minimum(_grid(x, STEP) - home, NB - 1) == j.to(tl.float32)) & inside
-        at = n + tl.cumsum(member.to(tl.int32), 0) - 1
-        tl.store(o_row + at, x, mask=member)
-        n += tl.sum(member.to(tl.int32), 0)
+        inside_c = start + offs < vocab
+        x_c = tl.load(l_row + start + offs, mask=inside_c, other=float("-inf"))
+        member_c = (tl.minimum(_grid(x_c, STEP) - home, NB - 1) == j.to(tl.float32)) & inside_c
+        at_c = n + tl.cumsum(member_c.to(tl.int32), 0) - 1
+        tl.store(o_row + at_c, x_c, mask=member_c)
+        n += tl.sum(member_c.to(tl.int32), 0)
     tl.debug_barrier()
 
     # the smallest key whose strictly-larger mass, G(k) = above + Σ_{bracket key > k} w, is below target;
@@ -186,19 +186,19 @@ def _select(logits_ptr, top_p_ptr, scratch_ptr, out_ptr, vocab, stride_l, stride
     lo = tl.full([], 2147483647, tl.int64)
     hi = tl.full([], -2147483648, tl.int64)
     g_lo = above
-    e_hi = 0
+    e_hi = tl.zeros([], tl.int32)
     loffs = tl.arange(0, LIST_BLOCK)
     for start in range(0, n, LIST_BLOCK):
-        inside = start + loffs < n
-        x = tl.load(o_row + start + loffs, mask=inside, other=float("-inf"))
-        k = _key(x).to(tl.int64)
-        lo = tl.minimum(lo, tl.min(tl.where(inside, k, 2147483647), 0))
-        hi = tl.maximum(hi, tl.max(tl.where(inside, k, -2147483648), 0))
-        g_lo += tl.sum(tl.exp(x - top), 0)
+        inside_m = start + loffs < n
+        x_m = tl.load(o_row + start + loffs, mask=inside_m, other=float("-inf"))
+        k_m = _key(x_m).to(tl.int64)
+        lo = tl.minimum(lo, tl.min(tl.where(inside_m, k_m, 2147483647), 0))
+        hi = tl.maximum(hi, tl.max(tl.where(inside_m, k_m, -2147483648), 0))
+        g_lo += tl.sum(tl.exp(x_m - top), 0)
     for start in range(0, n, LIST_BLOCK):
-        inside = start + loffs < n
-        k = _key(tl.load(o_row + start + loffs, mask=inside, other=float("-inf"))).to(tl.int64)
-        e_hi += tl.sum(((k == hi) & inside).to(tl.int32), 0)
+        inside_e = start + loffs < n
+        k_e = _key(tl.load(o_row + start + loffs, mask=inside_e, other=float("-inf"))).to(tl.int64)
+        e_hi += tl.sum(((k_e == hi) & inside_e).to(tl.int32), 0)
     lo = lo - 1
     c_lo = n
     between = c_lo - e_hi
@@ -209,13 +209,13 @@ def _select(logits_ptr, top_p_ptr, scratch_ptr, out_ptr, vocab, stride_l, stride
         over = tl.zeros([PROBES], tl.int32)
         at_th = tl.zeros([PROBES], tl.int32)
         for start in range(0, n, LIST_BLOCK):
-            inside = start + loffs < n
-            x = tl.load(o_row + start + loffs, mask=inside, other=float("-inf"))
-            k = _key(x).to(tl.int64)
-            gt = (k[:, None] > th[None, :]) & inside[:, None]
-            above_th += tl.sum(tl.where(gt, tl.exp(x - top)[:, None], 0.0), 0)
-            over += tl.sum(gt.to(tl.int32), 0)
-            at_th += tl.sum(((k[:, None] == th[None, :]) & inside[:, None]).to(tl.int32), 0)
+            inside_p = start + loffs < n
+            x_p = tl.load(o_row + start + loffs, mask=inside_p, other=float("-inf"))
+            k_p = _key(x_p).to(tl.int64)
+            gt_p = (k_p[:, None] > th[None, :]) & inside_p[:, None]
+            above_th += tl.sum(tl.where(gt_p, tl.exp(x_p - top)[:, None], 0.0), 0)
+            over += tl.sum(gt_p.to(tl.int32), 0)
+            at_th += tl.sum(((k_p[:, None] == th[None, :]) & inside_p[:, None]).to(tl.int32), 0)
         valid = above + above_th < target                                    # false ... false, true ... true
         any_invalid = tl.sum((~valid).to(tl.int32), 0) > 0
         any_valid = tl.sum(valid.to(tl.int32), 0) > 0
@@ -230,7 +230,7 @@ def _select(logits_ptr, top_p_ptr, scratch_ptr, out_ptr, vocab, stride_l, stride
     cut = tl.where(n > 0, lo + 1, -2147483648).to(tl.int32)
     tl.debug_barrier()
     for start in range(0, vocab, ROW_BLOCK):
-        inside = start + offs < vocab
-        x = tl.load(l_row + start + offs, mask=inside, other=float("-inf"))
-        w = tl.exp(x - top) / g_lo
-        tl.store(o_row + start + offs, tl.where(_key(x) >= cut, w, 0.0), mask=inside)
+        inside_w = start + offs < vocab
+        x_w = tl.load(l_row + start + offs, mask=inside_w, other=float("-inf"))
+        w_w = tl.exp(x_w - top) / g_lo
+        tl.store(o_row + start + offs, tl.where(_key(x_w) >= cut, w_w, 0.0), mask=inside_w)
