@@ -1,6 +1,6 @@
 """What the sampling transform costs on the GPU, by rows: the sorted top-p reference against the
-bisection kernel (kernels/nucleus.py), eager and replayed from a CUDA graph, beside the other pieces a
-sampled step pays for (softmax, inverse CDF, torch.topk).
+exact and the rounded (draft) kernels of kernels/nucleus.py, eager and replayed from a CUDA graph,
+beside the other pieces a sampled step pays for (softmax, inverse CDF, torch.topk).
 
     python -m bench.sampling_cost --out sampling_cost.json            # CUDA
     python -m bench.sampling_cost --tiny --out /tmp/s.json            # CPU smoke test (reference only)
@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from kernels.nucleus import nucleus_probs_ref, nucleus_probs_triton
+from kernels.nucleus import (bucket_nucleus_probs_ref, bucket_nucleus_probs_triton, nucleus_probs_ref,
+                             nucleus_probs_triton)
 from specd.engine.sampler import inverse_cdf
 
 VOCAB = 151936
@@ -89,8 +90,11 @@ def measure(rows_list: list[int], vocab: int, device: str, repeats: int, top_p: 
         logits = zipf_logits(rows, vocab, device)
         p = torch.full((rows,), top_p, device=device)
         ref = nucleus_probs_ref(logits, p)
+        rounded = bucket_nucleus_probs_ref(logits, p)
         rec = {"rows": rows, "vocab": vocab, "top_p": top_p,
                "nucleus_sizes": sorted((ref > 0).sum(1).tolist()),
+               "rounded_nucleus_sizes": sorted((rounded > 0).sum(1).tolist()),
+               "rounded_extra_mass_p50": float(torch.where(ref > 0, 0.0, rounded).sum(1).median()),
                "sorted_ref": _time(lambda: nucleus_probs_ref(logits, p), repeats, cuda),
                "softmax": _time(lambda: torch.softmax(logits, dim=1), repeats, cuda),
                "inverse_cdf": _time(lambda: inverse_cdf(ref, torch.rand(rows, device=device)), repeats, cuda),
@@ -103,10 +107,13 @@ def measure(rows_list: list[int], vocab: int, device: str, repeats: int, top_p: 
             rec["kernel"] = _time(lambda: nucleus_probs_triton(logits, p), repeats, cuda)
             rec["sorted_ref_graph"] = _time(_graphed(lambda: nucleus_probs_ref(logits, p)), repeats, cuda)
             rec["kernel_graph"] = _time(_graphed(lambda: nucleus_probs_triton(logits, p)), repeats, cuda)
+            got = bucket_nucleus_probs_triton(logits, p)
+            rec["rounded_rows_with_other_kept_set"] = int(((got > 0) != (rounded > 0)).any(1).sum())
+            rec["rounded"] = _time(lambda: bucket_nucleus_probs_triton(logits, p), repeats, cuda)
+            rec["rounded_graph"] = _time(_graphed(lambda: bucket_nucleus_probs_triton(logits, p)), repeats, cuda)
             rec["kernel_speedup_eager"] = rec["sorted_ref"]["ms_p50"] / rec["kernel"]["ms_p50"]
             rec["kernel_speedup_graph"] = rec["sorted_ref_graph"]["ms_p50"] / rec["kernel_graph"]["ms_p50"]
         records.append(rec)
-        print(json.dumps({k: v for k, v in rec.items() if k != "nucleus_sizes"}), flush=True)
     return records
 
 
@@ -123,6 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 3 if args.tiny else args.repeats
     rows = [int(r) for r in args.rows.split(",")]
     records = measure(rows, vocab, device, repeats, args.top_p)
+    for r in records:
+        print(f"rows {r['rows']:4d}  sorted {r['sorted_ref']['ms_p50']:.3f} ms"
+              + (f"  exact {r['kernel']['ms_p50']:.3f}  rounded {r['rounded']['ms_p50']:.3f}  |  in a graph: sorted "
+                 f"{r['sorted_ref_graph']['ms_p50']:.3f}  exact {r['kernel_graph']['ms_p50']:.3f}  rounded "
+                 f"{r['rounded_graph']['ms_p50']:.3f}  |  rows off the reference: exact "
+                 f"{r['kernel_rows_with_other_kept_set']}, rounded {r['rounded_rows_with_other_kept_set']}"
+                 if "kernel" in r else ""), flush=True)
     meta = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "records": records}, indent=1))

@@ -1,34 +1,38 @@
-"""Top-p (nucleus) probabilities without sorting the vocabulary.
+"""Top-p (nucleus) probabilities without sorting the vocabulary: exact for the target, rounded to a
+bucket for drafts.
 
 Why: four of the five bench workloads sample with top-p and no top-k, and the torch path sorted all
 151,936 logits of every row it transformed. On the H200 (session 10, run AD, per-step phases) that made
 a plain step 0.6-1.7 ms slower on those workloads than on the greedy one, a DSpark draft round 1.5-7 ms
 slower (seven sequential positions, one sort each) and a verify 1-4 ms slower (γ + 1 rows per request).
-`python -m bench.sampling_cost` (session 11): the sorted transform costs 0.57 ms eager at 1 row (mostly
-host launches), 1.36 ms at 64 rows and 4.35 ms at 256 (GPU-bound); a first kernel that bisected each row
-in one program took ~0.45 ms whatever the rows (30 passes over 608 KB from one SM).
+Measured with `python -m bench.sampling_cost` (docs/design/kernels.md, "Top-p without a sort").
 
-The definition (the reference and the kernel share it; the draft and the target both use it, so
-verification stays exact): with ``w = exp(l - max l)`` and ``s = Σ w``, token x is kept iff the mass of
-the tokens with a strictly larger logit is below ``p · s``; kept tokens get ``w / Σ kept w``, the others
-exactly 0. That is "the smallest prefix of the sorted vocabulary whose mass reaches p" (the token that
-crosses p stays) whenever the boundary logit is not tied; a tie keeps the whole tie group, so the result
-never depends on the order a sort puts equal values in. ``p >= 1`` keeps every token.
+**Exact** (``nucleus_probs``; the target's distribution, plain steps and verification): with
+``w = exp(l - max l)`` and ``s = Σ w``, token x is kept iff the mass of the tokens with a strictly larger
+logit is below ``p · s``; kept tokens get ``w / Σ kept w``, the others exactly 0. That is "the smallest
+prefix of the sorted vocabulary whose mass reaches p" (the token that crosses p stays) whenever the
+boundary logit is not tied; a tie keeps the whole tie group, so the result never depends on the order a
+sort puts equal values in. ``p >= 1`` keeps every token.
 
-Two launches:
-1. ``_ladder`` (grid ``(rows, chunks of CHUNK tokens)``): each chunk's largest logit, and the mass and
-   count of its tokens per *bucket* of STEP nats on a fixed grid, ``floor(-l / STEP)``, counted from the
-   bucket of the chunk's own max (NB buckets, the last for everything further down). The grid is the
-   same for every chunk, so the row's buckets are the chunks' shifted by whole buckets, and no chunk
-   needs the row's max first.
-2. ``_select`` (one program per row): adds the chunks' buckets from the top (masses rescaled to the
-   row's max) and finds the bucket j where the mass first reaches ``p · s``. Tokens in buckets above j
-   are kept and those below dropped, whatever their exact rank; only bucket j's tokens (the bracket, a
-   factor e^STEP of weights around the boundary) need ranking. It copies them to a list in the output
-   row, searches the list for the boundary (16 probes per pass over the list, so about 5 passes), and
-   writes the probabilities over the list.
+**Rounded** (``bucket_nucleus_probs``; drafts): the nucleus widened to whole buckets of STEP nats on a
+fixed grid (``floor(-l / STEP)``): every token in a bucket above or at the one where the mass first
+reaches ``p · s``. Verification is exact for any draft distribution as long as it uses the one the
+draft was drawn from, which it does (the proposal's rows); the rounded nucleus only adds tokens within
+e^STEP of the boundary weight, which the target then rejects. It needs no ranking inside a bucket, so it
+is two fully parallel launches.
+
+The kernels (grid ``(rows, chunks of CHUNK tokens)`` except ``_search``):
+1. ``_ladder``: each chunk's largest logit and the mass and count of its tokens per bucket, counted from
+   the bucket of the chunk's own max (NB buckets, the last for everything further down). The grid is the
+   same for every chunk, so the row's buckets are the chunks' shifted by whole buckets (``_row_buckets``,
+   masses rescaled to the row's max) and no chunk needs the row's max first.
+2. Rounded: ``_rounded_write`` finds the bucket j where the mass first reaches ``p · s`` and writes.
+   Exact: tokens above bucket j are kept and those below dropped whatever their rank, so only bucket j's
+   tokens (the bracket) need ranking. ``_compact`` copies them to a list at the front of the output row
+   (each chunk at the offset its predecessors' counts give), ``_search`` (one program per row) bisects
+   the list's keys (the logits' bits, ordered as the values) for the boundary, in registers when the
+   bracket has at most SEARCH_BLOCK tokens, else in passes over the list, and ``_write`` writes the row.
 Every sum runs in a fixed order, so a row's result is deterministic and never depends on other rows.
-Timings: docs/design/kernels.md.
 """
 from __future__ import annotations
 
@@ -39,19 +43,23 @@ import triton.language as tl
 from kernels.dispatch import use_triton
 from kernels.errors import KernelArgumentError
 
-CHUNK = 4096           # tokens per program of _ladder (38 chunks at V = 151,936)
+CHUNK = 4096           # tokens per program of the chunked kernels (38 chunks at V = 151,936)
 SUB = 128              # tokens per bucketing step inside a chunk ([SUB, NB] one-hot tiles)
 NB = 64                # buckets below a max
 STEP = 0.5             # nats per bucket (a power of two: the grid arithmetic is exact); 63 buckets reach e^-31.5
-ROW_BLOCK = 2048       # tokens per step of _select's passes over the row
-LIST_BLOCK = 256       # bracket tokens per step of the search ([LIST_BLOCK, PROBES] tiles)
-PROBES = 16            # thresholds tried per pass over the bracket
+SEARCH_BLOCK = 4096    # a bracket up to this size is searched in registers
 
 
 def nucleus_probs(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """logits: [R, V] fp32 (temperature already applied); top_p: [R] fp32 in (0, 1].
     Returns [R, V] fp32 probabilities, filtered tokens at exactly 0. Triton on CUDA, else the reference."""
     fn = nucleus_probs_triton if use_triton(logits.device) else nucleus_probs_ref
+    return fn(logits, top_p)
+
+
+def bucket_nucleus_probs(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The rounded nucleus (drafts); arguments and result as ``nucleus_probs``."""
+    fn = bucket_nucleus_probs_triton if use_triton(logits.device) else bucket_nucleus_probs_ref
     return fn(logits, top_p)
 
 
@@ -73,19 +81,58 @@ def nucleus_probs_ref(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor
     return kept / kept.sum(dim=1, keepdim=True)
 
 
+def bucket_nucleus_probs_ref(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The rounded nucleus from its definition: bucket masses summed from the top."""
+    _check_args(logits, top_p)
+    top = logits.max(dim=1, keepdim=True).values
+    w = torch.exp(logits - top)
+    bucket = torch.clamp(torch.floor(logits * (-1.0 / STEP)) - torch.floor(top * (-1.0 / STEP)), max=NB - 1).long()
+    live = logits > float("-inf")
+    per_bucket = torch.zeros(logits.shape[0], NB, dtype=torch.float32, device=logits.device)
+    per_bucket.scatter_add_(1, torch.where(live, bucket, 0), torch.where(live, w, 0.0))
+    target = torch.where(top_p >= 1.0, float("inf"), top_p).unsqueeze(1) * per_bucket.sum(dim=1, keepdim=True)
+    j = (torch.cumsum(per_bucket, dim=1) < target).sum(dim=1, keepdim=True).clamp(max=NB - 1)
+    kept = torch.where((bucket <= j) & live, w, torch.zeros_like(w))
+    return kept / kept.sum(dim=1, keepdim=True)
+
+
+def _scratch(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+    rows, vocab = logits.shape
+    chunks = triton.cdiv(vocab, CHUNK)
+    scratch = torch.empty((rows, chunks, 2 * NB + 1), dtype=torch.float32, device=logits.device)
+    _ladder[(rows, chunks)](logits, scratch, vocab, logits.stride(0), CHUNK=CHUNK, SUB=SUB, NB=NB, STEP=STEP)
+    return scratch, chunks
+
+
 def nucleus_probs_triton(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Two launches, no host synchronisation (capturable in a CUDA graph)."""
+    """Four launches, no host synchronisation (capturable in a CUDA graph)."""
     _check_args(logits, top_p)
     rows, vocab = logits.shape
     out = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
     if rows == 0 or vocab == 0:
         return out
-    chunks = triton.cdiv(vocab, CHUNK)
-    scratch = torch.empty((rows, chunks, NB + 1), dtype=torch.float32, device=logits.device)
-    _ladder[(rows, chunks)](logits, scratch, vocab, logits.stride(0), CHUNK=CHUNK, SUB=SUB, NB=NB, STEP=STEP)
-    _select[(rows,)](logits, top_p, scratch, out, vocab, logits.stride(0), out.stride(0), chunks,
-                     NB=NB, STEP=STEP, BLOCK_S=triton.next_power_of_2(chunks), ROW_BLOCK=ROW_BLOCK,
-                     LIST_BLOCK=LIST_BLOCK, PROBES=PROBES, num_warps=8)
+    scratch, chunks = _scratch(logits)
+    cut = torch.empty((rows, 2), dtype=torch.float32, device=logits.device)    # boundary key (bits), kept mass
+    block_s = triton.next_power_of_2(chunks)
+    _compact[(rows, chunks)](logits, top_p, scratch, out, vocab, logits.stride(0), out.stride(0), chunks,
+                             CHUNK=CHUNK, SUB=SUB, NB=NB, STEP=STEP, BLOCK_S=block_s)
+    _search[(rows,)](top_p, scratch, out, cut, out.stride(0), chunks,
+                     NB=NB, STEP=STEP, BLOCK_S=block_s, SEARCH_BLOCK=SEARCH_BLOCK, num_warps=8)
+    _write[(rows, chunks)](logits, scratch, cut, out, vocab, logits.stride(0), out.stride(0), chunks,
+                           CHUNK=CHUNK, NB=NB, STEP=STEP, BLOCK_S=block_s)
+    return out
+
+
+def bucket_nucleus_probs_triton(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Two launches, no host synchronisation."""
+    _check_args(logits, top_p)
+    rows, vocab = logits.shape
+    out = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
+    if rows == 0 or vocab == 0:
+        return out
+    scratch, chunks = _scratch(logits)
+    _rounded_write[(rows, chunks)](logits, top_p, scratch, out, vocab, logits.stride(0), out.stride(0), chunks,
+                                   CHUNK=CHUNK, NB=NB, STEP=STEP, BLOCK_S=triton.next_power_of_2(chunks))
     return out
 
 
@@ -110,14 +157,15 @@ def _key(x):
 
 @triton.jit
 def _grid(x, STEP: tl.constexpr):
-    """A logit's bucket on the fixed grid (as a float: -inf lands at +inf)."""
+    """A logit's bucket on the fixed grid, as a float (-inf lands at +inf)."""
     return tl.floor(x * (-1.0 / STEP))
 
 
 @triton.jit
 def _ladder(logits_ptr, scratch_ptr, vocab, stride_l,
             CHUNK: tl.constexpr, SUB: tl.constexpr, NB: tl.constexpr, STEP: tl.constexpr):
-    """scratch[row, chunk] = [mass per bucket (NB, relative to the chunk's max), the chunk's max]."""
+    """scratch[row, chunk] = [mass per bucket (NB, relative to the chunk's max), token count per bucket
+    (NB, as floats), the chunk's max]; -inf tokens count nowhere."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     chunks = tl.num_programs(1)
@@ -127,38 +175,37 @@ def _ladder(logits_ptr, scratch_ptr, vocab, stride_l,
     home = _grid(top, STEP)
     buckets = tl.arange(0, NB)
     m_acc = tl.zeros([NB], tl.float32)
+    n_acc = tl.zeros([NB], tl.float32)
     for sub in range(0, CHUNK, SUB):
         idx = c * CHUNK + sub + tl.arange(0, SUB)
-        inside = idx < vocab
-        x = tl.load(l_row + idx, mask=inside, other=float("-inf"))
+        x = tl.load(l_row + idx, mask=idx < vocab, other=float("-inf"))
         b = tl.minimum(_grid(x, STEP) - home, NB - 1)
-        hit = (b[:, None] == buckets[None, :].to(tl.float32)) & (x > float("-inf"))[:, None]   # -inf: no mass
+        hit = (b[:, None] == buckets[None, :].to(tl.float32)) & (x > float("-inf"))[:, None]
         m_acc += tl.sum(tl.where(hit, tl.exp(x - top)[:, None], 0.0), 0)
-    base = scratch_ptr + (row * chunks + c) * (NB + 1)
+        n_acc += tl.sum(hit.to(tl.float32), 0)
+    base = scratch_ptr + (row * chunks + c) * (2 * NB + 1)
     tl.store(base + buckets, m_acc)
-    tl.store(base + NB, top)
+    tl.store(base + NB + buckets, n_acc)
+    tl.store(base + 2 * NB, top)
 
 
 @triton.jit
-def _select(logits_ptr, top_p_ptr, scratch_ptr, out_ptr, vocab, stride_l, stride_o, chunks,
-            NB: tl.constexpr, STEP: tl.constexpr, BLOCK_S: tl.constexpr, ROW_BLOCK: tl.constexpr,
-            LIST_BLOCK: tl.constexpr, PROBES: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    l_row = logits_ptr + row * stride_l
-    o_row = out_ptr + row * stride_o
-    width = NB + 1
+def _row_buckets(top_p_ptr, scratch_ptr, row, chunks, NB: tl.constexpr, STEP: tl.constexpr,
+                 BLOCK_S: tl.constexpr):
+    """The row's buckets from its chunks', the same arithmetic in every program that asks. Returns (row
+    max, its grid bucket, each chunk's shift [BLOCK_S], the bracket bucket j, the mass of the buckets
+    above j, the target p · s, the mass of buckets 0..j)."""
     s = tl.arange(0, BLOCK_S)
     g = tl.arange(0, NB)
-    chunk_rows = scratch_ptr + (row * chunks + s) * width
     real = s < chunks
-    chunk_top = tl.load(chunk_rows + NB, mask=real, other=float("-inf"))
+    chunk_rows = scratch_ptr + (row * chunks + s) * (2 * NB + 1)
+    chunk_top = tl.load(chunk_rows + 2 * NB, mask=real, other=float("-inf"))
     top = tl.max(chunk_top, 0)
     home = _grid(top, STEP)
-    # the row's buckets: chunk bucket b is row bucket b + shift; masses rescaled from the chunk's max
     shift = tl.minimum(_grid(chunk_top, STEP) - home, NB).to(tl.int32)     # an all -inf chunk: NB (none)
     scale = tl.exp(chunk_top - top)
-    src = g[None, :] - shift[:, None]
-    fed = (src >= 0) & (g[None, :] < NB - 1) & (src < NB - 1) & real[:, None]
+    src = g[None, :] - shift[:, None]                 # the chunk bucket feeding row bucket g (g < NB - 1)
+    fed = (src >= 0) & (g[None, :] < NB - 1) & real[:, None]
     per_bucket = tl.sum(tl.load(chunk_rows[:, None] + src, mask=fed, other=0.0) * scale[:, None], 0)
     chunk_mass = tl.sum(tl.load(chunk_rows[:, None] + g[None, :], mask=real[:, None], other=0.0), 1)
     total = tl.sum(chunk_mass * scale, 0)
@@ -168,69 +215,131 @@ def _select(logits_ptr, top_p_ptr, scratch_ptr, out_ptr, vocab, stride_l, stride
     through = tl.cumsum(per_bucket, 0)
     j = tl.minimum(tl.sum((through < target).to(tl.int32), 0), NB - 1)
     above = tl.sum(tl.where(g < j, per_bucket, 0.0), 0)
+    through_j = tl.sum(tl.where(g <= j, per_bucket, 0.0), 0)
+    return top, home, shift, j, above, target, through_j
 
-    # the bracket's logits to the front of the output row (scratch until the last pass)
-    offs = tl.arange(0, ROW_BLOCK)
-    n = tl.zeros([], tl.int32)
-    for start in range(0, vocab, ROW_BLOCK):
-        inside_c = start + offs < vocab
-        x_c = tl.load(l_row + start + offs, mask=inside_c, other=float("-inf"))
-        member_c = (tl.minimum(_grid(x_c, STEP) - home, NB - 1) == j.to(tl.float32)) & inside_c
-        at_c = n + tl.cumsum(member_c.to(tl.int32), 0) - 1
-        tl.store(o_row + at_c, x_c, mask=member_c)
-        n += tl.sum(member_c.to(tl.int32), 0)
-    tl.debug_barrier()
 
-    # the smallest key whose strictly-larger mass, G(k) = above + Σ_{bracket key > k} w, is below target;
-    # invariants: G(lo) >= target > G(hi), every bracket key in (lo, hi]; c_lo = #(key > lo), e_hi = #(key >= hi)
+@triton.jit
+def _bracket_counts(scratch_ptr, row, chunks, shift, j, NB: tl.constexpr, BLOCK_S: tl.constexpr):
+    """[BLOCK_S]: each chunk's token count in row bucket j (a chunk bucket b is row bucket
+    min(b + shift, NB - 1))."""
+    s = tl.arange(0, BLOCK_S)
+    b = tl.arange(0, NB)
+    chunk_rows = scratch_ptr + (row * chunks + s) * (2 * NB + 1) + NB
+    counts = tl.load(chunk_rows[:, None] + b[None, :], mask=(s < chunks)[:, None], other=0.0)
+    member = tl.minimum(b[None, :] + shift[:, None], NB - 1) == j
+    return tl.sum(tl.where(member, counts, 0.0), 1).to(tl.int32)
+
+
+@triton.jit
+def _rounded_write(logits_ptr, top_p_ptr, scratch_ptr, out_ptr, vocab, stride_l, stride_o, chunks,
+                   CHUNK: tl.constexpr, NB: tl.constexpr, STEP: tl.constexpr, BLOCK_S: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    top, home, shift, j, above, target, through_j = _row_buckets(top_p_ptr, scratch_ptr, row, chunks, NB, STEP,
+                                                                 BLOCK_S)
+    idx = c * CHUNK + tl.arange(0, CHUNK)
+    inside = idx < vocab
+    x = tl.load(logits_ptr + row * stride_l + idx, mask=inside, other=float("-inf"))
+    keep = (tl.minimum(_grid(x, STEP) - home, NB - 1) <= j.to(tl.float32)) & (x > float("-inf"))
+    tl.store(out_ptr + row * stride_o + idx, tl.where(keep, tl.exp(x - top) / through_j, 0.0), mask=inside)
+
+
+@triton.jit
+def _compact(logits_ptr, top_p_ptr, scratch_ptr, out_ptr, vocab, stride_l, stride_o, chunks,
+             CHUNK: tl.constexpr, SUB: tl.constexpr, NB: tl.constexpr, STEP: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Bucket j's logits to the front of the output row (scratch until ``_write``), chunk by chunk."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    top, home, shift, j, above, target, through_j = _row_buckets(top_p_ptr, scratch_ptr, row, chunks, NB, STEP,
+                                                                 BLOCK_S)
+    counts = _bracket_counts(scratch_ptr, row, chunks, shift, j, NB, BLOCK_S)
+    offset = tl.sum(tl.where(tl.arange(0, BLOCK_S) < c, counts, 0), 0)
+    for sub in range(0, CHUNK, SUB):
+        idx = c * CHUNK + sub + tl.arange(0, SUB)
+        x = tl.load(logits_ptr + row * stride_l + idx, mask=idx < vocab, other=float("-inf"))
+        member = (tl.minimum(_grid(x, STEP) - home, NB - 1) == j.to(tl.float32)) & (x > float("-inf"))
+        at = offset + tl.cumsum(member.to(tl.int32), 0) - 1
+        tl.store(out_ptr + row * stride_o + at, x, mask=member)
+        offset += tl.sum(member.to(tl.int32), 0)
+
+
+@triton.jit
+def _search(top_p_ptr, scratch_ptr, out_ptr, cut_ptr, stride_o, chunks,
+            NB: tl.constexpr, STEP: tl.constexpr, BLOCK_S: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
+    """cut[row] = (the smallest kept key, as fp32 bits; the kept mass): the smallest key k of the bracket
+    list whose strictly-larger mass G(k) = above + Σ_{list key > k} w is below the target."""
+    row = tl.program_id(0).to(tl.int64)
+    top, home, shift, j, above, target, through_j = _row_buckets(top_p_ptr, scratch_ptr, row, chunks, NB, STEP,
+                                                                 BLOCK_S)
+    n = tl.sum(_bracket_counts(scratch_ptr, row, chunks, shift, j, NB, BLOCK_S), 0)
+    list_ptr = out_ptr + row * stride_o
+    offs = tl.arange(0, SEARCH_BLOCK)
+    # invariants: G(lo) >= target > G(hi); every list key is in (lo, hi]
     lo = tl.full([], 2147483647, tl.int64)
     hi = tl.full([], -2147483648, tl.int64)
     g_lo = above
-    e_hi = tl.zeros([], tl.int32)
-    loffs = tl.arange(0, LIST_BLOCK)
-    for start in range(0, n, LIST_BLOCK):
-        inside_m = start + loffs < n
-        x_m = tl.load(o_row + start + loffs, mask=inside_m, other=float("-inf"))
-        k_m = _key(x_m).to(tl.int64)
-        lo = tl.minimum(lo, tl.min(tl.where(inside_m, k_m, 2147483647), 0))
-        hi = tl.maximum(hi, tl.max(tl.where(inside_m, k_m, -2147483648), 0))
-        g_lo += tl.sum(tl.exp(x_m - top), 0)
-    for start in range(0, n, LIST_BLOCK):
-        inside_e = start + loffs < n
-        k_e = _key(tl.load(o_row + start + loffs, mask=inside_e, other=float("-inf"))).to(tl.int64)
-        e_hi += tl.sum(((k_e == hi) & inside_e).to(tl.int32), 0)
+    for start in range(0, n, SEARCH_BLOCK):
+        inside = start + offs < n
+        x = tl.load(list_ptr + start + offs, mask=inside, other=float("-inf"))
+        k = _key(x).to(tl.int64)
+        lo = tl.minimum(lo, tl.min(tl.where(inside, k, 2147483647), 0))
+        hi = tl.maximum(hi, tl.max(tl.where(inside, k, -2147483648), 0))
+        g_lo += tl.sum(tl.exp(x - top), 0)
     lo = lo - 1
-    c_lo = n
-    between = c_lo - e_hi
-    probe = tl.arange(0, PROBES)
-    while between > 0:
-        th = lo + (hi - lo) * (probe + 1).to(tl.int64) // (PROBES + 1)        # [PROBES], increasing
-        above_th = tl.zeros([PROBES], tl.float32)
-        over = tl.zeros([PROBES], tl.int32)
-        at_th = tl.zeros([PROBES], tl.int32)
-        for start in range(0, n, LIST_BLOCK):
-            inside_p = start + loffs < n
-            x_p = tl.load(o_row + start + loffs, mask=inside_p, other=float("-inf"))
-            k_p = _key(x_p).to(tl.int64)
-            gt_p = (k_p[:, None] > th[None, :]) & inside_p[:, None]
-            above_th += tl.sum(tl.where(gt_p, tl.exp(x_p - top)[:, None], 0.0), 0)
-            over += tl.sum(gt_p.to(tl.int32), 0)
-            at_th += tl.sum(((k_p[:, None] == th[None, :]) & inside_p[:, None]).to(tl.int32), 0)
-        valid = above + above_th < target                                    # false ... false, true ... true
-        any_invalid = tl.sum((~valid).to(tl.int32), 0) > 0
-        any_valid = tl.sum(valid.to(tl.int32), 0) > 0
-        g_lo = tl.where(any_invalid, tl.min(tl.where(valid, float("inf"), above + above_th), 0), g_lo)
-        c_lo = tl.where(any_invalid, tl.min(tl.where(valid, 2147483647, over), 0), c_lo)
-        e_hi = tl.where(any_valid, tl.max(tl.where(valid, over + at_th, -1), 0), e_hi)
-        lo = tl.where(any_invalid, tl.max(tl.where(valid, lo, th), 0), lo)
-        hi = tl.where(any_valid, tl.min(tl.where(valid, th, hi), 0), hi)
-        between = c_lo - e_hi
-    # no bracket key strictly between lo and hi: the kept tokens are those with key > lo, of mass G(lo)
-    # (an empty bracket: the last bucket, forced when the whole mass stays below the target: keep all)
+    between = (hi - lo > 1).to(tl.int32)
+    if n <= SEARCH_BLOCK:
+        inside = offs < n
+        x = tl.load(list_ptr + offs, mask=inside, other=float("-inf"))
+        k = _key(x).to(tl.int64)
+        w = tl.exp(x - top)
+        while between > 0:
+            mid = lo + (hi - lo) // 2
+            g_mid = above + tl.sum(tl.where(k > mid, w, 0.0), 0)
+            valid = g_mid < target
+            n_below = tl.sum(((k > lo) & (k < mid) & inside).to(tl.int32), 0)
+            n_above = tl.sum(((k > mid) & (k < hi) & inside).to(tl.int32), 0)
+            between = tl.where(valid, n_below, n_above)
+            g_lo = tl.where(valid, g_lo, g_mid)
+            hi = tl.where(valid, mid, hi)
+            lo = tl.where(valid, lo, mid)
+    else:
+        while between > 0:
+            mid = lo + (hi - lo) // 2
+            g_acc = tl.zeros([SEARCH_BLOCK], tl.float32)
+            below_acc = tl.zeros([SEARCH_BLOCK], tl.int32)
+            above_acc = tl.zeros([SEARCH_BLOCK], tl.int32)
+            for start in range(0, n, SEARCH_BLOCK):
+                inside = start + offs < n
+                x = tl.load(list_ptr + start + offs, mask=inside, other=float("-inf"))
+                k = _key(x).to(tl.int64)
+                g_acc += tl.where(k > mid, tl.exp(x - top), 0.0)
+                below_acc += ((k > lo) & (k < mid) & inside).to(tl.int32)
+                above_acc += ((k > mid) & (k < hi) & inside).to(tl.int32)
+            g_mid = above + tl.sum(g_acc, 0)
+            valid = g_mid < target
+            between = tl.where(valid, tl.sum(below_acc, 0), tl.sum(above_acc, 0))
+            g_lo = tl.where(valid, g_lo, g_mid)
+            hi = tl.where(valid, mid, hi)
+            lo = tl.where(valid, lo, mid)
+    # no list key strictly between lo and hi: the kept tokens are those with key > lo, of mass G(lo).
+    # An empty list (the last bucket, forced when the whole mass stays below the target): keep all.
     cut = tl.where(n > 0, lo + 1, -2147483648).to(tl.int32)
-    tl.debug_barrier()
-    for start in range(0, vocab, ROW_BLOCK):
-        inside_w = start + offs < vocab
-        x_w = tl.load(l_row + start + offs, mask=inside_w, other=float("-inf"))
-        w_w = tl.exp(x_w - top) / g_lo
-        tl.store(o_row + start + offs, tl.where(_key(x_w) >= cut, w_w, 0.0), mask=inside_w)
+    tl.store(cut_ptr + row * 2, cut.to(tl.float32, bitcast=True))
+    tl.store(cut_ptr + row * 2 + 1, g_lo)
+
+
+@triton.jit
+def _write(logits_ptr, scratch_ptr, cut_ptr, out_ptr, vocab, stride_l, stride_o, chunks,
+           CHUNK: tl.constexpr, NB: tl.constexpr, STEP: tl.constexpr, BLOCK_S: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    top = tl.max(tl.load(scratch_ptr + (row * chunks + s) * (2 * NB + 1) + 2 * NB, mask=s < chunks,
+                         other=float("-inf")), 0)
+    cut = tl.load(cut_ptr + row * 2).to(tl.int32, bitcast=True)
+    kept = tl.load(cut_ptr + row * 2 + 1)
+    idx = c * CHUNK + tl.arange(0, CHUNK)
+    inside = idx < vocab
+    x = tl.load(logits_ptr + row * stride_l + idx, mask=inside, other=float("-inf"))
+    tl.store(out_ptr + row * stride_o + idx, tl.where(_key(x) >= cut, tl.exp(x - top) / kept, 0.0), mask=inside)

@@ -129,13 +129,14 @@ class SlotSampler:
     def __call__(self, logits: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         """logits: [B, V] fp32 (Markov-corrected) -> (tokens [B] int64, probs [B, V] fp32)."""
         if self.all_rows:
-            probs = sampling_probs(logits, self.temperature, self.top_k, self.top_p, self._kinds(logits))
+            probs = sampling_probs(logits, self.temperature, self.top_k, self.top_p, self._kinds(logits), draft=True)
             return inverse_cdf(probs, self.uniforms[:, slot]), probs
         argmax = logits.argmax(dim=1)
         probs = torch.zeros_like(logits, dtype=torch.float32).scatter_(1, argmax[:, None], 1.0)
         if not self.rows:
             return argmax, probs
-        sampled = sampling_probs(logits[self.index], self.temperature, self.top_k, self.top_p, self._kinds(logits))
+        sampled = sampling_probs(logits[self.index], self.temperature, self.top_k, self.top_p, self._kinds(logits),
+                                 draft=True)
         probs[self.index] = sampled
         return argmax.index_copy(0, self.index, inverse_cdf(sampled, self.uniforms[:, slot])), probs
 

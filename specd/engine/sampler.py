@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from kernels.nucleus import nucleus_probs
+from kernels.nucleus import bucket_nucleus_probs, nucleus_probs
 from specd.sampling_params import SamplingParams
 
 
@@ -64,8 +64,8 @@ def row_kind_codes(params: Sequence[SamplingParams], vocab: int) -> list[int]:
 
 def static_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                  kind: torch.Tensor, path: SamplingPath) -> tuple[torch.Tensor, torch.Tensor]:
-    """The per-row transform of ``sampling_probs`` (sampled rows) and ``one_hot_argmax`` (greedy rows)
-    with fixed shapes: every transform ``path`` names runs on every row and each row keeps its own by
+    """The per-row transform of ``sampling_probs(..., draft=True)`` (sampled rows; drafts only: the draft
+    rounds of specd/engine/draft_graphs.py) and ``one_hot_argmax`` (greedy rows) with fixed shapes: every transform ``path`` names runs on every row and each row keeps its own by
     ``torch.where``, so no row list is needed and the call can be captured in a CUDA graph.
 
     logits: [B, V] fp32; temperature/top_p: [B] fp32 (1.0 on greedy rows); top_k: [B] int64;
@@ -76,7 +76,7 @@ def static_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     scaled = logits.float() / temperature.unsqueeze(1)
     probs = None
     for on, code, fn in ((path.plain, PLAIN_ROW, None), (path.max_k, TOP_K_ROW, _top_k_probs),
-                         (path.top_p, TOP_P_ROW, _top_p_probs)):
+                         (path.top_p, TOP_P_ROW, _draft_top_p_probs)):
         if not on:
             continue
         these = torch.softmax(scaled, dim=1) if fn is None else fn(scaled, top_k, top_p, path.max_k)
@@ -88,19 +88,21 @@ def static_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
 
 
 def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                   kinds: RowKinds | None = None) -> torch.Tensor:
+                   kinds: RowKinds | None = None, draft: bool = False) -> torch.Tensor:
     """logits: [B, V]; temperature/top_p: [B] fp32 (temperature > 0); top_k: [B] int64 (0 = off).
     Returns probs [B, V] fp32 with the filtered tokens at exactly 0.
 
     ``kinds``: the rows' paths when the caller knows the settings on the host (else read from the
     tensors: one sync). Rows with top-p and no top-k go through ``kernels.nucleus`` (a full sort only in
     its CPU reference); a top-k row sorts its k candidates (``torch.topk``), an unfiltered row is one
-    softmax."""
+    softmax. ``draft``: the distribution a drafter samples from, whose top-p rows take the rounded
+    nucleus (``_draft_top_p_probs``); the target's is the exact one."""
     logits = logits.float() / temperature.unsqueeze(1)
     vocab = logits.shape[1]
     if kinds is None:
         kinds = RowKinds.of(top_k.tolist(), top_p.tolist(), vocab)
-    parts = [(rows, fn) for rows, fn in ((kinds.plain, None), (kinds.top_k, _top_k_probs), (kinds.top_p, _top_p_probs))
+    nucleus = _draft_top_p_probs if draft else _top_p_probs
+    parts = [(rows, fn) for rows, fn in ((kinds.plain, None), (kinds.top_k, _top_k_probs), (kinds.top_p, nucleus))
              if rows]
     if len(parts) == 1:                                   # one kind: no gather or scatter of rows
         fn = parts[0][1]
@@ -123,6 +125,14 @@ def _top_p_probs(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
     """Rows with top-p and no top-k: ``kernels.nucleus`` (no sort on CUDA; its sorted reference on the
     CPU). A tie at the nucleus' boundary keeps the whole tie group (see that module)."""
     return nucleus_probs(logits.contiguous(), top_p.float())
+
+
+def _draft_top_p_probs(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, max_k: int) -> torch.Tensor:
+    """A draft's top-p rows: the nucleus rounded up to whole buckets (``kernels.nucleus``): two parallel
+    launches and no ranking, where the exact nucleus ranks the boundary bucket. Lossless because the
+    verifier compares against exactly these rows (the proposal's p_d); it only adds tokens within
+    e^0.5 of the boundary weight, which the target then rejects."""
+    return bucket_nucleus_probs(logits.contiguous(), top_p.float())
 
 
 def _filter_sorted(values: torch.Tensor, order: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

@@ -116,7 +116,7 @@ def test_sampled_probs_are_exactly_the_sampling_distribution(dspark, ctx, tokens
     for i, p in enumerate(params):
         rows = corrected[i]
         want = sampling_probs(rows, torch.full((7,), p.temperature), torch.full((7,), p.top_k),
-                              torch.full((7,), p.top_p))
+                              torch.full((7,), p.top_p), draft=True)     # a draft's distribution
         torch.testing.assert_close(out.probs[i], want, rtol=1e-5, atol=1e-7)
         assert (out.probs[i].gather(1, out.tokens[i][:, None]) > 0).all()
     assert (out.probs[1] > 0).sum(-1).max() <= 5               # top-k really filtered

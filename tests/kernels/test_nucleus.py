@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kernels.errors import KernelArgumentError
-from kernels.nucleus import CHUNK, LIST_BLOCK, nucleus_probs_ref, nucleus_probs_triton
+from kernels.nucleus import (CHUNK, SEARCH_BLOCK, STEP, bucket_nucleus_probs_ref, bucket_nucleus_probs_triton,
+                             nucleus_probs_ref, nucleus_probs_triton)
 
 
 def _assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -38,7 +39,7 @@ def test_kernel_keeps_the_reference_nucleus(vocab):
 def test_a_bracket_over_many_list_blocks():
     """Nearly flat rows put every token in the top bucket: the search walks a long list."""
     g = torch.Generator().manual_seed(5)
-    vocab = 12 * LIST_BLOCK + 1500
+    vocab = SEARCH_BLOCK + 1500
     logits = torch.randn(3, vocab, generator=g) * 0.01
     top_p = torch.tensor([0.9, 0.5, 0.999])
     want = nucleus_probs_ref(logits, top_p)
@@ -102,3 +103,27 @@ def test_a_chunk_of_masked_tokens_adds_nothing():
     logits[1, :CHUNK] = torch.randn(CHUNK, generator=g) - 3.0      # and a chunk whose max is below the row's
     top_p = torch.tensor([0.8, 0.95])
     _assert_same(nucleus_probs_triton(logits, top_p), nucleus_probs_ref(logits, top_p))
+
+
+# -- the rounded nucleus (drafts) -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("vocab", [37, CHUNK + 905])
+def test_rounded_kernel_equals_its_reference(vocab):
+    g = torch.Generator().manual_seed(vocab + 1)
+    logits = torch.cat([torch.randn(5, vocab, generator=g) * 3, _zipf(4, vocab, vocab)])
+    top_p = torch.tensor([0.9, 0.5, 1.0, 0.99, 0.1, 0.9, 0.95, 0.6, 0.999])
+    _assert_same(bucket_nucleus_probs_triton(logits, top_p), bucket_nucleus_probs_ref(logits, top_p))
+
+
+def test_the_rounded_nucleus_holds_the_exact_one_and_whole_buckets():
+    """It keeps every token the exact nucleus keeps, and besides those only tokens of the exact boundary
+    token's bucket (within e^STEP of its weight)."""
+    logits = torch.cat([_zipf(6, 3000, 8), torch.randn(3, 3000, generator=torch.Generator().manual_seed(2)) * 4])
+    top_p = torch.tensor([0.9, 0.95, 0.8, 0.5, 0.9, 0.99, 0.9, 0.7, 0.95])
+    exact, rounded = nucleus_probs_ref(logits, top_p), bucket_nucleus_probs_ref(logits, top_p)
+    assert not ((exact > 0) & (rounded == 0)).any()
+    extra = (rounded > 0) & (exact == 0)
+    assert extra.any()                                   # the rounding is visible on these rows
+    for row in range(logits.shape[0]):
+        boundary = logits[row][exact[row] > 0].min()
+        assert (logits[row][extra[row]] > boundary - STEP).all()
