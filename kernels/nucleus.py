@@ -100,7 +100,8 @@ def _scratch(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
     rows, vocab = logits.shape
     chunks = triton.cdiv(vocab, CHUNK)
     scratch = torch.empty((rows, chunks, 2 * NB + 1), dtype=torch.float32, device=logits.device)
-    _ladder[(rows, chunks)](logits, scratch, vocab, logits.stride(0), CHUNK=CHUNK, SUB=SUB, NB=NB, STEP=STEP)
+    _ladder[(rows, chunks)](logits, scratch, vocab, logits.stride(0), CHUNK=CHUNK, SUB=SUB, NB=NB, STEP=STEP,
+                            num_warps=8)
     return scratch, chunks
 
 
@@ -174,18 +175,20 @@ def _ladder(logits_ptr, scratch_ptr, vocab, stride_l,
     top = tl.max(tl.load(l_row + whole, mask=whole < vocab, other=float("-inf")), 0)
     home = _grid(top, STEP)
     buckets = tl.arange(0, NB)
-    m_acc = tl.zeros([NB], tl.float32)
-    n_acc = tl.zeros([NB], tl.float32)
+    # [SUB, NB] accumulators, reduced once at the end: a reduction across the block per step made this
+    # kernel ~100 µs a program (H200, session 11: 2.2 ms for the rounded nucleus of 256 rows)
+    m_acc = tl.zeros([SUB, NB], tl.float32)
+    n_acc = tl.zeros([SUB, NB], tl.float32)
     for sub in range(0, CHUNK, SUB):
         idx = c * CHUNK + sub + tl.arange(0, SUB)
         x = tl.load(l_row + idx, mask=idx < vocab, other=float("-inf"))
         b = tl.minimum(_grid(x, STEP) - home, NB - 1)
         hit = (b[:, None] == buckets[None, :].to(tl.float32)) & (x > float("-inf"))[:, None]
-        m_acc += tl.sum(tl.where(hit, tl.exp(x - top)[:, None], 0.0), 0)
-        n_acc += tl.sum(hit.to(tl.float32), 0)
+        m_acc += tl.where(hit, tl.exp(x - top)[:, None], 0.0)
+        n_acc += hit.to(tl.float32)
     base = scratch_ptr + (row * chunks + c) * (2 * NB + 1)
-    tl.store(base + buckets, m_acc)
-    tl.store(base + NB + buckets, n_acc)
+    tl.store(base + buckets, tl.sum(m_acc, 0))
+    tl.store(base + NB + buckets, tl.sum(n_acc, 0))
     tl.store(base + 2 * NB, top)
 
 
