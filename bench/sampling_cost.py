@@ -1,6 +1,6 @@
 """What the sampling transform costs on the GPU, by rows: the sorted top-p reference against the
-exact and the rounded (draft) kernels of kernels/nucleus.py, eager and replayed from a CUDA graph,
-beside the other pieces a sampled step pays for (softmax, inverse CDF, torch.topk).
+exact and the rounded (draft) kernels of kernels/nucleus.py, and the cumsum draw against
+kernels/inverse_cdf.py, eager and replayed from a CUDA graph, beside softmax and torch.topk.
 
     python -m bench.sampling_cost --out sampling_cost.json            # CUDA
     python -m bench.sampling_cost --tiny --out /tmp/s.json            # CPU smoke test (reference only)
@@ -24,7 +24,7 @@ import torch
 
 from kernels.nucleus import (bucket_nucleus_probs_ref, bucket_nucleus_probs_triton, nucleus_probs_ref,
                              nucleus_probs_triton)
-from specd.engine.sampler import inverse_cdf
+from kernels.inverse_cdf import draw_ref, draw_triton
 
 VOCAB = 151936
 
@@ -90,6 +90,7 @@ def measure(rows_list: list[int], vocab: int, device: str, repeats: int, top_p: 
         logits = zipf_logits(rows, vocab, device)
         p = torch.full((rows,), top_p, device=device)
         ref = nucleus_probs_ref(logits, p)
+        u = torch.rand(rows, device=device)
         rounded = bucket_nucleus_probs_ref(logits, p)
         rec = {"rows": rows, "vocab": vocab, "top_p": top_p,
                "nucleus_sizes": sorted((ref > 0).sum(1).tolist()),
@@ -97,13 +98,17 @@ def measure(rows_list: list[int], vocab: int, device: str, repeats: int, top_p: 
                "rounded_extra_mass_p50": float(torch.where(ref > 0, 0.0, rounded).sum(1).median()),
                "sorted_ref": _time(lambda: nucleus_probs_ref(logits, p), repeats, cuda),
                "softmax": _time(lambda: torch.softmax(logits, dim=1), repeats, cuda),
-               "inverse_cdf": _time(lambda: inverse_cdf(ref, torch.rand(rows, device=device)), repeats, cuda),
+               "draw_cumsum": _time(lambda: draw_ref(ref, u), repeats, cuda),
                "topk_64": _time(lambda: torch.topk(logits, 64, dim=1), repeats, cuda),
                "topk_1024": _time(lambda: torch.topk(logits, 1024, dim=1), repeats, cuda)}
         if cuda:
             got = nucleus_probs_triton(logits, p)
             rec["kernel_rows_with_other_kept_set"] = int(((got > 0) != (ref > 0)).any(1).sum())
             rec["kernel_max_abs_diff"] = float((got - ref).abs().max())
+            rec["draw_kernel"] = _time(lambda: draw_triton(ref, u), repeats, cuda)
+            rec["draw_kernel_graph"] = _time(_graphed(lambda: draw_triton(ref, u)), repeats, cuda)
+            rec["draw_cumsum_graph"] = _time(_graphed(lambda: draw_ref(ref, u)), repeats, cuda)
+            rec["draw_same_tokens"] = bool(torch.equal(draw_triton(ref, u), draw_ref(ref, u)))
             rec["kernel"] = _time(lambda: nucleus_probs_triton(logits, p), repeats, cuda)
             rec["sorted_ref_graph"] = _time(_graphed(lambda: nucleus_probs_ref(logits, p)), repeats, cuda)
             rec["kernel_graph"] = _time(_graphed(lambda: nucleus_probs_triton(logits, p)), repeats, cuda)
@@ -135,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
               + (f"  exact {r['kernel']['ms_p50']:.3f}  rounded {r['rounded']['ms_p50']:.3f}  |  in a graph: sorted "
                  f"{r['sorted_ref_graph']['ms_p50']:.3f}  exact {r['kernel_graph']['ms_p50']:.3f}  rounded "
                  f"{r['rounded_graph']['ms_p50']:.3f}  |  rows off the reference: exact "
-                 f"{r['kernel_rows_with_other_kept_set']}, rounded {r['rounded_rows_with_other_kept_set']}"
+                 f"{r['kernel_rows_with_other_kept_set']}, rounded {r['rounded_rows_with_other_kept_set']}  |  draw: "
+                 f"cumsum {r['draw_cumsum_graph']['ms_p50']:.3f}  kernel {r['draw_kernel_graph']['ms_p50']:.3f} in a "
+                 f"graph, same tokens {r['draw_same_tokens']}"
                  if "kernel" in r else ""), flush=True)
     meta = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -96,12 +96,12 @@ def bucket_nucleus_probs_ref(logits: torch.Tensor, top_p: torch.Tensor) -> torch
     return kept / kept.sum(dim=1, keepdim=True)
 
 
-def _scratch(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+def _scratch(logits: torch.Tensor, counts: bool) -> tuple[torch.Tensor, int]:
     rows, vocab = logits.shape
     chunks = triton.cdiv(vocab, CHUNK)
     scratch = torch.empty((rows, chunks, 2 * NB + 1), dtype=torch.float32, device=logits.device)
     _ladder[(rows, chunks)](logits, scratch, vocab, logits.stride(0), CHUNK=CHUNK, SUB=SUB, NB=NB, STEP=STEP,
-                            num_warps=8)
+                            COUNTS=counts, num_warps=8)
     return scratch, chunks
 
 
@@ -112,7 +112,7 @@ def nucleus_probs_triton(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Ten
     out = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
     if rows == 0 or vocab == 0:
         return out
-    scratch, chunks = _scratch(logits)
+    scratch, chunks = _scratch(logits, counts=True)
     cut = torch.empty((rows, 2), dtype=torch.float32, device=logits.device)    # boundary key (bits), kept mass
     block_s = triton.next_power_of_2(chunks)
     _compact[(rows, chunks)](logits, top_p, scratch, out, vocab, logits.stride(0), out.stride(0), chunks,
@@ -131,7 +131,7 @@ def bucket_nucleus_probs_triton(logits: torch.Tensor, top_p: torch.Tensor) -> to
     out = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
     if rows == 0 or vocab == 0:
         return out
-    scratch, chunks = _scratch(logits)
+    scratch, chunks = _scratch(logits, counts=False)
     _rounded_write[(rows, chunks)](logits, top_p, scratch, out, vocab, logits.stride(0), out.stride(0), chunks,
                                    CHUNK=CHUNK, NB=NB, STEP=STEP, BLOCK_S=triton.next_power_of_2(chunks))
     return out
@@ -164,9 +164,10 @@ def _grid(x, STEP: tl.constexpr):
 
 @triton.jit
 def _ladder(logits_ptr, scratch_ptr, vocab, stride_l,
-            CHUNK: tl.constexpr, SUB: tl.constexpr, NB: tl.constexpr, STEP: tl.constexpr):
+            CHUNK: tl.constexpr, SUB: tl.constexpr, NB: tl.constexpr, STEP: tl.constexpr, COUNTS: tl.constexpr):
     """scratch[row, chunk] = [mass per bucket (NB, relative to the chunk's max), token count per bucket
-    (NB, as floats), the chunk's max]; -inf tokens count nowhere."""
+    (NB, as floats; COUNTS only: the rounded nucleus needs none), the chunk's max]; -inf tokens count
+    nowhere."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     chunks = tl.num_programs(1)
@@ -185,10 +186,12 @@ def _ladder(logits_ptr, scratch_ptr, vocab, stride_l,
         b = tl.minimum(_grid(x, STEP) - home, NB - 1)
         hit = (b[:, None] == buckets[None, :].to(tl.float32)) & (x > float("-inf"))[:, None]
         m_acc += tl.where(hit, tl.exp(x - top)[:, None], 0.0)
-        n_acc += hit.to(tl.float32)
+        if COUNTS:
+            n_acc += hit.to(tl.float32)
     base = scratch_ptr + (row * chunks + c) * (2 * NB + 1)
     tl.store(base + buckets, tl.sum(m_acc, 0))
-    tl.store(base + NB + buckets, tl.sum(n_acc, 0))
+    if COUNTS:
+        tl.store(base + NB + buckets, tl.sum(n_acc, 0))
     tl.store(base + 2 * NB, top)
 
 

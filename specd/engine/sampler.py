@@ -11,6 +11,7 @@ from typing import Sequence
 
 import torch
 
+from kernels.inverse_cdf import draw
 from kernels.nucleus import bucket_nucleus_probs, nucleus_probs
 from specd.sampling_params import SamplingParams
 
@@ -199,11 +200,9 @@ def rows_probs(logits: torch.Tensor, rows: RowSettings) -> torch.Tensor:
 
 
 def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """probs: [B, V]; uniforms: [B] in [0, 1). The token whose CDF interval holds u; never a zero-prob token."""
-    cdf = torch.cumsum(probs, dim=1)
-    u = (uniforms * cdf[:, -1]).unsqueeze(1)
-    idx = torch.searchsorted(cdf, u, right=True).squeeze(1)
-    return idx.clamp(max=probs.shape[1] - 1)
+    """probs: [B, V] (unnormalised is fine); uniforms: [B] in [0, 1). The token whose CDF interval holds
+    u; never a zero-prob token. ``kernels.inverse_cdf``: two launches on CUDA, a cumsum on the CPU."""
+    return draw(probs.float().contiguous(), uniforms.float())
 
 
 def draw_uniforms(generators: Sequence[torch.Generator | None], n: int = 1) -> torch.Tensor:
