@@ -29,11 +29,13 @@ from kernels.inverse_cdf import draw_ref, draw_triton
 VOCAB = 151936
 
 
-def zipf_logits(rows: int, vocab: int, device: str, seed: int = 0) -> torch.Tensor:
-    """[rows, vocab] fp32: row i is -a_i * ln(rank) over a random permutation, a_i from 0.9 to 2.2
-    (top-p 0.9 nuclei from thousands of tokens down to a few)."""
+def zipf_logits(rows: int, vocab: int, device: str, seed: int = 0, a_range: tuple[float, float] = (0.9, 2.2)
+                ) -> torch.Tensor:
+    """[rows, vocab] fp32: row i is -a_i * ln(rank) over a random permutation, a_i spread over ``a_range``
+    (the default: top-p 0.9 nuclei from 72k tokens down to 4; 1.3-3.0: from ~650 down to 2)."""
     g = torch.Generator().manual_seed(seed)
-    a = torch.linspace(0.9, 2.2, rows) if rows > 1 else torch.tensor([1.3])
+    lo, hi = a_range
+    a = torch.linspace(lo, hi, rows) if rows > 1 else torch.tensor([max(lo, 1.3)])
     rank = torch.arange(1, vocab + 1, dtype=torch.float32)
     out = torch.empty(rows, vocab)
     for i in range(rows):
@@ -83,11 +85,12 @@ def _graphed(fn):
     return graph.replay
 
 
-def measure(rows_list: list[int], vocab: int, device: str, repeats: int, top_p: float) -> list[dict]:
+def measure(rows_list: list[int], vocab: int, device: str, repeats: int, top_p: float,
+            a_range: tuple[float, float] = (0.9, 2.2)) -> list[dict]:
     cuda = device.startswith("cuda")
     records = []
     for rows in rows_list:
-        logits = zipf_logits(rows, vocab, device)
+        logits = zipf_logits(rows, vocab, device, a_range=a_range)
         p = torch.full((rows,), top_p, device=device)
         ref = nucleus_probs_ref(logits, p)
         u = torch.rand(rows, device=device)
@@ -128,13 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default="1,4,8,32,64,256", help="row counts to time (comma-separated)")
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--zipf-a", default="0.9,2.2",
+                    help="the rows' Zipf exponents, LO,HI (0.9,2.2: nuclei up to 72k tokens; 1.3,3.0: up to ~650)")
     ap.add_argument("--tiny", action="store_true", help="CPU, vocabulary 4,096, 3 repeats (a smoke test)")
     args = ap.parse_args(argv)
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     vocab = 4096 if args.tiny else VOCAB
     repeats = 3 if args.tiny else args.repeats
     rows = [int(r) for r in args.rows.split(",")]
-    records = measure(rows, vocab, device, repeats, args.top_p)
+    a_range = tuple(float(a) for a in args.zipf_a.split(","))
+    records = measure(rows, vocab, device, repeats, args.top_p, a_range)
     for r in records:
         print(f"rows {r['rows']:4d}  sorted {r['sorted_ref']['ms_p50']:.3f} ms"
               + (f"  exact {r['kernel']['ms_p50']:.3f}  rounded {r['rounded']['ms_p50']:.3f}  |  in a graph: sorted "
@@ -144,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"cumsum {r['draw_cumsum_graph']['ms_p50']:.3f}  kernel {r['draw_kernel_graph']['ms_p50']:.3f} in a "
                  f"graph, same tokens {r['draw_same_tokens']}"
                  if "kernel" in r else ""), flush=True)
-    meta = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__}
+    meta = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+            "zipf_a": list(a_range)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "records": records}, indent=1))
     return 0
