@@ -14,3 +14,11 @@ def positive_ints(text: str) -> list[int]:
     if not values or values[0] < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: values must be positive integers")
     return values
+
+
+def positive_int(text: str) -> int:
+    """argparse type: one integer >= 1."""
+    values = positive_ints(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}")
+    return values[0]

@@ -9,8 +9,11 @@ One in-process engine holds every drafter (EngineConfig.drafters) and each reque
 schedule and γ (Request.speculation / spec_schedule / num_speculative_tokens), so the model loads once and
 every row runs on the same weights, pool and process. For each workload (a session JSONL file: its eval
 split) and each concurrency level, the same N requests (the FIRST TURN of the first N eval sessions, with the
-session's sampling; N = max(--requests, concurrency)) run under each row, closed loop: ``concurrency``
-requests are always in flight until the N are done. Within a (workload, concurrency) cell the rows alternate
+session's sampling; N = max(--requests, --waves × concurrency)) run under each row, closed loop:
+``concurrency`` requests are always in flight until the N are done. With one wave every request starts
+together and the run ends with the slowest: the batch empties step by step, and a speculative row pays
+for the request its drafter serves worst (H200, session 11, run AH: four waves instead of one lifted
+fixed γ = 7 at c = 8 from 0.84× to 1.11× on support). Within a (workload, concurrency) cell the rows alternate
 row by row inside each repeat, so they share the machine's noise, and ratios to ``none`` are taken per
 repeat. Before the timed runs of a (workload, concurrency) cell, every row runs the same N prompts untimed with
 --warmup-tokens answers, so CUDA-graph captures of those prompt and step shapes, Triton compiles and the
@@ -35,7 +38,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.arg_types import positive_ints
+from bench.arg_types import positive_int, positive_ints
 from bench.row_profiles import RowProfiles
 from specd.engine.gating import gate_key_name
 from specd.engine.spec_gate import DRAFT_REASONS, load_bucket
@@ -337,6 +340,11 @@ def render_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def requests_for(concurrency: int, requests: int, waves: int = 1) -> int:
+    """Requests a (workload, concurrency) cell runs: ``requests``, at least ``waves`` per slot."""
+    return max(requests, waves * concurrency)
+
+
 def noise_floor(result: dict, row: str, tolerance: float = 0.0) -> dict | None:
     """How often ``row`` fails the never-slower rule over the cells, and its worst cell (the lower of its
     p50 throughput and per-user ratios). For the A/A row, the rule's noise floor. Session 10 (runs AA and
@@ -373,7 +381,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", required=True, help="comma list of session JSONL files (their eval split)")
     p.add_argument("--concurrency", type=positive_ints, default=[1, 4, 8, 16, 32])
     p.add_argument("--rows", type=_rows, default=list(ROWS), help=f"comma list of {', '.join(ROWS)}")
-    p.add_argument("--requests", type=int, default=16, help="N requests per run (at least the concurrency)")
+    p.add_argument("--requests", type=int, default=16, help="N requests per run (at least --waves × the concurrency)")
+    p.add_argument("--waves", type=positive_int, default=1,
+                   help="at least this many requests per slot of the concurrency (more waves: less of the "
+                        "run is the tail where the batch empties)")
     p.add_argument("--max-tokens", type=int, default=None, help="answer length (default: the turn's max_tokens)")
     p.add_argument("--ignore-eos", action="store_true", help="every answer runs to its max tokens")
     p.add_argument("--repeats", type=int, default=3)
@@ -464,7 +475,7 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
             if deadline is not None and time.perf_counter() > deadline:
                 cut.append(f"{name} c={level}")
                 continue
-            n = max(args.requests, level)
+            n = requests_for(level, args.requests, args.waves)
             prompts = workload_prompts(wl_path, engine.tokenizer, n, args.max_tokens, args.ignore_eos,
                                        engine.max_model_len, args.gamma, args.seed)
             runs: dict[str, list[RunResult]] = {row: [] for row in rows}
@@ -503,7 +514,7 @@ def run(args: argparse.Namespace) -> int:
     engine = _engine(args)
     t0 = time.perf_counter()
     result = {"command": " ".join(["python -m bench speedup", *sys.argv[2:]]), "model": str(args.model),
-              "drafters": args.drafters, "concurrency": args.concurrency, "requests": args.requests,
+              "drafters": args.drafters, "concurrency": args.concurrency, "requests": args.requests, "waves": args.waves,
               "repeats": args.repeats, "max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos,
               "prompt_mode": PROMPT_MODE, "tolerance": args.tolerance, **measure(engine, args)}
     result["wall_s"] = time.perf_counter() - t0

@@ -2,7 +2,7 @@ import argparse
 
 import pytest
 
-from bench.arg_types import positive_ints
+from bench.arg_types import positive_int, positive_ints
 
 
 def test_positive_ints_sorts_and_dedups_and_refuses_bad_lists():
@@ -10,3 +10,10 @@ def test_positive_ints_sorts_and_dedups_and_refuses_bad_lists():
     for bad in ("a,1", "0,1", "", "-2"):
         with pytest.raises(argparse.ArgumentTypeError):
             positive_ints(bad)
+
+
+def test_positive_int_takes_one_value():
+    assert positive_int("4") == 4
+    for bad in ("0", "2,3", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive_int(bad)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main as bench_main
-from bench.speedup import BASELINE, SCHEDULED, RunResult, geomean, summarize_cell
+from bench.speedup import BASELINE, SCHEDULED, RunResult, geomean, requests_for, summarize_cell
 from bench.workloads.format import Message, Sampling, Session, Turn, write_sessions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -175,3 +175,10 @@ def test_gated_rows_warm_up_until_their_gate_cell_has_explored():
     assert finish_exploring(engine, "ngram-gated", 32, calls.append) == 0   # its cell does not exist yet
     stuck = SimpleNamespace(spec_gate=SimpleNamespace(exploring=lambda key: [32]))
     assert finish_exploring(stuck, "dspark", 32, calls.append) == EXTRA_WARMUPS and len(calls) == EXTRA_WARMUPS
+
+
+def test_a_cell_runs_at_least_waves_requests_per_slot():
+    assert requests_for(8, 8) == 8                  # one wave: every request starts together
+    assert requests_for(8, 8, waves=4) == 32
+    assert requests_for(1, 8, waves=4) == 8         # --requests stays the floor
+    assert requests_for(32, 8) == 32
