@@ -22,9 +22,10 @@ from pathlib import Path
 
 import torch
 
+from kernels.inverse_cdf import draw_ref, draw_triton
 from kernels.nucleus import (bucket_nucleus_probs_ref, bucket_nucleus_probs_triton, nucleus_probs_ref,
                              nucleus_probs_triton)
-from kernels.inverse_cdf import draw_ref, draw_triton
+from specd.engine.keyed_graphs import capture_graph
 
 VOCAB = 151936
 
@@ -73,16 +74,7 @@ def _time(fn, repeats: int, cuda: bool) -> dict:
 
 def _graphed(fn):
     """fn captured in a CUDA graph: returns the replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    return capture_graph(fn, None).replay
 
 
 def measure(rows_list: list[int], vocab: int, device: str, repeats: int, top_p: float,

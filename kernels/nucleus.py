@@ -96,23 +96,28 @@ def bucket_nucleus_probs_ref(logits: torch.Tensor, top_p: torch.Tensor) -> torch
     return kept / kept.sum(dim=1, keepdim=True)
 
 
-def _scratch(logits: torch.Tensor, counts: bool) -> tuple[torch.Tensor, int]:
-    rows, vocab = logits.shape
-    chunks = triton.cdiv(vocab, CHUNK)
-    scratch = torch.empty((rows, chunks, 2 * NB + 1), dtype=torch.float32, device=logits.device)
-    _ladder[(rows, chunks)](logits, scratch, vocab, logits.stride(0), CHUNK=CHUNK, SUB=SUB, NB=NB, STEP=STEP,
-                            COUNTS=counts, num_warps=8)
-    return scratch, chunks
-
-
-def nucleus_probs_triton(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Four launches, no host synchronisation (capturable in a CUDA graph)."""
+def _ladder_pass(logits: torch.Tensor, top_p: torch.Tensor, counts: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """Check the arguments, allocate the output and run ``_ladder``: (out, scratch, chunks); scratch is
+    None for an empty input (nothing to launch)."""
     _check_args(logits, top_p)
     rows, vocab = logits.shape
     out = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
     if rows == 0 or vocab == 0:
+        return out, None, 0
+    chunks = triton.cdiv(vocab, CHUNK)
+    scratch = torch.empty((rows, chunks, 2 * NB + 1), dtype=torch.float32, device=logits.device)
+    _ladder[(rows, chunks)](logits, scratch, vocab, logits.stride(0), CHUNK=CHUNK, SUB=SUB, NB=NB, STEP=STEP,
+                            COUNTS=counts, num_warps=8)
+    return out, scratch, chunks
+
+
+def nucleus_probs_triton(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Four launches, no host synchronisation (capturable in a CUDA graph)."""
+    out, scratch, chunks = _ladder_pass(logits, top_p, counts=True)
+    if scratch is None:
         return out
-    scratch, chunks = _scratch(logits, counts=True)
+    rows, vocab = logits.shape
     cut = torch.empty((rows, 2), dtype=torch.float32, device=logits.device)    # boundary key (bits), kept mass
     block_s = triton.next_power_of_2(chunks)
     _compact[(rows, chunks)](logits, top_p, scratch, out, vocab, logits.stride(0), out.stride(0), chunks,
@@ -126,12 +131,10 @@ def nucleus_probs_triton(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Ten
 
 def bucket_nucleus_probs_triton(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Two launches, no host synchronisation."""
-    _check_args(logits, top_p)
-    rows, vocab = logits.shape
-    out = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
-    if rows == 0 or vocab == 0:
+    out, scratch, chunks = _ladder_pass(logits, top_p, counts=False)
+    if scratch is None:
         return out
-    scratch, chunks = _scratch(logits, counts=False)
+    rows, vocab = logits.shape
     _rounded_write[(rows, chunks)](logits, top_p, scratch, out, vocab, logits.stride(0), out.stride(0), chunks,
                                    CHUNK=CHUNK, NB=NB, STEP=STEP, BLOCK_S=triton.next_power_of_2(chunks))
     return out
