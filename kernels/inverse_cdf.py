@@ -77,7 +77,9 @@ def _chunk_sums(probs_ptr, sums_ptr, vocab, stride_p, CHUNK: tl.constexpr):
     tl.store(sums_ptr + row * tl.num_programs(1) + c, tl.sum(p, 0))
 
 
-@triton.jit
+# stride_u is 1 for a plain step's uniforms and γ for a draft round's column: not specialised, so both
+# share one compiled kernel (the engine builds it at start, sampler.warm)
+@triton.jit(do_not_specialize=["stride_u"])
 def _pick(probs_ptr, u_ptr, sums_ptr, out_ptr, vocab, stride_p, stride_u, chunks,
           CHUNK: tl.constexpr, BLOCK_S: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)

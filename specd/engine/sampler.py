@@ -176,10 +176,13 @@ class RowSettings:
 
 
 def warm(device: torch.device, vocab: int) -> None:
-    """Build the top-p kernels (``kernels.nucleus``) now: on the first sampled request a build would run
-    inside a timed step (~0.1 s a kernel, five kernels). A no-op off CUDA."""
+    """Build the sampling kernels (``kernels.nucleus``, both nuclei, and ``kernels.inverse_cdf``) now: on
+    the first sampled request a build would run inside a step (~0.1 s a kernel, eight kernels). A no-op
+    off CUDA."""
     if device.type == "cuda":
-        nucleus_probs(torch.zeros(1, vocab, device=device), torch.full((1,), 0.9, device=device))
+        logits, top_p = torch.zeros(1, vocab, device=device), torch.full((1,), 0.9, device=device)
+        draw(nucleus_probs(logits, top_p), torch.zeros(1, device=device))
+        bucket_nucleus_probs(logits, top_p)
 
 
 def one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
