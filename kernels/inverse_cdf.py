@@ -28,7 +28,8 @@ CHUNK = 4096
 
 
 def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """probs: [R, V] fp32 >= 0 with mass in every row; uniforms: [R] fp32 in [0, 1). -> [R] int64."""
+    """probs: [R, V] fp32 >= 0; uniforms: [R] fp32 in [0, 1). -> [R] int64. A row without mass (a bug
+    upstream) draws token V - 1 rather than fail."""
     fn = draw_triton if use_triton(probs.device) else draw_ref
     return fn(probs, uniforms)
 
@@ -90,7 +91,10 @@ def _pick(probs_ptr, u_ptr, sums_ptr, out_ptr, vocab, stride_p, stride_u, chunks
     total = tl.sum(tl.where(s == chunks - 1, through, 0.0), 0)
     threshold = tl.load(u_ptr + row * stride_u) * total
     last_chunk = tl.max(tl.where(real & (sums > 0), s, -1), 0)
-    chosen = tl.minimum(tl.sum(((through <= threshold) & real).to(tl.int32), 0), last_chunk)
+    # a row without mass (all zeros, or NaN) draws the last token, as the reference does for zeros: never
+    # a read outside the row
+    chosen = tl.where(last_chunk >= 0,
+                      tl.minimum(tl.sum(((through <= threshold) & real).to(tl.int32), 0), last_chunk), chunks - 1)
     carry = tl.sum(tl.where(s < chosen, sums, 0.0), 0)
     idx = chosen * CHUNK + tl.arange(0, CHUNK)
     inside = idx < vocab
@@ -98,4 +102,5 @@ def _pick(probs_ptr, u_ptr, sums_ptr, out_ptr, vocab, stride_p, stride_u, chunks
     cdf = carry + tl.cumsum(p, 0)
     below = tl.sum(((cdf <= threshold) & inside).to(tl.int32), 0)
     last = tl.max(tl.where(p > 0, tl.arange(0, CHUNK), -1), 0)
-    tl.store(out_ptr + row, (chosen * CHUNK + tl.minimum(below, last)).to(tl.int64))
+    token = tl.where(last >= 0, chosen * CHUNK + tl.minimum(below, last), vocab - 1)
+    tl.store(out_ptr + row, token.to(tl.int64))

@@ -33,6 +33,14 @@ def test_a_uniform_at_the_top_draws_the_last_token_with_mass():
         assert fn(probs, u).tolist() == [CHUNK + 3, 5], fn.__name__
 
 
+def test_a_row_without_mass_draws_the_last_token_and_reads_nothing_outside_it():
+    probs = torch.zeros(2, CHUNK + 7)
+    probs[1, 3] = 1.0
+    u = torch.tensor([0.5, 0.5])
+    for fn in (draw_ref, draw_triton):
+        assert fn(probs, u).tolist() == [CHUNK + 6, 3], fn.__name__
+
+
 def test_kernel_draws_follow_the_distribution():
     """4,000 rows of the same distribution with independent uniforms, one launch."""
     draws = 4000
