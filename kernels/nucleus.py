@@ -214,7 +214,7 @@ def _row_buckets(top_p_ptr, scratch_ptr, row, chunks, NB: tl.constexpr, STEP: tl
     shift = tl.minimum(_grid(chunk_top, STEP) - home, NB).to(tl.int32)     # an all -inf chunk: NB (none)
     scale = tl.exp(chunk_top - top)
     src = g[None, :] - shift[:, None]                 # the chunk bucket feeding row bucket g (g < NB - 1)
-    fed = (src >= 0) & (g[None, :] < NB - 1) & real[:, None]
+    fed = (src >= 0) & (src < NB - 1) & (g[None, :] < NB - 1) & real[:, None]     # (a NaN max: no shift to trust)
     per_bucket = tl.sum(tl.load(chunk_rows[:, None] + src, mask=fed, other=0.0) * scale[:, None], 0)
     chunk_mass = tl.sum(tl.load(chunk_rows[:, None] + g[None, :], mask=real[:, None], other=0.0), 1)
     total = tl.sum(chunk_mass * scale, 0)
