@@ -7,8 +7,9 @@ are importable from each module for tests and benchmarks.
 from kernels.block_copy import gather_blocks, gather_blocks_ref, scatter_blocks, scatter_blocks_ref
 from kernels.dispatch import use_triton
 from kernels.errors import KernelArgumentError
+from kernels.inverse_cdf import draw, draw_ref
 from kernels.kv_append import append_kv, append_kv_ref
-from kernels.nucleus import nucleus_probs, nucleus_probs_ref
+from kernels.nucleus import bucket_nucleus_probs, bucket_nucleus_probs_ref, nucleus_probs, nucleus_probs_ref
 from kernels.paged_attention import paged_attention, paged_attention_ref
 from kernels.rejection_sample import rejection_sample, rejection_sample_ref
 
@@ -16,6 +17,10 @@ __all__ = [
     "KernelArgumentError",
     "append_kv",
     "append_kv_ref",
+    "bucket_nucleus_probs",
+    "bucket_nucleus_probs_ref",
+    "draw",
+    "draw_ref",
     "gather_blocks",
     "gather_blocks_ref",
     "nucleus_probs",

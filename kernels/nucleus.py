@@ -179,8 +179,9 @@ def _ladder(logits_ptr, scratch_ptr, vocab, stride_l,
     top = tl.max(tl.load(l_row + whole, mask=whole < vocab, other=float("-inf")), 0)
     home = _grid(top, STEP)
     buckets = tl.arange(0, NB)
-    # [SUB, NB] accumulators, reduced once at the end: a reduction across the block per step made this
-    # kernel ~100 µs a program (H200, session 11: 2.2 ms for the rounded nucleus of 256 rows)
+    # [SUB, NB] accumulators, reduced once at the end. Measured no faster than reducing at every step
+    # (H200, session 11: 2.15-2.17 ms for the rounded nucleus of 256 rows either way): the 64
+    # compare-and-adds a token are the cost (docs/design/kernels.md)
     m_acc = tl.zeros([SUB, NB], tl.float32)
     n_acc = tl.zeros([SUB, NB], tl.float32)
     for sub in range(0, CHUNK, SUB):

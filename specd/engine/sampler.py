@@ -66,8 +66,9 @@ def row_kind_codes(params: Sequence[SamplingParams], vocab: int) -> list[int]:
 def static_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                  kind: torch.Tensor, path: SamplingPath) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-row transform of ``sampling_probs(..., draft=True)`` (sampled rows; drafts only: the draft
-    rounds of specd/engine/draft_graphs.py) and ``one_hot_argmax`` (greedy rows) with fixed shapes: every transform ``path`` names runs on every row and each row keeps its own by
-    ``torch.where``, so no row list is needed and the call can be captured in a CUDA graph.
+    rounds of specd/engine/draft_graphs.py) and ``one_hot_argmax`` (greedy rows) with fixed shapes: every
+    transform ``path`` names runs on every row and each row keeps its own by ``torch.where``, so no row
+    list is needed and the call can be captured in a CUDA graph.
 
     logits: [B, V] fp32; temperature/top_p: [B] fp32 (1.0 on greedy rows); top_k: [B] int64;
     kind: [B] int64 row kind codes. Returns (probs [B, V] fp32, argmax [B] int64)."""

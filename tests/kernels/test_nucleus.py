@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.sampling_cost import zipf_logits
 from kernels.errors import KernelArgumentError
 from kernels.nucleus import (CHUNK, SEARCH_BLOCK, STEP, bucket_nucleus_probs_ref, bucket_nucleus_probs_triton,
                              nucleus_probs_ref, nucleus_probs_triton)
@@ -17,27 +18,18 @@ def _assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
     assert torch.allclose(got.sum(1), torch.ones(got.shape[0]), atol=1e-5)
 
 
-def _zipf(rows: int, vocab: int, seed: int) -> torch.Tensor:
-    """Rows shaped like a language model's: -a ln(rank) over a random permutation, a from 0.9 to 2.2."""
-    g = torch.Generator().manual_seed(seed)
-    rank = torch.arange(1, vocab + 1, dtype=torch.float32)
-    out = torch.empty(rows, vocab)
-    for i, a in enumerate(torch.linspace(0.9, 2.2, rows)):
-        out[i, torch.randperm(vocab, generator=g)] = -a * torch.log(rank)
-    return out
-
-
 @pytest.mark.parametrize("vocab", [37, CHUNK + 905])
 def test_kernel_keeps_the_reference_nucleus(vocab):
     """One chunk and two (the second partial); the nuclei run from 1 token to all of them."""
     g = torch.Generator().manual_seed(vocab)
-    logits = torch.cat([torch.randn(5, vocab, generator=g) * 3, _zipf(4, vocab, vocab)])
+    logits = torch.cat([torch.randn(5, vocab, generator=g) * 3, zipf_logits(4, vocab, "cpu", vocab)])
     top_p = torch.tensor([0.9, 0.5, 1.0, 0.99, 0.1, 0.9, 0.95, 0.6, 0.999])
     _assert_same(nucleus_probs_triton(logits, top_p), nucleus_probs_ref(logits, top_p))
 
 
-def test_a_bracket_over_many_list_blocks():
-    """Nearly flat rows put every token in the top bucket: the search walks a long list."""
+def test_a_bracket_larger_than_the_register_search_is_searched_in_passes():
+    """Nearly flat rows put every token (SEARCH_BLOCK + 1,500) in the top bucket: the bracket is searched
+    in passes over its list in memory, not in registers."""
     g = torch.Generator().manual_seed(5)
     vocab = SEARCH_BLOCK + 1500
     logits = torch.randn(3, vocab, generator=g) * 0.01
@@ -78,7 +70,7 @@ def test_reference_is_the_smallest_prefix_reaching_p():
 
 
 def test_a_rows_result_does_not_depend_on_its_batch():
-    logits = _zipf(4, 700, 3)
+    logits = zipf_logits(4, 700, "cpu", 3)
     top_p = torch.tensor([0.9, 0.8, 0.95, 0.5])
     batch = nucleus_probs_triton(logits, top_p)
     for row in range(4):
@@ -111,7 +103,7 @@ def test_a_chunk_of_masked_tokens_adds_nothing():
 @pytest.mark.parametrize("vocab", [37, CHUNK + 905])
 def test_rounded_kernel_equals_its_reference(vocab):
     g = torch.Generator().manual_seed(vocab + 1)
-    logits = torch.cat([torch.randn(5, vocab, generator=g) * 3, _zipf(4, vocab, vocab)])
+    logits = torch.cat([torch.randn(5, vocab, generator=g) * 3, zipf_logits(4, vocab, "cpu", vocab)])
     top_p = torch.tensor([0.9, 0.5, 1.0, 0.99, 0.1, 0.9, 0.95, 0.6, 0.999])
     _assert_same(bucket_nucleus_probs_triton(logits, top_p), bucket_nucleus_probs_ref(logits, top_p))
 
@@ -119,7 +111,8 @@ def test_rounded_kernel_equals_its_reference(vocab):
 def test_the_rounded_nucleus_holds_the_exact_one_and_whole_buckets():
     """It keeps every token the exact nucleus keeps, and besides those only tokens of the exact boundary
     token's bucket (within e^STEP of its weight)."""
-    logits = torch.cat([_zipf(6, 3000, 8), torch.randn(3, 3000, generator=torch.Generator().manual_seed(2)) * 4])
+    logits = torch.cat([zipf_logits(6, 3000, "cpu", 8),
+                        torch.randn(3, 3000, generator=torch.Generator().manual_seed(2)) * 4])
     top_p = torch.tensor([0.9, 0.95, 0.8, 0.5, 0.9, 0.99, 0.9, 0.7, 0.95])
     exact, rounded = nucleus_probs_ref(logits, top_p), bucket_nucleus_probs_ref(logits, top_p)
     assert not ((exact > 0) & (rounded == 0)).any()
