@@ -114,7 +114,11 @@ class GateSteps:
         for key, members in rests:
             records = [s.seq.gate_acceptance for s in members]
             resumes = self._resumes(batch, key, records)      # ages their records whatever comes next
-            if not (self.spec_gate.probe_next(key, len(batch)) or resumes):
+            if not self._decode_step:
+                # a step with prompt chunks drafts for nobody but changes nobody's capture: a request
+                # that captures keeps its unabsorbed features and captures this step's too (``_keeps``)
+                self._rest([s.seq for s in members if not self._keeps(s.seq)])
+            elif not (self.spec_gate.probe_next(key, len(batch)) or resumes):
                 self._rest([s.seq for s in members])
                 if self._decode_step and len(members) == len(group) and self._gate_arms.get(key) is False:
                     # the whole group rests on the gate's answer: the next step may ask ``rests_again``
@@ -280,6 +284,22 @@ class GateSteps:
         for seq in seqs:
             self._resting.add(id(seq))
             seq.draft_feats = None
+
+    @staticmethod
+    def _keeps(seq: Sequence) -> bool:
+        """Does a decoding request keep capturing through a step with prompt chunks? Yes when it is
+        capturing now (its features are not None: unabsorbed ones, or the drafter's raw tail).
+
+        Why: such a step drafts for nobody (it is never measured, and its shape is one the warm-up did
+        not see), and until session 12 it also rested every gated decoder, which drops unabsorbed
+        features (``_rest``). A request whose prefill finished one step before another request's prompt
+        chunk lost its whole prompt's features that way, and drafted from a context without its prompt
+        to its end; a request that had just drafted lost its accepted tokens' features (a gap). H200,
+        runs AF/AH: at c ≥ 8, where prompts arrive beside decoders, scheduled dspark's drafts were
+        accepted at 0.36 a token on extraction against fixed γ = 7's 0.44-0.47 (fixed requests are not
+        gated, so they never rested), and it ran at 0.97× plain decoding where fixed γ = 7 ran 1.32×.
+        Capturing in such a step costs little beside the prompt chunk it runs with."""
+        return seq.draft_feats is not None
 
     @staticmethod
     def _stitch(seq: Sequence, first: int) -> None:

@@ -702,7 +702,8 @@ def test_a_prompt_captures_features_only_where_its_cell_drafts(engine, drafts_fi
 
 def test_gated_requests_rest_in_a_step_with_a_prompt_chunk(engine):
     """A step that prefills a new request is never measured and has a shape the warm-up did not see:
-    the gated decoders beside it rest that step, and draft again after it."""
+    the gated decoders beside it do not draft that step, keep capturing features (no gap in their
+    drafter context), and draft again at the next step."""
     from specd.engine.request import Request
     from specd.sampling_params import SamplingParams
 
@@ -718,13 +719,49 @@ def test_gated_requests_rest_in_a_step_with_a_prompt_chunk(engine):
         engine.add_request(Request("b", engine.tokenizer.encode(PROMPTS[1]), params, speculation="dspark"))
         engine.step()                                   # b's prefill beside a's decode
         assert a.spec_verifications == before
-        engine.step()                                   # captures features again (a rest dropped them)
+        assert a.draft_feats is not None and len(a.draft_feats)     # this step's features, kept
+        assert a.draft_ctx.offset == 0                  # nothing dropped: no gap
         engine.step()
-        assert a.spec_verifications > before            # and drafts again
+        assert a.spec_verifications > before            # drafts again at once
+        assert a.draft_ctx.offset == 0
         while engine.has_work():
             engine.step()
     finally:
         engine.spec_gate = SpecGate()
+
+
+def test_a_prompt_chunk_beside_a_new_decoder_leaves_it_its_prompt_context(engine):
+    """A request whose first decode step runs beside another request's prompt chunk keeps the features
+    of its own prompt: its drafter context starts at position 0 and covers the prompt. Until session
+    12 that step rested it and dropped them, and it drafted from a context without its prompt to its
+    end (H200, runs AF/AH: at c ≥ 8 scheduled dspark's drafts were accepted a fifth less often than
+    fixed γ = 7's). Outputs stay those of plain greedy decoding."""
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    want = run(engine, "none", max_tokens=24)["0"]
+    engine.spec_gate = ScriptedGate([True] * 200)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    got = []
+    try:
+        engine.add_request(Request("first", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
+        seq = engine._seqs["first"]
+        for out in engine.step():                       # its prefill, alone: its prompt's features
+            got += out.token_ids if out.id == "first" else []
+        assert len(seq.draft_feats) == len(seq.prompt_ids)
+        engine.add_request(Request("next", engine.tokenizer.encode(PROMPTS[1]), params, speculation="dspark"))
+        for out in engine.step():                       # its first decode step, beside the next prefill
+            got += out.token_ids if out.id == "first" else []
+        assert seq.spec_verifications == 0 and seq.draft_feats is not None
+        while engine.has_work():
+            for out in engine.step():
+                got += out.token_ids if out.id == "first" else []
+            if seq.draft_ctx is not None:
+                assert seq.draft_ctx.offset == 0        # the context starts at the prompt's first token
+        assert seq.spec_verifications > 0
+    finally:
+        engine.spec_gate = SpecGate()
+    assert got == want
 
 
 class AnnouncingGate(ScriptedGate):
