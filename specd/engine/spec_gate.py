@@ -395,7 +395,7 @@ class SpecGate:
             cell.probe_left -= 1
             return self._drafts(cell, "probe", cell.probe_arm)
         if cell.clock == 0:      # the first step after a probe or the exploration: both rates are fresh
-            cell.wait = 1 if cell.draft.samples == 0 else self._wait(cell, winner)
+            cell.wait = 1 if cell.draft.samples == 0 else self._wait(cell, winner, predicted)
         cell.clock += 1
         if cell.clock < cell.wait:
             if not winner and verify is None:    # the bound ``rests_again`` keeps for the same requests
@@ -474,16 +474,27 @@ class SpecGate:
             return False
         return None
 
-    def _wait(self, cell: Cell, winner: bool) -> int:
+    def _wait(self, cell: Cell, winner: bool, predicted: float | None = None) -> int:
         """Measured steps until the probe after this one: its expected cost within the probe budget.
+
+        ``predicted``: the drafting rate predicted for this batch (``Cell.draft_rate`` at its requests'
+        acceptance); None: the cell's measured one. The batch's own prediction decides, because it is
+        what decided the winner: a cell whose drafting arm was measured on requests that draft well (one
+        workload) and a batch of requests that draft badly (another) rest on the prediction while the
+        cell's rates say drafting wins. Its loss, computed from the cell's rates, was then below zero and
+        the wait fell to ``probe_every``. H200, session 12: at c = 1 creative writing (τ ~1.1) came after
+        coding had made drafting win at b1; it rested on the prediction (184 against 266 tok/s) and was
+        probed every ~16 steps, 6-9 probe steps a run of 384 steps, each ~7 ms against a 3.7 ms plain step.
 
         The cost is counted in time, not steps: a probe's steps last ``lose.step_s`` each and lose
         ``loss`` of the winner's rate over that time, while the wait's steps last ``win.step_s``. So the
         wait is probe_steps × (lose.step_s / win.step_s) × loss / budget steps of the winner. (Until
         session 6 the step-length ratio was left out; on the H200 a drafting step at c ≥ 8 lasts 3-5 plain
         steps, so a probe of drafting cost 3-5× its budget: ~3-5% of a resting cell, not 1%.)"""
+        draft = cell.draft.per_s if predicted is None else predicted
         win, lose = (cell.draft, cell.plain) if winner else (cell.plain, cell.draft)
-        loss = 1.0 - lose.per_s / win.per_s if win.per_s > 0 else 1.0
+        win_rate, lose_rate = (draft, cell.plain.per_s) if winner else (cell.plain.per_s, draft)
+        loss = 1.0 - lose_rate / win_rate if win_rate > 0 else 1.0
         length = lose.step_s / win.step_s if win.step_s > 0 and lose.step_s > 0 else 1.0
         steps = ceil(self.probe_steps * length * max(0.0, loss) / self.probe_budget - 1e-9)   # 20.000001 is 20
         return max(self.probe_every, min(self.probe_max, steps))

@@ -1002,3 +1002,26 @@ def test_steps_that_build_a_triton_kernel_are_no_timing_samples(engine, monkeypa
 def draft_samples(stats: dict) -> int:
     """Drafting samples over every load bucket of dspark's gate cells (warm-ups are not samples)."""
     return sum(v for k, v in stats.items() if k.startswith("spec_gate_dspark_b") and k.endswith("_draft_samples"))
+
+
+def test_a_batch_resting_on_its_prediction_is_probed_within_the_budget_of_its_own_loss():
+    """The cell's drafting arm was measured on requests that draft well (4 tokens a step, 2x plain
+    decoding's rate); a batch of requests that draft badly (1 token a step) rests on its prediction
+    (500 against 1,000 tok/s). Its probes are budgeted by that predicted loss (a 2-step probe of steps
+    twice as long, losing half: 2 x 2 x 0.5 / 1% = 200 steps), not by the cell's rates, whose loss is
+    below zero and made the wait the shortest one (10 steps) before session 12."""
+    gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=2, probe_max=1000, prior_steps=0.0)
+    for _ in range(3):
+        assert gate.should_draft("dspark", 4)
+        gate.observe("dspark", 4, True, 16, 16 / 2000.0)
+    for _ in range(3):
+        assert not gate.should_draft("dspark", 4)
+        gate.observe("dspark", 4, False, 4, 4 / 1000.0)
+    poor = records(4, tokens=1, steps=5)
+    arms = []
+    for _ in range(260):
+        drafted = gate.should_draft("dspark", 4, requests=poor)
+        gate.observe("dspark", 4, drafted, 4, 4 / (500.0 if drafted else 1000.0))
+        arms.append(drafted)
+    assert gate.acceptance("dspark", 4, poor) == pytest.approx(1.0)
+    assert arms.index(True) == 199          # the 200th step of the wait starts the probe
