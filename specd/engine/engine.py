@@ -324,6 +324,8 @@ class SpecEngine(GateSteps):
                 if not group:
                     continue
             limits = [self._draft_limit(s.seq) for s in group]
+            if not cheap:
+                self._drop_undrafted(proposer, group, limits)
             drafts = proposer.propose([s.seq for s in group], limits)
             if cheap:
                 drafts = self._gate_found(batch, group, drafts)

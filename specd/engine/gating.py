@@ -217,6 +217,34 @@ class GateSteps:
         resting = {id(s) for _, members in self._gate_rests(batch, found, lengths) for s in members}
         return [d.truncated(0) if id(s) in resting else d for s, d in zip(group, drafts)]
 
+    def _drop_undrafted(self, proposer, group: list[ScheduledSeq], limits: list[int]) -> None:
+        """Requests the gate let draft that the proposer cannot draft for (a feature drafter's request
+        with no features since a rest, or no room left under max_tokens) do not draft: they leave this
+        step's drafting records (``_gate_drafting``), and a gate key none of whose requests drafts
+        reports no sample. Asked before proposing: a proposer that works and finds nothing (ngram) paid
+        for its drafting step, which stays a sample.
+
+        Why: a resting request has dropped its features (``_rest``), so at the first step the gate lets
+        it draft without an announcement (a new request's class turned the batch's prediction) it has
+        nothing to draft from, and emits one token. Recorded as a drafting step, that token lowered its
+        own record and, before its first capture (no drafter context yet), its class's pooled record:
+        the next prediction rested it again, and the next request of its class started lower. A step
+        where nobody drafted was a plain step, and is no sample of the drafting arm either. H200,
+        session 12 (run AI): support and coding at c = 8 drafted through the first of three repeats
+        (support 1.32× plain), then rested through the other two, whose probes' drafts were accepted at
+        0.13-0.14 a token against 0.47 in the first; these records are one way a rest feeds itself
+        (which step turned them is not in the run's records)."""
+        features = bool(getattr(proposer, "capture_layers", ()))
+        empty = {id(s.seq) for s, limit in zip(group, limits) if limit <= 0 or features and s.seq.draft_feats is None}
+        if not empty:
+            return
+        for key in {s.seq.gate_key for s in group if id(s.seq) in empty}:
+            kept = [q for q in self._gate_drafting.get(key, ()) if id(q) not in empty]
+            if kept:
+                self._gate_drafting[key] = kept
+            elif self._gate_drafting.pop(key, None) is not None:
+                self._gate_arms.pop(key, None)
+
     def _gate_rests(self, batch: list[ScheduledSeq], candidates: list[ScheduledSeq],
                     lengths: dict[int, int] | None = None) -> list[tuple[str, list[ScheduledSeq]]]:
         """Ask the gate once per gate key about the gated requests among ``candidates``; the keys it rests,

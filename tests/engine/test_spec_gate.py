@@ -764,6 +764,40 @@ def test_a_prompt_chunk_beside_a_new_decoder_leaves_it_its_prompt_context(engine
     assert got == want
 
 
+def test_a_request_with_nothing_to_draft_from_records_no_drafting_step(engine):
+    """Rested (features dropped), then let draft without an announcement: that step it has no features,
+    proposes nothing and emits one token. That token is no drafting step of its own record nor of its
+    class's (it lowered both until session 12); it captures, and drafts at the next step."""
+    from specd.engine.request import Request
+    from specd.engine.spec_gate import Acceptance, ClassRecord
+    from specd.sampling_params import SamplingParams
+
+    class Recording(ScriptedGate):
+        def record(self, method, prompt):
+            return Acceptance(group=ClassRecord())
+
+    want = run(engine, "none", max_tokens=40)["0"]
+    engine.spec_gate = Recording([True] * 2 + [False] * 3 + [True] * 100)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    got, trail = [], []
+    try:
+        engine.add_request(Request("r", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
+        seq = engine._seqs["r"]
+        while engine.has_work():
+            for out in engine.step():
+                got += out.token_ids
+            rec = seq.gate_acceptance
+            trail.append((seq.spec_verifications, round(rec.steps, 6), round(rec.group.steps, 6)))
+    finally:
+        engine.spec_gate = SpecGate()
+    assert got == want
+    # step 0 prefills, 1-2 draft, 3-5 rest, 6 is let draft with no features, 7 drafts again
+    assert trail[2][0] == 2 and trail[5][0] == 2
+    assert trail[6] == trail[5]                  # no draft, no record: own and class steps unchanged
+    assert trail[7][0] == 3 and trail[7][1] > trail[6][1]
+    assert trail[7][2] == trail[6][2]            # a gapped context feeds no class record (``_pools``)
+
+
 class AnnouncingGate(ScriptedGate):
     """Rests as scripted and announces a probe of drafting at the scripted steps."""
 
