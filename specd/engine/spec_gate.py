@@ -160,6 +160,15 @@ class Rate:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     @property
+    def per_seq_s(self) -> float:
+        """Tokens per second per sequence of the batch: the rate of an average step of this arm over its
+        average batch size. The gate compares arms in this unit (``Cell``), because a load bucket holds
+        batches of n to 2n − 1 sequences and the arms are not sampled at the same sizes."""
+        if self.seconds <= 0 or self.seq_steps <= 0:
+            return 0.0
+        return self.tokens * self.steps / (self.seconds * self.seq_steps)
+
+    @property
     def step_s(self) -> float:
         """Seconds per step of this arm (decayed like the rate)."""
         return self.seconds / self.steps if self.steps > 0 else 0.0
@@ -245,16 +254,27 @@ class Cell:
     trace: list = field(default_factory=list)   # the first TRACE_STEPS reports (``SpecGate.trace``)
     recent: deque = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))   # the latest ones
     reason: str = ""          # why the last measured step of this cell ran its arm (DRAFT_REASONS)
-    basis: tuple = ()         # what decided it: (predicted acceptance, predicted drafting tok/s, plain tok/s)
+    basis: tuple = ()         # what decided it: (predicted acceptance, predicted drafting tok/s, plain tok/s),
+                              # both rates per sequence × the step's sequences
     rest_bound: tuple | None = None   # while the prediction rests its requests: the highest acceptance they
                                       # can drift to, for them and for any subset (``SpecGate.rests_again``)
     rest_admitted: int = -1   # ``SpecGate.admitted`` when ``rest_bound`` was taken (a new request may explore)
 
     def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:
-        """The drafting rate predicted for a batch whose drafting step emits ``acceptance`` tokens per
-        sequence (all of the batch's sequences, drafting or not) and verifies ``verify`` draft tokens,
-        from the cell's measured rate, tokens per sequence and step times."""
-        rate = self.draft.per_s
+        """The drafting rate per sequence (``Rate.per_seq_s``) predicted for a batch whose drafting step
+        emits ``acceptance`` tokens per sequence (all of the batch's sequences, drafting or not) and
+        verifies ``verify`` draft tokens, from the cell's measured rate, tokens per sequence and step
+        times.
+
+        Per sequence, because a bucket's batches differ in size: at c = 8 under a closed loop, a request
+        that finishes leaves 7 decoding beside the next one's prompt, and 7 is bucket 4, where c = 4 runs
+        4. Compared in tokens per second, an arm sampled on 7-sequence batches beat one sampled on
+        4-sequence batches by up to 7/4 whatever it did (H200, session 12, run AL: the b2 cell's plain
+        arm, sampled on 2 sequences, rated 514 tok/s, and drafting on 3 sequences was predicted to beat
+        it while a plain step of 3 ran ~700 tok/s; knowledge at c = 4 drafted 4-11 steps a run, these
+        among them, at 4% acceptance, and ran 0.85× plain). A decode step's time grows slowly with the batch (memory-bound), so tokens per
+        sequence per second is about constant across a bucket, for both arms alike."""
+        rate = self.draft.per_seq_s
         measured = self.draft.per_seq_step
         if acceptance is not None and measured > 0:
             rate *= acceptance / measured
@@ -279,8 +299,8 @@ class Cell:
         return self.beats_plain(self.draft_rate(acceptance, verify), margin)
 
     def beats_plain(self, rate: float, margin: float = 0.0) -> bool:
-        """Does a predicted drafting ``rate`` beat plain decoding's measured one by ``margin``?"""
-        return rate > self.plain.per_s * (1.0 + margin)
+        """Does a predicted drafting ``rate`` (per sequence) beat plain decoding's measured one by ``margin``?"""
+        return rate > self.plain.per_seq_s * (1.0 + margin)
 
 
 class SpecGate:
@@ -389,7 +409,7 @@ class SpecGate:
         winner = cell.beats_plain(predicted, self.margin)
         if not measured:
             return winner
-        cell.basis = (acceptance, predicted, cell.plain.per_s)   # for the step's report (``trace``)
+        cell.basis = (acceptance, predicted * sequences, cell.plain.per_seq_s * sequences)   # for ``trace``
         cell.rest_bound = None
         if cell.probe_left:
             cell.probe_left -= 1
@@ -429,7 +449,7 @@ class SpecGate:
         predicted = cell.draft_rate(acceptance)
         if cell.beats_plain(predicted, self.margin):
             return False
-        cell.basis = (acceptance, predicted, cell.plain.per_s)
+        cell.basis = (acceptance, predicted * sequences, cell.plain.per_seq_s * sequences)
         cell.clock += 1
         return not self._drafts(cell, "winner", False)
 
@@ -477,8 +497,8 @@ class SpecGate:
     def _wait(self, cell: Cell, winner: bool, predicted: float | None = None) -> int:
         """Measured steps until the probe after this one: its expected cost within the probe budget.
 
-        ``predicted``: the drafting rate predicted for this batch (``Cell.draft_rate`` at its requests'
-        acceptance); None: the cell's measured one. The batch's own prediction decides, because it is
+        ``predicted``: the drafting rate per sequence predicted for this batch (``Cell.draft_rate`` at its
+        requests' acceptance); None: the cell's measured one. The batch's own prediction decides, because it is
         what decided the winner: a cell whose drafting arm was measured on requests that draft well (one
         workload) and a batch of requests that draft badly (another) rest on the prediction while the
         cell's rates say drafting wins. Its loss, computed from the cell's rates, was then below zero and
@@ -491,9 +511,10 @@ class SpecGate:
         wait is probe_steps × (lose.step_s / win.step_s) × loss / budget steps of the winner. (Until
         session 6 the step-length ratio was left out; on the H200 a drafting step at c ≥ 8 lasts 3-5 plain
         steps, so a probe of drafting cost 3-5× its budget: ~3-5% of a resting cell, not 1%.)"""
-        draft = cell.draft.per_s if predicted is None else predicted
+        draft = cell.draft.per_seq_s if predicted is None else predicted
+        plain = cell.plain.per_seq_s
         win, lose = (cell.draft, cell.plain) if winner else (cell.plain, cell.draft)
-        win_rate, lose_rate = (draft, cell.plain.per_s) if winner else (cell.plain.per_s, draft)
+        win_rate, lose_rate = (draft, plain) if winner else (plain, draft)
         loss = 1.0 - lose_rate / win_rate if win_rate > 0 else 1.0
         length = lose.step_s / win.step_s if win.step_s > 0 and lose.step_s > 0 else 1.0
         steps = ceil(self.probe_steps * length * max(0.0, loss) / self.probe_budget - 1e-9)   # 20.000001 is 20

@@ -148,7 +148,9 @@ def _serve(engine, waves):
 
 
 WAVES = [(1, GREEDY, "dspark", "fixed"), (3, GREEDY, "dspark", None), (8, GREEDY, "dspark", "fixed"),
-         (5, NUCLEUS, "dspark", "fixed"), (4, GREEDY, "ngram", None), (6, NUCLEUS, "dspark", None)]
+         (5, NUCLEUS, "dspark", "fixed"), (4, GREEDY, "ngram", None), (6, NUCLEUS, "dspark", None),
+         # plain decode at 8: whether the gated waves above rest at 5-8 sequences depends on CPU timing
+         (8, GREEDY, "none", None)]
 
 
 def test_a_speculative_run_meets_only_warmed_shapes():

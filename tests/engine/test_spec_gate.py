@@ -229,7 +229,8 @@ def test_a_step_that_verifies_more_drafts_than_the_measured_ones_is_priced_longe
     cell = gate.cells[("ngram", 32)]
     acceptance = gate.acceptance("ngram", 32, good)
     # all 32 match: ~96 tokens in 1 + 0.28 × 224 / 28 = 3.24 plain steps: ~29.6 per plain step, below 32
-    assert cell.draft_rate(acceptance, 224) == pytest.approx(acceptance * 32 / 3.24 * PLAIN_TOK_S / 32)
+    # (the rate is per sequence: the batch's tokens per second over its 32 sequences)
+    assert cell.draft_rate(acceptance, 224) == pytest.approx(acceptance / 3.24 * PLAIN_TOK_S / 32)
     assert not gate.should_draft("ngram", 32, measured=False, requests=good, verify=224)
     assert gate.should_draft("ngram", 32, measured=False, requests=good)    # unpriced: the old overrating
 
@@ -1059,3 +1060,23 @@ def test_a_batch_resting_on_its_prediction_is_probed_within_the_budget_of_its_ow
         arms.append(drafted)
     assert gate.acceptance("dspark", 4, poor) == pytest.approx(1.0)
     assert arms.index(True) == 199          # the 200th step of the wait starts the probe
+
+
+def test_arms_sampled_at_different_batch_sizes_of_one_bucket_are_compared_per_sequence():
+    """Bucket 2 holds batches of 2 and 3. Plain decoding was sampled on 2 sequences (2 tokens in 4 ms:
+    500 tok/s, 250 a sequence), drafting on 3 (6 tokens in 10 ms: 600 tok/s, 200 a sequence). In tokens
+    per second drafting looked 20% faster, while a plain step of 3 (~3 tokens in ~4 ms) beats it; per
+    sequence, it rests (H200, run AL: a b2 cell drafted on 3 against a plain rate sampled on 2)."""
+    gate = SpecGate(warmup=0, min_samples=3, probe_every=500, probe_steps=1)
+    for _ in range(3):
+        assert gate.should_draft("dspark", 3)
+        gate.observe("dspark", 3, True, 6, 0.010)
+    for _ in range(3):
+        assert not gate.should_draft("dspark", 2)
+        gate.observe("dspark", 2, False, 2, 0.004)
+    cell = gate.cells[("dspark", 2)]
+    assert cell.draft.per_s == pytest.approx(600.0) and cell.plain.per_s == pytest.approx(500.0)
+    assert cell.draft.per_seq_s == pytest.approx(200.0) and cell.plain.per_seq_s == pytest.approx(250.0)
+    assert not gate.should_draft("dspark", 3, measured=False)
+    assert not gate.should_draft("dspark", 2, measured=False)
+    assert gate.stats()["spec_gate_dspark_b2_drafting"] == 0
