@@ -235,7 +235,8 @@ class GateSteps:
         0.13-0.14 a token against 0.47 in the first; these records are one way a rest feeds itself
         (which step turned them is not in the run's records)."""
         features = bool(getattr(proposer, "capture_layers", ()))
-        empty = {id(s.seq) for s, limit in zip(group, limits) if limit <= 0 or features and s.seq.draft_feats is None}
+        empty = {id(s.seq) for s, limit in zip(group, limits)
+                 if limit <= 0 or features and s.seq.draft_feats is None}
         if not empty:
             return
         for key in {s.seq.gate_key for s in group if id(s.seq) in empty}:

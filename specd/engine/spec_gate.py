@@ -7,7 +7,7 @@ H200, scheduled DSpark ran at 0.46-0.87× plain decoding. So whether to draft is
 only: the engine reports every measurable step's output (tokens emitted by the whole batch) and wall time
 under the arm it ran (drafting or resting), per method and per load bucket (the batch's sequences, rounded
 down to a power of two), and the gate drafts only where drafting's measured rate beats plain decoding's
-by ``margin`` (3%).
+by ``margin`` (3%), both per sequence of the batch (``Rate.per_seq_s``: a bucket holds n to 2n − 1).
 
 Whose acceptance: the step time of an arm is a property of the load, but the tokens a drafting step
 emits are a property of the requests in it. One engine serves workloads whose drafts are accepted at very
@@ -272,8 +272,9 @@ class Cell:
         4-sequence batches by up to 7/4 whatever it did (H200, session 12, run AL: the b2 cell's plain
         arm, sampled on 2 sequences, rated 514 tok/s, and drafting on 3 sequences was predicted to beat
         it while a plain step of 3 ran ~700 tok/s; knowledge at c = 4 drafted 4-11 steps a run, these
-        among them, at 4% acceptance, and ran 0.85× plain). A decode step's time grows slowly with the batch (memory-bound), so tokens per
-        sequence per second is about constant across a bucket, for both arms alike."""
+        among them, at 4-9% acceptance, and ran 0.85× plain; at c = 16 the b8 cell's plain rate followed
+        the draining batch's sizes). A decode step's time grows slowly with the batch (memory-bound), so
+        tokens per second per sequence is about constant across a bucket, for both arms alike."""
         rate = self.draft.per_seq_s
         measured = self.draft.per_seq_step
         if acceptance is not None and measured > 0:
@@ -497,9 +498,9 @@ class SpecGate:
     def _wait(self, cell: Cell, winner: bool, predicted: float | None = None) -> int:
         """Measured steps until the probe after this one: its expected cost within the probe budget.
 
-        ``predicted``: the drafting rate per sequence predicted for this batch (``Cell.draft_rate`` at its
-        requests' acceptance); None: the cell's measured one. The batch's own prediction decides, because it is
-        what decided the winner: a cell whose drafting arm was measured on requests that draft well (one
+        ``predicted``: the drafting rate per sequence predicted for this batch (``Cell.draft_rate`` at
+        its requests' acceptance); None: the cell's measured one. The batch's own prediction decides,
+        because it is what decided the winner: a cell whose drafting arm was measured on requests that draft well (one
         workload) and a batch of requests that draft badly (another) rest on the prediction while the
         cell's rates say drafting wins. Its loss, computed from the cell's rates, was then below zero and
         the wait fell to ``probe_every``. H200, session 12: at c = 1 creative writing (τ ~1.1) came after
