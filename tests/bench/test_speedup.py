@@ -115,6 +115,10 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     assert "## stories-greedy" in md and "## Summary across workloads" in md
     assert md.count("never slower than none at concurrency") == 4
     assert "Timed runs that captured CUDA graphs: 0 of 56" in md          # CPU: no graphs at all (2 × 2 × 7 rows × 2)
+    from bench.speedup import NOISE_BAND, noise_floor
+    band, aa = noise_floor(result, SCHEDULED, NOISE_BAND), noise_floor(result, "none-aa", NOISE_BAND)
+    assert (f"Within a 3% band (ratios ≥ 0.97): scheduled dspark fails in {band['failed']} of 4 cells, "
+            f"the A/A row in {aa['failed']}.") in md
 
 
 def test_budget_cuts_cells_and_still_writes(tmp_path):
