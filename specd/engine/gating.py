@@ -184,8 +184,12 @@ class GateSteps:
         whole loss where the gate rested every step: 2-5% of throughput, the most on the longest prompts
         (knowledge, c = 32: 7.83 against 7.39 ms per step, no verification). The question is asked for a
         batch of requests like this one (its class's acceptance, ``SpecGate.record``), and a request
-        exploring its class captures. Lossless: the features only feed drafts, and the answer depends on
-        earlier steps' measurements only."""
+        exploring its class captures. It is asked at the prefill's first chunk only, and the later chunks
+        follow that answer (``Sequence.prompt_captures``): asked again at each chunk, a "rest" dropped the
+        earlier chunks' features and a "draft" after a rest captured the rest of the prompt alone, a
+        context without its start (session 12, CPU: a 45-token prompt in 16-token chunks kept 13).
+        Lossless: the features only feed drafts, and the answer depends on earlier steps' measurements
+        only."""
         if not self._gate_on():
             return
         if self._rest_chain is not None and not self._decode_step:
@@ -197,11 +201,14 @@ class GateSteps:
             key = seq.gate_key
             if key is None or not getattr(self._proposer(self._method(seq)), "capture_layers", ()):
                 continue                              # not gated, or nothing to capture (ngram)
-            record = seq.gate_acceptance
-            if (not self.spec_gate.explores(record)
-                    and not self.spec_gate.should_draft(key, len(batch), measured=False,
-                                                        requests=[record] * len(batch))
-                    and not self.spec_gate.probe_next(key, len(batch))):
+            captures = seq.prompt_captures
+            if captures is None:              # the first chunk decides for the whole prefill
+                record = seq.gate_acceptance
+                captures = seq.prompt_captures = (
+                    self.spec_gate.explores(record)
+                    or self.spec_gate.should_draft(key, len(batch), measured=False, requests=[record] * len(batch))
+                    or self.spec_gate.probe_next(key, len(batch)))
+            if not captures:
                 self._rest([seq])
 
     def _gate_found(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], drafts: list[Draft]) -> list[Draft]:

@@ -50,6 +50,8 @@ class Sequence:
     spec_accepted: int = 0
     gate_acceptance: Acceptance = field(default_factory=Acceptance)   # its drafting steps, for the spec gate
     gate_key: str | None = None                 # its spec gate cell family (None: not gated), set at admission
+    prompt_captures: bool | None = None         # the gate's answer for its prefill's first chunk (None: not
+                                                # asked yet); the later chunks follow it (``_rest_prompts``)
     finish_reason: str | None = None
     parked_s: float | None = None               # when its hit's promotion was found still in flight
     skip_lookup: bool = False                   # gave up a hit that did not land: recompute the prompt
@@ -92,6 +94,7 @@ class Sequence:
         self.draft_feats = None
         self.draft_ctx = None
         self.num_draft_published = 0
+        self.prompt_captures = None
 
     @property
     def num_pending(self) -> int:

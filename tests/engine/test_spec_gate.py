@@ -701,6 +701,50 @@ def test_a_prompt_captures_features_only_where_its_cell_drafts(engine, drafts_fi
         assert captures[0] == () and feats is None        # a plain prefill: nothing captured, nothing kept
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_a_chunked_prompt_captures_all_its_chunks_or_none(first):
+    """A prompt prefilled in chunks asks the gate at each chunk whether a batch like this drafts, and
+    the answer can change between chunks (the batch, its bucket and the records change). Every chunk
+    follows the first chunk's answer: until session 12 a later "rest" dropped the earlier chunks'
+    features and a later "draft" captured the rest of the prompt alone (a context without its start)."""
+    from specd.engine.config import EngineConfig
+    from specd.engine.engine import SpecEngine
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    class Flipping(ScriptedGate):
+        def __init__(self, first):
+            super().__init__([True] * 100)
+            self.answer = not first
+
+        def should_draft(self, method, sequences, measured=True, requests=None, verify=None):
+            if measured:
+                return super().should_draft(method, sequences, measured, requests, verify)
+            self.answer = not self.answer          # a prompt chunk's question: the answer flips each time
+            return self.answer
+
+    engine = SpecEngine.from_config(EngineConfig(max_num_seqs=4, num_local_blocks=256, drafter=DRAFTER,
+                                                 speculation="dspark", max_num_batched_tokens=16))
+    engine.spec_gate = Flipping(first)
+    prompt = engine.tokenizer.encode("Once upon a time, there was a little girl named Lily. She loved to play "
+                                     "outside in the park with her friends, and every day she ran to the")
+    assert len(prompt) > 32                             # three chunks or more
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    engine.add_request(Request("c", prompt, params, speculation="dspark"))
+    seq = engine._seqs["c"]
+    chunks = 0
+    while seq.num_computed_tokens < len(prompt):
+        engine.step()
+        chunks += 1
+    assert chunks >= 3
+    if first:
+        assert seq.draft_feats is not None and len(seq.draft_feats) == len(prompt)   # every chunk's features
+    else:
+        assert seq.draft_feats is None and seq.draft_ctx is None                     # none captured
+    while engine.has_work():
+        engine.step()
+
+
 def test_gated_requests_rest_in_a_step_with_a_prompt_chunk(engine):
     """A step that prefills a new request is never measured and has a shape the warm-up did not see:
     the gated decoders beside it do not draft that step, keep capturing features (no gap in their
