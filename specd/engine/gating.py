@@ -315,8 +315,19 @@ class GateSteps:
 
     def _rest(self, seqs: list[Sequence]) -> None:
         """A resting sequence captures no target features, so a step where all of them rest is exactly a
-        plain decode step (on CUDA: the plain decode graph). Its unabsorbed features are dropped; its
-        drafter context is kept, and the features after the rest are appended behind it (``_stitch``)."""
+        plain decode step (on CUDA: the plain decode graph). Its unabsorbed features are absorbed into its
+        drafter context first where the drafter allows (``FeatureProposer.absorb_before_rest``; until
+        session 12 they were dropped, and with them the accepted tokens of its last drafting step, or its
+        whole prompt when it rested from its first decode step); its context is kept, and the features
+        after the rest are appended behind it (``_stitch``)."""
+        pending: dict[str, list[Sequence]] = {}
+        for seq in seqs:
+            if seq.draft_feats is not None and len(seq.draft_feats):
+                pending.setdefault(self._method(seq), []).append(seq)
+        for method, group in pending.items():
+            absorb = getattr(self._proposer(method), "absorb_before_rest", None)
+            if absorb is not None:
+                absorb(group)
         for seq in seqs:
             self._resting.add(id(seq))
             seq.draft_feats = None

@@ -658,8 +658,43 @@ def test_a_rest_keeps_the_context_and_stitches_the_features_after_it(engine):
                 assert ctx.offset + ctx.n + len(seq.draft_feats) == seq.num_computed_tokens
     engine.spec_gate = SpecGate()
     assert got == want
-    assert gaps[0] == 0 and gaps[-1] >= 6                       # the rest's positions are missing: gapped
+    # the rest's six positions are missing (gapped), and only they: the features pending when it began
+    # were absorbed, not dropped (before session 12 the gap also held the last verify's accepted tokens)
+    assert gaps[0] == 0 and gaps[-1] == 6
     assert seq.spec_verifications > 2                            # it drafted again after the rest
+
+
+def test_a_request_resting_from_its_first_decode_step_keeps_its_prompt_context(engine):
+    """Its prompt's features were captured (the gate expected a batch like it to draft), then its first
+    decode steps rest: the features are absorbed into its drafter context before the rest, so when it
+    drafts later its context holds the whole prompt and lacks only the rested positions. Until session 12
+    they were dropped and it drafted from a context that began after its prompt."""
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    class CapturesThenRests(ScriptedGate):
+        def should_draft(self, method, sequences, measured=True, requests=None, verify=None):
+            return True if not measured else super().should_draft(method, sequences, measured, requests, verify)
+
+    want = run(engine, "none", max_tokens=24)["0"]
+    engine.spec_gate = CapturesThenRests([False] * 3 + [True] * 100)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompt = engine.tokenizer.encode(PROMPTS[0])
+    got, trail = [], []
+    try:
+        engine.add_request(Request("k", prompt, params, speculation="dspark"))
+        seq = engine._seqs["k"]
+        while engine.has_work():
+            for out in engine.step():
+                got += out.token_ids
+            ctx = seq.draft_ctx
+            trail.append(None if ctx is None else (ctx.offset, ctx.n))
+    finally:
+        engine.spec_gate = SpecGate()
+    assert got == want
+    assert trail[0] is None                          # the prefill: features captured, not yet absorbed
+    assert trail[1] == (0, len(prompt))              # the first rest absorbed the prompt's features
+    assert trail[-1][0] == 3 and seq.spec_verifications > 0   # three rested positions missing; it drafted
 
 
 @pytest.mark.parametrize("drafts_first", [True, False])
