@@ -500,12 +500,13 @@ class SpecGate:
 
         ``predicted``: the drafting rate per sequence predicted for this batch (``Cell.draft_rate`` at
         its requests' acceptance); None: the cell's measured one. The batch's own prediction decides,
-        because it is what decided the winner: a cell whose drafting arm was measured on requests that draft well (one
-        workload) and a batch of requests that draft badly (another) rest on the prediction while the
-        cell's rates say drafting wins. Its loss, computed from the cell's rates, was then below zero and
-        the wait fell to ``probe_every``. H200, session 12: at c = 1 creative writing (τ ~1.1) came after
-        coding had made drafting win at b1; it rested on the prediction (184 against 266 tok/s) and was
-        probed every ~16 steps, 6-9 probe steps a run of 384 steps, each ~7 ms against a 3.7 ms plain step.
+        because it is what decided the winner: a cell whose drafting arm was measured on requests that
+        draft well (one workload) and a batch of requests that draft badly (another) rest on the
+        prediction while the cell's rates say drafting wins. Its loss, computed from the cell's rates,
+        was then below zero and the wait fell to ``probe_every``. H200, session 12: at c = 1 creative
+        writing (τ ~1.1) came after coding had made drafting win at b1; it rested on the prediction (184
+        against 266 tok/s) and was probed every ~16 steps, 6-9 probe steps a run of 384 steps, each ~7 ms
+        against a 3.7 ms plain step.
 
         The cost is counted in time, not steps: a probe's steps last ``lose.step_s`` each and lose
         ``loss`` of the winner's rate over that time, while the wait's steps last ``win.step_s``. So the
