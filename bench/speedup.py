@@ -15,7 +15,9 @@ together and the run ends with the slowest: the batch empties step by step, and 
 for the request its drafter serves worst (H200, session 11, run AH: four waves instead of one lifted
 fixed γ = 7 at c = 8 from 0.84× to 1.11× on support). Within a (workload, concurrency) cell the rows alternate
 row by row inside each repeat, so they share the machine's noise, and ratios to ``none`` are taken per
-repeat. Before the timed runs of a (workload, concurrency) cell, every row runs the same N prompts untimed with
+repeat; each repeat starts one row later (``repeat_order``), so no row always runs last while the machine
+drifts (session 13, run AO: `none` slowed 17% over one cell's four repeats on creative at c = 16).
+Before the timed runs of a (workload, concurrency) cell, every row runs the same N prompts untimed with
 --warmup-tokens answers, so CUDA-graph captures of those prompt and step shapes, Triton compiles and the
 SPS profile are not timed; each run records the graphs it still captured and its eager steps. A gated row
 repeats its warm-up (up to EXTRA_WARMUPS times) while the spec gate's cell at this load still explores, a
@@ -130,6 +132,10 @@ class RunResult:
     # settle, the gate's report) and the closed loop's own work between steps. Session 9, run X: a resting
     # scheduled row ran 2-3% behind ``none`` at c >= 4 with no verification, and nothing said where.
     phase_ms_per_step: dict[str, float] = field(default_factory=dict)
+    # the engine's steps by kind (``specd.engine.engine.STEP_KINDS``: prompt, draft, plain): count, total ms
+    # and emitted tokens each. The gate compares pure decode steps only; a speculative row's loss that its
+    # decode steps do not show is in its prompt steps, or in how many of them it runs (session 13)
+    step_kinds: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 PHASES = ("schedule_seconds_total", "forward_seconds_total", "output_seconds_total", "commit_seconds_total")
@@ -139,7 +145,7 @@ STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_tot
 
 
 def _delta(before: dict, after: dict) -> dict:
-    keys = set(STAT_KEYS) | {k for k in after if k.startswith(("spec_scheduled_len", "spec_gate_drafted_"))}
+    keys = set(STAT_KEYS) | {k for k in after if k.startswith(("spec_scheduled_len", "spec_gate_drafted_", "step_"))}
     return {k: after.get(k, 0) - before.get(k, 0) for k in keys}
 
 
@@ -208,7 +214,28 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         gate_drafted_by={**{r: int(d.get(f"spec_gate_drafted_{r}_steps_total", 0)) for r in DRAFT_REASONS},
                          "class": int(d["spec_class_explore_steps_total"])},
         gate_rest_again_steps=int(d["spec_rest_again_steps_total"]),
-        phase_ms_per_step=phase_split(d, in_step, wall, steps))
+        phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d))
+
+
+def repeat_order(rows: list[str], rep: int) -> list[str]:
+    """The rows of repeat ``rep``: the list rotated by ``rep``. With as many repeats as rows each row
+    runs once in each position."""
+    k = rep % len(rows)
+    return rows[k:] + rows[:k]
+
+
+def step_kinds(d: dict) -> dict[str, dict[str, float]]:
+    """The run's steps by kind from the engine's counter deltas: {kind: {steps, ms, tokens}}, kinds
+    that ran only."""
+    from specd.engine.engine import STEP_KINDS
+
+    out = {}
+    for kind in STEP_KINDS:
+        n = int(d.get(f"step_{kind}_steps_total", 0))
+        if n:
+            out[kind] = {"steps": n, "ms": round(1e3 * d[f"step_{kind}_seconds_total"], 3),
+                         "tokens": int(d[f"step_{kind}_tokens_total"])}
+    return out
 
 
 def phase_split(d: dict, in_step: float, wall: float, steps: int) -> dict[str, float]:
@@ -291,7 +318,8 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
 def render_markdown(result: dict) -> str:
     lines = ["# Speculative decoding speed-up", "", f"Command: `{result['command']}`", "",
              f"Model `{result['model']}`; prompts: {result['prompt_mode']}; {result['repeats']} repeat(s), rows "
-             "alternated inside each; ratios are to `none` in the same repeat: p50 [min, max]. "
+             "alternated inside each (each repeat starts one row later); ratios are to `none` in the same "
+             "repeat: p50 [min, max]. "
              "Per-user tok/s: median over requests of tokens / (finish − first token).", ""]
     if result["skipped_rows"]:
         lines += [f"Rows skipped (no drafter given): {', '.join(result['skipped_rows'])}.", ""]
@@ -495,7 +523,7 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                 extra[row] = finish_exploring(engine, row, level, lambda tag: run_closed_loop(
                     engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}"))
             for rep in range(args.repeats):
-                for row in rows:
+                for row in repeat_order(rows, rep):
                     with profiles.timed(row, level):
                         r = run_closed_loop(engine, prompts, row_fields(row, cap), level,
                                             f"{name}-{level}-{row}-{rep}")

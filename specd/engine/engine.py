@@ -37,6 +37,20 @@ log = logging.getLogger("specd.engine")
 RECONNECT_EVERY_S = 2.0
 SPS_CONTEXT_TOKENS = 256     # cached tokens per row of the SPS profile's dummy verify batches
 OVERHEAD_EMA = 0.2           # weight of the newest step in the step-overhead average (~5 steps of memory)
+# Steps by kind, each with its count, wall time and emitted tokens (``step_<kind>_*_total``): with prompt
+# chunks, and some request verifying a draft or none (``prompt_draft``, ``prompt``); pure decode, the same
+# (``draft``, ``plain``). The gate measures pure decode steps only; these say where the rest of a
+# speculative run's time goes (session 13, run AO: scheduled dspark at coding c = 16 lost 15% end to end
+# while the gate measured its drafting decode steps 15% ahead).
+STEP_KINDS = ("prompt", "prompt_draft", "draft", "plain")
+
+
+def step_kind(decode_step: bool, batch: list[ScheduledSeq]) -> str:
+    """The step's kind in ``STEP_KINDS`` (``decode_step``: no sequence has a prompt chunk)."""
+    drafted = any(s.draft is not None for s in batch)
+    if not decode_step:
+        return "prompt_draft" if drafted else "prompt"
+    return "draft" if drafted else "plain"
 
 
 class SpecEngine(GateSteps):
@@ -64,7 +78,9 @@ class SpecEngine(GateSteps):
                               spec_drafted_tokens_total=0, spec_accepted_tokens_total=0, spec_paused_steps_total=0,
                               spec_class_explore_steps_total=0, spec_scheduled_requests_total=0,
                               spec_scheduled_tokens_total=0, admission_seconds_total=0.0,
-                              spec_scheduler_seconds_total=0.0, spec_rest_again_steps_total=0)
+                              spec_scheduler_seconds_total=0.0, spec_rest_again_steps_total=0,
+                              **{f"step_{kind}_{what}_total": 0 for kind in STEP_KINDS
+                                 for what in ("steps", "seconds", "tokens")})
         self._scheduled_lengths: collections.Counter[int] = collections.Counter()   # ℓ chosen per scheduled draft
         self._proposers: dict = {}
         self.sps: SpsProfile | None = None      # SPS(B) of verify steps, measured on first scheduled draft
@@ -260,6 +276,10 @@ class SpecEngine(GateSteps):
         c["forward_seconds_total"] += t2 - t1           # model + sampling/verification, synchronised by .tolist()
         c["output_seconds_total"] += (t3 - t2) + (t5 - t4)      # detokenize, stop checks, finishing
         c["commit_seconds_total"] += (t4 - t3) + (t6 - t5)      # publishing full blocks to kvd (target and draft)
+        kind = step_kind(self._decode_step, batch)
+        c[f"step_{kind}_steps_total"] += 1
+        c[f"step_{kind}_seconds_total"] += t6 - t0
+        c[f"step_{kind}_tokens_total"] += sum(len(toks) for _, toks in emitted)
         # A step that captured a CUDA graph (target step, draft round or block forward) or built a Triton
         # kernel lasted ~100 ms-seconds once: no sample of what a step costs. Session 8, run U: dspark's
         # b = 1 drafting cell held 5 warm-up samples at 66 tok/s against 296 plain, so the gate rested it

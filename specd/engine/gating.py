@@ -302,13 +302,11 @@ class GateSteps:
         never on this step's drafts."""
         if not self._gate_on():
             return True
-        # A step with prompt chunks rests them. It is never measured, so drafting there is blind, and its
-        # shape (a prefill beside drafts, a token count the warm-up did not see) is captured on the
-        # request's path (~100 ms on the H200) or, past MAX_GRAPHS, run eagerly. In run L the gated ngram
-        # row had 42 eager steps at c = 32 and `none` had none; which of them had prompt chunks was not
-        # recorded, so the gain is not measured.
-        drafting = self._decode_step and self.spec_gate.should_draft(
-            method, len(batch), requests=[s.seq.gate_acceptance for s in gated], verify=verify)
+        records = [s.seq.gate_acceptance for s in gated]
+        if self._decode_step:
+            drafting = self.spec_gate.should_draft(method, len(batch), requests=records, verify=verify)
+        else:   # never measured: the measured steps' answer, where the cell is explored (session 13)
+            drafting = self.spec_gate.drafts_beside_prompts(method, len(batch), records, verify)
         self._gate_arms[method] = drafting
         self._counters["spec_paused_steps_total"] += not drafting
         return drafting

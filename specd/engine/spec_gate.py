@@ -463,6 +463,25 @@ class SpecGate:
             return False
         return cell.drafting_wins(self.margin, self._acceptance(cell, requests, sequences))
 
+    def drafts_beside_prompts(self, method: str, sequences: int, requests: list[Acceptance],
+                              verify: int | None = None) -> bool:
+        """Do ``requests`` draft in a step with prompt chunks, in a batch of ``sequences``? Yes when their
+        cell is explored and its prediction for them beats plain decoding: such a step is never measured
+        (no exploration, no probe, no clock), so it follows the measured steps' answer.
+
+        Why that answer holds there: drafting adds a cost D to a step (the draft pass, the verify rows,
+        the rejection sampling) and multiplies its decoders' tokens by the acceptance τ; it wins where
+        τ > 1 + D/P, P the step's cost without drafts. A prompt chunk only makes P larger (and its own
+        request emits one token either way), so a cell that wins on pure decode steps wins beside
+        prompts too. Until session 13 such steps drafted for nobody. H200, session 13, run AN: at c = 32
+        on extraction, scheduled dspark's drafting decode steps ran ~2x plain ones, yet 53 of its 96
+        steps had a prompt chunk and drafted nothing (requests finish at different steps when they
+        draft, so prompts arrive all through a run), and the row ran 1.05x `none`."""
+        cell = self.cells.get((method, load_bucket(sequences)))
+        if cell is None or self._exploring(cell) is not None:
+            return False
+        return cell.beats_plain(cell.draft_rate(self._acceptance(cell, requests, sequences), verify), self.margin)
+
     def _drafts(self, cell: Cell, reason: str, drafting: bool) -> bool:
         """Count a measured step's decision to draft under its reason, and keep the reason for the
         step's report (``trace``); returns the decision unchanged."""

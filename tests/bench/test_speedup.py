@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main as bench_main
-from bench.speedup import BASELINE, SCHEDULED, RunResult, geomean, requests_for, summarize_cell
+from bench.speedup import BASELINE, SCHEDULED, RunResult, geomean, repeat_order, requests_for, summarize_cell
 from bench.workloads.format import Message, Sampling, Session, Turn, write_sessions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +35,15 @@ def _run(rate: float, per_user: float | None = None, tau: float | None = None, l
     return RunResult(wall_s=1.0, tokens=int(rate), throughput_tok_s=rate, per_user_tok_s=per_user or rate, steps=10,
                      verifications=0, drafted=0, accepted=0, tau=tau, mean_verified=None, admission_ms_per_step=0.1,
                      scheduler_ms_per_step=0.0, scheduled_lengths=lengths or {})
+
+
+def test_each_row_runs_once_in_each_position_over_as_many_repeats():
+    rows = ["none", "none-aa", "dspark", "dspark-g7"]
+    orders = [repeat_order(rows, rep) for rep in range(4)]
+    assert orders[0] == rows and all(sorted(o) == sorted(rows) for o in orders)
+    for row in rows:
+        assert sorted(o.index(row) for o in orders) == [0, 1, 2, 3]
+    assert repeat_order(rows, 5) == orders[1]
 
 
 def test_summaries_ratio_per_repeat_and_verdict():
@@ -94,12 +103,20 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                 assert r["throughput_ratio"]["per_repeat"] == pytest.approx(want)
                 assert r["throughput_ratio"]["min"] <= r["throughput_ratio"]["p50"] <= r["throughput_ratio"]["max"]
                 assert all(0 < x["tokens"] <= 3 * 12 for x in r["runs"])        # 3 requests of ≤ 12 tokens
+                for x in r["runs"]:       # every step has one kind; the kinds' tokens are the run's tokens
+                    kinds = x["step_kinds"]
+                    assert sum(k["steps"] for k in kinds.values()) == x["steps"]
+                    assert sum(k["tokens"] for k in kinds.values()) == x["tokens"]
+                    assert kinds["prompt"]["steps"] >= 1 and all(k["ms"] > 0 for k in kinds.values())
+                    if row.startswith("none"):
+                        assert "draft" not in kinds
                 if row == "none":
                     assert r["tau"] is None and r["throughput_ratio"]["p50"] == pytest.approx(1.0)
                 elif row == "none-aa":      # the A/A row: the same plain decoding, timed as a row of its own
                     assert r["tau"] is None and [x["tokens"] for x in r["runs"]] == [x["tokens"] for x in base]
                 elif row == "dspark-g7":
                     assert r["tau"] > 1.0 and 1.0 <= r["mean_verified"] <= 7.0
+                    assert all(x["step_kinds"]["draft"]["steps"] >= 1 for x in r["runs"])
             s = cell["rows"][SCHEDULED]
             assert cell["never_slower"] == (s["throughput_ratio"]["p50"] >= 1 and s["per_user_ratio"]["p50"] >= 1)
             # every scheduled step either went through the confidence scheduler or was rested by the

@@ -309,6 +309,30 @@ def test_unmeasured_steps_neither_explore_nor_probe():
     assert gate.probes == probes
 
 
+def test_a_step_beside_prompts_drafts_only_where_the_explored_cell_drafts():
+    """``drafts_beside_prompts``: never while the cell explores (or before it exists), the measured
+    steps' answer once explored, and it moves neither the probe clock nor the probe count."""
+    fast = SpecGate(min_samples=2, probe_every=5, probe_steps=1)
+    assert not fast.drafts_beside_prompts("dspark", 4, [])
+    drive(fast, 1, draft_tok_s=3000.0)
+    assert not fast.drafts_beside_prompts("dspark", 4, [])          # still exploring
+    drive(fast, 20, draft_tok_s=3000.0)
+    cell = fast.cells[("dspark", 4)]
+    before = (fast.probes, cell.clock, cell.probe_left, dict(fast.drafted_by))
+    assert all(fast.drafts_beside_prompts("dspark", 4, []) for _ in range(50))
+    assert (fast.probes, cell.clock, cell.probe_left, dict(fast.drafted_by)) == before
+    assert not fast.drafts_beside_prompts("dspark", 8, [])          # another load: its own cell
+    slow = SpecGate(min_samples=2, probe_every=5, probe_steps=1)
+    drive(slow, 20, draft_tok_s=300.0)
+    assert not slow.drafts_beside_prompts("dspark", 4, [])
+    # by the batch's own records, as a measured step's prediction: a cell that rests on requests
+    # accepting 1.2 tokens a step drafts for requests that have shown 3
+    rests = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0)
+    learned_to_rest(rests)
+    assert not rests.drafts_beside_prompts("dspark", 4, records(4, 1, 6))
+    assert rests.drafts_beside_prompts("dspark", 4, records(4, 3, 6))
+
+
 def cold_first(gate: SpecGate, steps: int, draft_tok_s: float, cold_s: float, sequences: int = 4) -> list[bool]:
     """``drive``, except that the first drafting step lasts ``cold_s`` (a one-off cost at a new shape)."""
     arms, cold = [], True
@@ -602,8 +626,13 @@ def test_engine_without_the_gate_always_drafts(engine):
 class ScriptedGate:
     """Drafts or rests as scripted (then drafts): the engine's side of a rest, without timing."""
 
-    def __init__(self, arms):
+    def __init__(self, arms, beside_prompts=False):
         self.arms = list(arms)
+        self.beside_prompts = beside_prompts
+
+    def drafts_beside_prompts(self, method, sequences, requests, verify=None):
+        """A step with prompt chunks: the scripted answer, no arm used."""
+        return self.beside_prompts
 
     def should_draft(self, method, sequences, measured=True, requests=None, verify=None):
         """The next scripted arm; an unmeasured question (a prompt chunk's) reads it without using it."""
@@ -780,34 +809,45 @@ def test_a_chunked_prompt_captures_all_its_chunks_or_none(first):
         engine.step()
 
 
-def test_gated_requests_rest_in_a_step_with_a_prompt_chunk(engine):
-    """A step that prefills a new request is never measured and has a shape the warm-up did not see:
-    the gated decoders beside it do not draft that step, keep capturing features (no gap in their
-    drafter context), and draft again at the next step."""
+@pytest.mark.parametrize("beside", [False, True])
+def test_gated_decoders_beside_a_prompt_chunk_follow_the_gates_unmeasured_answer(engine, beside):
+    """A step that prefills a new request is never measured. The gated decoders beside it draft there
+    when the gate's unmeasured answer says so (``drafts_beside_prompts``: the cell's prediction), else
+    rest that step; either way they keep capturing features (no gap in their drafter context), draft at
+    the next step, and the outputs are plain greedy decoding's."""
     from specd.engine.request import Request
     from specd.sampling_params import SamplingParams
 
-    engine.spec_gate = ScriptedGate([True] * 200)     # the gate itself would always draft
-    params = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)
+    want = run(engine, "none", max_tokens=40)
+    engine.spec_gate = ScriptedGate([True] * 200, beside_prompts=beside)   # measured steps always draft
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    got = {}
     try:
-        engine.add_request(Request("a", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
-        a = engine._seqs["a"]
+        engine.add_request(Request("0", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
+        a = engine._seqs["0"]
         for _ in range(3):
-            engine.step()
+            for out in engine.step():
+                got.setdefault(out.id, []).extend(out.token_ids)
         assert a.spec_verifications > 0                 # pure decode steps: it drafts
         before = a.spec_verifications
-        engine.add_request(Request("b", engine.tokenizer.encode(PROMPTS[1]), params, speculation="dspark"))
-        engine.step()                                   # b's prefill beside a's decode
-        assert a.spec_verifications == before
+        engine.add_request(Request("1", engine.tokenizer.encode(PROMPTS[1]), params, speculation="dspark"))
+        steps = engine._counters["step_prompt_draft_steps_total"]
+        for out in engine.step():                       # "1"'s prefill beside "0"'s decode
+            got.setdefault(out.id, []).extend(out.token_ids)
+        assert a.spec_verifications == before + beside
+        assert engine._counters["step_prompt_draft_steps_total"] == steps + beside
         assert a.draft_feats is not None and len(a.draft_feats)     # this step's features, kept
         assert a.draft_ctx.offset == 0                  # nothing dropped: no gap
-        engine.step()
-        assert a.spec_verifications > before            # drafts again at once
+        for out in engine.step():
+            got.setdefault(out.id, []).extend(out.token_ids)
+        assert a.spec_verifications > before + beside   # drafts at the next step
         assert a.draft_ctx.offset == 0
         while engine.has_work():
-            engine.step()
+            for out in engine.step():
+                got.setdefault(out.id, []).extend(out.token_ids)
     finally:
         engine.spec_gate = SpecGate()
+    assert got == {k: want[k] for k in got}
 
 
 def test_a_prompt_chunk_beside_a_new_decoder_leaves_it_its_prompt_context(engine):
