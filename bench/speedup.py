@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -58,7 +59,11 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     "ngram": {"method": "ngram", "schedule": "fixed", "gamma": 7},
     "ngram-gated": {"method": "ngram", "schedule": "gated", "gamma": 7},
     "dspark-g7-gated": {"method": "dspark", "schedule": "gated", "gamma": 7},
+    # scheduled dspark with the gate's drafts beside prompt chunks off (``SpecGate.beside_prompts``), as
+    # sessions 6-12 ran it: the ablation of that rule, measured in the same run (not in the default rows)
+    "dspark-decode-only": {"method": "dspark", "schedule": "confidence", "gamma": None, "beside_prompts": False},
 }
+DEFAULT_ROWS = [r for r in ROWS if r != "dspark-decode-only"]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
 PROMPT_MODE = "first turn of each eval session (no history)"
@@ -215,6 +220,21 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
                          "class": int(d["spec_class_explore_steps_total"])},
         gate_rest_again_steps=int(d["spec_rest_again_steps_total"]),
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d))
+
+
+@contextmanager
+def row_gate(engine, row: str):
+    """The engine's gate as ``row`` runs it (``beside_prompts``), restored after."""
+    gate = getattr(engine, "spec_gate", None)
+    if gate is None:
+        yield
+        return
+    before = gate.beside_prompts
+    gate.beside_prompts = ROWS[row].get("beside_prompts", True)
+    try:
+        yield
+    finally:
+        gate.beside_prompts = before
 
 
 def repeat_order(rows: list[str], rep: int) -> list[str]:
@@ -417,7 +437,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                   "drafter is missing are skipped and listed")
     p.add_argument("--workloads", required=True, help="comma list of session JSONL files (their eval split)")
     p.add_argument("--concurrency", type=positive_ints, default=[1, 4, 8, 16, 32])
-    p.add_argument("--rows", type=_rows, default=list(ROWS), help=f"comma list of {', '.join(ROWS)}")
+    p.add_argument("--rows", type=_rows, default=DEFAULT_ROWS,
+                   help=f"comma list of {', '.join(ROWS)} (default: all but dspark-decode-only)")
     p.add_argument("--requests", type=int, default=16, help="N requests per run (at least --waves × the concurrency)")
     p.add_argument("--waves", type=positive_int, default=1,
                    help="at least this many requests per slot of the concurrency (more waves: less of the "
@@ -519,12 +540,13 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
             short = [Prompt(p.ids, p.params.model_copy(update={"max_tokens": args.warmup_tokens})) for p in prompts]
             extra = {}
             for row in rows:          # the same prompts and batch shapes, short answers: captures and compiles
-                run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}")
-                extra[row] = finish_exploring(engine, row, level, lambda tag: run_closed_loop(
-                    engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}"))
+                with row_gate(engine, row):
+                    run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}")
+                    extra[row] = finish_exploring(engine, row, level, lambda tag: run_closed_loop(
+                        engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}"))
             for rep in range(args.repeats):
                 for row in repeat_order(rows, rep):
-                    with profiles.timed(row, level):
+                    with profiles.timed(row, level), row_gate(engine, row):
                         r = run_closed_loop(engine, prompts, row_fields(row, cap), level,
                                             f"{name}-{level}-{row}-{rep}")
                     runs[row].append(r)

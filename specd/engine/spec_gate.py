@@ -310,7 +310,7 @@ class SpecGate:
     def __init__(self, min_samples: int = MIN_SAMPLES, probe_every: int = PROBE_EVERY,
                  probe_steps: int = PROBE_STEPS, decay: float = DECAY, probe_max: int = PROBE_MAX,
                  margin: float = MARGIN, probe_budget: float = PROBE_BUDGET, prior_steps: float = PRIOR_STEPS,
-                 warmup: int = WARMUP):
+                 warmup: int = WARMUP, beside_prompts: bool = True):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
                 or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
                 or warmup < 0):
@@ -318,6 +318,9 @@ class SpecGate:
                             f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}, "
                             f"probe_budget={probe_budget}, prior_steps={prior_steps}, warmup={warmup}")
         self.warmup = warmup
+        # False: gated requests never draft in a step with prompt chunks (sessions 6-12; an ablation since
+        # session 13, ``bench speedup``'s dspark-decode-only row)
+        self.beside_prompts = beside_prompts
         self.min_samples, self.probe_every, self.probe_steps, self.decay = min_samples, probe_every, probe_steps, decay
         self.margin, self.probe_budget, self.prior_steps = margin, probe_budget, prior_steps
         self.probe_max = probe_max
@@ -478,7 +481,7 @@ class SpecGate:
         steps had a prompt chunk and drafted nothing (requests finish at different steps when they
         draft, so prompts arrive all through a run), and the row ran 1.05x `none`."""
         cell = self.cells.get((method, load_bucket(sequences)))
-        if cell is None or self._exploring(cell) is not None:
+        if not self.beside_prompts or cell is None or self._exploring(cell) is not None:
             return False
         return cell.beats_plain(cell.draft_rate(self._acceptance(cell, requests, sequences), verify), self.margin)
 

@@ -138,6 +138,43 @@ def test_speedup_end_to_end_on_stories(tmp_path):
             f"the A/A row in {aa['failed']}.") in md
 
 
+def test_the_decode_only_row_never_drafts_beside_a_prompt_and_restores_the_gate(monkeypatch, tmp_path):
+    """dspark-decode-only runs scheduled dspark with the gate's drafts beside prompt chunks off, only
+    while its own runs last; it is no default row. The gate is made to draft wherever it is asked
+    (the CPU's timings decide nothing here), so the dspark row does draft beside prompts."""
+    from bench.speedup import DEFAULT_ROWS
+    from specd.engine.spec_gate import SpecGate
+
+    from bench.speedup import row_gate
+
+    seen = []
+
+    def always(self, method, sequences, requests, verify=None):
+        seen.append(self.beside_prompts)
+        return self.beside_prompts
+
+    monkeypatch.setattr(SpecGate, "drafts_beside_prompts", always)
+    monkeypatch.setattr(SpecGate, "should_draft", lambda self, *a, **k: True)
+    assert "dspark-decode-only" not in DEFAULT_ROWS
+    greedy = _sessions(tmp_path / "stories-greedy.jsonl", "greedy", 0.0)
+    out = tmp_path / "out"
+    rc = bench_main(["speedup", "--model", str(MODEL), "--drafters", f"dspark={DRAFTER}", "--workloads", str(greedy),
+                     "--concurrency", "2", "--rows", "dspark,dspark-decode-only", "--requests", "4",
+                     "--max-tokens", "12", "--repeats", "2", "--warmup-tokens", "2", "--out", str(out)])
+    assert rc == 0
+    cell = json.loads((out / "speedup.json").read_text())["workloads"]["stories-greedy"]["2"]["rows"]
+    assert all("prompt_draft" not in x["step_kinds"] for x in cell["dspark-decode-only"]["runs"])
+    assert all(x["step_kinds"]["prompt_draft"]["steps"] >= 1 for x in cell["dspark"]["runs"])
+    assert True in seen and False in seen
+
+    class Engine:
+        spec_gate = SpecGate()
+
+    with row_gate(Engine, "dspark-decode-only"):
+        assert Engine.spec_gate.beside_prompts is False
+    assert Engine.spec_gate.beside_prompts is True
+
+
 def test_budget_cuts_cells_and_still_writes(tmp_path):
     """--budget-s 0: no cell starts, every one is listed as cut, and the report is still written."""
     greedy = _sessions(tmp_path / "stories-greedy.jsonl", "greedy", 0.0)
