@@ -59,11 +59,11 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     "ngram": {"method": "ngram", "schedule": "fixed", "gamma": 7},
     "ngram-gated": {"method": "ngram", "schedule": "gated", "gamma": 7},
     "dspark-g7-gated": {"method": "dspark", "schedule": "gated", "gamma": 7},
-    # scheduled dspark with the gate's drafts beside prompt chunks off (``SpecGate.beside_prompts``), as
-    # sessions 6-12 ran it: the ablation of that rule, measured in the same run (not in the default rows)
-    "dspark-decode-only": {"method": "dspark", "schedule": "confidence", "gamma": None, "beside_prompts": False},
+    # scheduled dspark with the gate's drafts beside prompt chunks on (``SpecGate.beside_prompts``, off by
+    # default: session 13, run AP measured it against the default in the same run); not a default row
+    "dspark-beside-prompts": {"method": "dspark", "schedule": "confidence", "gamma": None, "beside_prompts": True},
 }
-DEFAULT_ROWS = [r for r in ROWS if r != "dspark-decode-only"]
+DEFAULT_ROWS = [r for r in ROWS if r != "dspark-beside-prompts"]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
 PROMPT_MODE = "first turn of each eval session (no history)"
@@ -224,13 +224,14 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
 
 @contextmanager
 def row_gate(engine, row: str):
-    """The engine's gate as ``row`` runs it (``beside_prompts``), restored after."""
+    """The engine's gate as ``row`` runs it (``beside_prompts``; a row without it keeps the engine's),
+    restored after."""
     gate = getattr(engine, "spec_gate", None)
     if gate is None:
         yield
         return
     before = gate.beside_prompts
-    gate.beside_prompts = ROWS[row].get("beside_prompts", True)
+    gate.beside_prompts = ROWS[row].get("beside_prompts", before)
     try:
         yield
     finally:
@@ -242,6 +243,21 @@ def repeat_order(rows: list[str], rep: int) -> list[str]:
     runs once in each position."""
     k = rep % len(rows)
     return rows[k:] + rows[:k]
+
+
+def step_kinds_line(runs: list[dict]) -> str:
+    """A row's steps by kind, averaged over its runs: "prompt 38 (9.6 ms, 14.9 tok), draft 40 (...)";
+    empty when the runs recorded none."""
+    from specd.engine.engine import STEP_KINDS
+
+    parts = []
+    for kind in STEP_KINDS:
+        seen = [r["step_kinds"][kind] for r in runs if kind in r.get("step_kinds", {})]
+        steps = sum(k["steps"] for k in seen)
+        if steps:
+            parts.append(f"{kind} {steps / len(runs):.0f} ({sum(k['ms'] for k in seen) / steps:.1f} ms, "
+                         f"{sum(k['tokens'] for k in seen) / steps:.1f} tok)")
+    return ", ".join(parts)
 
 
 def step_kinds(d: dict) -> dict[str, dict[str, float]]:
@@ -359,6 +375,11 @@ def render_markdown(result: dict) -> str:
                 lines.append(f"- never slower than none at concurrency {level}: "
                              f"**{'yes' if cell['never_slower'] else 'NO'}**; scheduled verify lengths "
                              f"{cell['scheduled_length_histogram']}")
+                kinds = {row: step_kinds_line(cell["rows"][row]["runs"]) for row in (BASELINE, SCHEDULED)
+                         if row in cell["rows"]}
+                if all(kinds.values()):
+                    lines.append("  - steps per run by kind, count (ms each, tokens each): "
+                                 + "; ".join(f"{row}: {line}" for row, line in kinds.items()))
         lines.append("")
     lines += ["## Summary across workloads (geometric mean of p50 throughput ratios; per-user in brackets)", "",
               "| row | " + " | ".join(f"c={c}" for c in result["concurrency"]) + " |",
@@ -438,7 +459,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", required=True, help="comma list of session JSONL files (their eval split)")
     p.add_argument("--concurrency", type=positive_ints, default=[1, 4, 8, 16, 32])
     p.add_argument("--rows", type=_rows, default=DEFAULT_ROWS,
-                   help=f"comma list of {', '.join(ROWS)} (default: all but dspark-decode-only)")
+                   help=f"comma list of {', '.join(ROWS)} (default: all but dspark-beside-prompts)")
     p.add_argument("--requests", type=int, default=16, help="N requests per run (at least --waves × the concurrency)")
     p.add_argument("--waves", type=positive_int, default=1,
                    help="at least this many requests per slot of the concurrency (more waves: less of the "

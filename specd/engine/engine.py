@@ -93,6 +93,7 @@ class SpecEngine(GateSteps):
         self._resting_keys: set[str] = set()    # this step: gate keys whose every gated request rests
         self._gate_drafting: dict[str, list[Sequence]] = {}   # this step: gate key -> its sequences that draft
         self._profiled = False                  # this step measured self.sps: its time is no gate sample
+        self._rest_absorbed = False             # a rest this step ran the drafter (absorb): no gate sample
         self._decode_step = False               # this step: every sequence decodes one token (set by step)
         self._rest_chain = None                 # the last step rested a whole gated group (gating.RestChain)
         self._last_reconnect_s = 0.0

@@ -58,8 +58,9 @@ class GateSteps:
     def _observe_gate(self, batch: list[ScheduledSeq], emitted: dict[int, int], seconds: float,
                       timed: bool = True) -> None:
         """Report a finished pure decode step to the gate, under each gated method's arm. A step with
-        prompt chunks, one that measured the SPS profile, or one that captured a CUDA graph (``timed``
-        False) says nothing about drafting's cost; the requests' acceptance is still recorded."""
+        prompt chunks, one that measured the SPS profile, one that captured a CUDA graph (``timed``
+        False), or one where a rest began by absorbing features (``_rest``: a drafter pass in a resting
+        step) says nothing about either arm's cost; the requests' acceptance is still recorded."""
         arms, self._gate_arms = self._gate_arms, {}
         self._resting = set()
         self._resting_keys = set()
@@ -68,7 +69,8 @@ class GateSteps:
             for seq in seqs:
                 seq.gate_acceptance.add(emitted.get(id(seq), 1), pool=self._pools(seq))
         profiled, self._profiled = self._profiled, False
-        if self.spec_gate is None or profiled or not timed or not self._decode_step:
+        absorbed, self._rest_absorbed = self._rest_absorbed, False
+        if self.spec_gate is None or profiled or absorbed or not timed or not self._decode_step:
             return
         tokens = sum(emitted.values())
         drafts = {id(s.seq): s.num_draft for s in batch} if any(arms.values()) else {}
@@ -325,7 +327,13 @@ class GateSteps:
         for method, group in pending.items():
             absorb = getattr(self._proposer(method), "absorb_before_rest", None)
             if absorb is not None:
-                absorb(group)
+                # a drafter pass in a step the gate would report as plain: the step is no sample of
+                # either arm (``_observe_gate``). H200, session 13, run AP: the b16 cell's exploration
+                # sampled plain steps of 16 at 4.1, 10.3, 4.1, 7.8 and 7.6 ms (warm-up runs, where new
+                # requests with captured prompts rest from their first decode step: the likely cause,
+                # not isolated), rated plain decoding at 2,328 tok/s where its steps ran ~3,500, and
+                # coding drafted at c = 16 through three of four repeats at 0.86x `none`
+                self._rest_absorbed = absorb(group) or self._rest_absorbed
         for seq in seqs:
             self._resting.add(id(seq))
             seq.draft_feats = None

@@ -123,18 +123,20 @@ class FeatureProposer:
             self._absorb(seq)
 
     @torch.inference_mode()
-    def absorb_before_rest(self, seqs) -> None:
+    def absorb_before_rest(self, seqs) -> bool:
         """Absorb the unabsorbed features of sequences about to rest (``GateSteps._rest``), so their
         contexts end where the rest begins: a later probe or resumption then drafts from a context that
         lacks only the rested positions, and a request resting from its first decode step keeps its
         prompt. One batched projection, once per rest, not per resting step. Only for drafters that keep
         nothing raw (``absorb_many``, no ``keeps_tail``); EAGLE-3 pairs a kept feature with the next
-        token, which a gap would make wrong, so its features are still dropped."""
+        token, which a gap would make wrong, so its features are still dropped. Returns whether it ran
+        the drafter (the step is then no gate sample)."""
         if getattr(self.drafter, "absorb_many", None) is None or self.drafter.keeps_tail:
-            return
+            return False
         pending = [s for s in seqs if s.draft_feats is not None and len(s.draft_feats)]
         if pending:
             self._absorb_all(pending)
+        return bool(pending)
 
     def _absorb_all(self, seqs) -> None:
         """``_absorb`` for every sequence of a round: one batched projection where the drafter has one

@@ -310,7 +310,7 @@ class SpecGate:
     def __init__(self, min_samples: int = MIN_SAMPLES, probe_every: int = PROBE_EVERY,
                  probe_steps: int = PROBE_STEPS, decay: float = DECAY, probe_max: int = PROBE_MAX,
                  margin: float = MARGIN, probe_budget: float = PROBE_BUDGET, prior_steps: float = PRIOR_STEPS,
-                 warmup: int = WARMUP, beside_prompts: bool = True):
+                 warmup: int = WARMUP, beside_prompts: bool = False):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
                 or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
                 or warmup < 0):
@@ -318,8 +318,10 @@ class SpecGate:
                             f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}, "
                             f"probe_budget={probe_budget}, prior_steps={prior_steps}, warmup={warmup}")
         self.warmup = warmup
-        # False: gated requests never draft in a step with prompt chunks (sessions 6-12; an ablation since
-        # session 13, ``bench speedup``'s dspark-decode-only row)
+        # True: gated requests draft in a step with prompt chunks where the measured steps say drafting
+        # wins (``drafts_beside_prompts``). Off: on the H200 it lost (session 13, run AP, in the same run:
+        # 0.94 / 0.92x `none` at c = 16 / 32 against 0.99 / 0.96x off; a step with a prompt chunk and
+        # drafts cost ~2x one without at c >= 16). ``bench speedup``'s dspark-beside-prompts row runs it.
         self.beside_prompts = beside_prompts
         self.min_samples, self.probe_every, self.probe_steps, self.decay = min_samples, probe_every, probe_steps, decay
         self.margin, self.probe_budget, self.prior_steps = margin, probe_budget, prior_steps
@@ -472,14 +474,17 @@ class SpecGate:
         cell is explored and its prediction for them beats plain decoding: such a step is never measured
         (no exploration, no probe, no clock), so it follows the measured steps' answer.
 
-        Why that answer holds there: drafting adds a cost D to a step (the draft pass, the verify rows,
-        the rejection sampling) and multiplies its decoders' tokens by the acceptance τ; it wins where
-        τ > 1 + D/P, P the step's cost without drafts. A prompt chunk only makes P larger (and its own
-        request emits one token either way), so a cell that wins on pure decode steps wins beside
-        prompts too. Until session 13 such steps drafted for nobody. H200, session 13, run AN: at c = 32
-        on extraction, scheduled dspark's drafting decode steps ran ~2x plain ones, yet 53 of its 96
-        steps had a prompt chunk and drafted nothing (requests finish at different steps when they
-        draft, so prompts arrive all through a run), and the row ran 1.05x `none`."""
+        Off unless ``beside_prompts``. The idea: drafting adds a cost D to a step (the draft pass, the
+        verify rows, the rejection sampling) and multiplies its decoders' tokens by the acceptance τ; it
+        wins where τ > 1 + D/P, P the step's cost without drafts, and a prompt chunk makes P larger. It
+        was tried because requests that draft finish at different steps, so prompts arrive all through
+        a run: at c = 32 on extraction, 53 of scheduled dspark's 96 steps had a prompt chunk and drafted
+        nothing (H200, session 13, run AN). Measured (run AP, the same run): D is not the same beside a
+        prompt chunk. At c = 32 on extraction a prompt step with drafts took 20.9 ms against 9.2 without
+        (+11.7 ms), where a drafting decode step took 10.8 against a plain one's 4.1 (+6.7 ms); the row
+        ran 0.91x `none` against 0.99x with this off, and 0.94 / 0.92x against 0.99 / 0.96x over the five
+        workloads at c = 16 / 32. Where the extra cost goes (the prefill-shaped graph's query bound
+        applied to the verify rows, the new requests' prompt absorbs) is not measured."""
         cell = self.cells.get((method, load_bucket(sequences)))
         if not self.beside_prompts or cell is None or self._exploring(cell) is not None:
             return False

@@ -131,6 +131,7 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     md = (out / "speedup.md").read_text()
     assert "## stories-greedy" in md and "## Summary across workloads" in md
     assert md.count("never slower than none at concurrency") == 4
+    assert md.count("  - steps per run by kind, count (ms each, tokens each): none: prompt ") == 4
     assert "Timed runs that captured CUDA graphs: 0 of 56" in md          # CPU: no graphs at all (2 × 2 × 7 rows × 2)
     from bench.speedup import NOISE_BAND, noise_floor
     band, aa = noise_floor(result, SCHEDULED, NOISE_BAND), noise_floor(result, "none-aa", NOISE_BAND)
@@ -138,14 +139,12 @@ def test_speedup_end_to_end_on_stories(tmp_path):
             f"the A/A row in {aa['failed']}.") in md
 
 
-def test_the_decode_only_row_never_drafts_beside_a_prompt_and_restores_the_gate(monkeypatch, tmp_path):
-    """dspark-decode-only runs scheduled dspark with the gate's drafts beside prompt chunks off, only
-    while its own runs last; it is no default row. The gate is made to draft wherever it is asked
-    (the CPU's timings decide nothing here), so the dspark row does draft beside prompts."""
-    from bench.speedup import DEFAULT_ROWS
+def test_the_beside_prompts_row_drafts_beside_a_prompt_and_restores_the_gate(monkeypatch, tmp_path):
+    """dspark-beside-prompts runs scheduled dspark with the gate's drafts beside prompt chunks on, only
+    while its own runs last; it is no default row, and the dspark row keeps the engine's default (off).
+    The gate is made to draft wherever it is asked (the CPU's timings decide nothing here)."""
+    from bench.speedup import DEFAULT_ROWS, row_gate
     from specd.engine.spec_gate import SpecGate
-
-    from bench.speedup import row_gate
 
     seen = []
 
@@ -155,24 +154,26 @@ def test_the_decode_only_row_never_drafts_beside_a_prompt_and_restores_the_gate(
 
     monkeypatch.setattr(SpecGate, "drafts_beside_prompts", always)
     monkeypatch.setattr(SpecGate, "should_draft", lambda self, *a, **k: True)
-    assert "dspark-decode-only" not in DEFAULT_ROWS
+    assert "dspark-beside-prompts" not in DEFAULT_ROWS and SpecGate().beside_prompts is False
     greedy = _sessions(tmp_path / "stories-greedy.jsonl", "greedy", 0.0)
     out = tmp_path / "out"
     rc = bench_main(["speedup", "--model", str(MODEL), "--drafters", f"dspark={DRAFTER}", "--workloads", str(greedy),
-                     "--concurrency", "2", "--rows", "dspark,dspark-decode-only", "--requests", "4",
+                     "--concurrency", "2", "--rows", "dspark,dspark-beside-prompts", "--requests", "4",
                      "--max-tokens", "12", "--repeats", "2", "--warmup-tokens", "2", "--out", str(out)])
     assert rc == 0
     cell = json.loads((out / "speedup.json").read_text())["workloads"]["stories-greedy"]["2"]["rows"]
-    assert all("prompt_draft" not in x["step_kinds"] for x in cell["dspark-decode-only"]["runs"])
-    assert all(x["step_kinds"]["prompt_draft"]["steps"] >= 1 for x in cell["dspark"]["runs"])
+    assert all("prompt_draft" not in x["step_kinds"] for x in cell["dspark"]["runs"])
+    assert all(x["step_kinds"]["prompt_draft"]["steps"] >= 1 for x in cell["dspark-beside-prompts"]["runs"])
     assert True in seen and False in seen
 
     class Engine:
         spec_gate = SpecGate()
 
-    with row_gate(Engine, "dspark-decode-only"):
+    with row_gate(Engine, "dspark-beside-prompts"):
+        assert Engine.spec_gate.beside_prompts is True
+    assert Engine.spec_gate.beside_prompts is False
+    with row_gate(Engine, "dspark"):             # a row without the setting keeps the engine's
         assert Engine.spec_gate.beside_prompts is False
-    assert Engine.spec_gate.beside_prompts is True
 
 
 def test_budget_cuts_cells_and_still_writes(tmp_path):

@@ -312,7 +312,8 @@ def test_unmeasured_steps_neither_explore_nor_probe():
 def test_a_step_beside_prompts_drafts_only_where_the_explored_cell_drafts():
     """``drafts_beside_prompts``: never while the cell explores (or before it exists), the measured
     steps' answer once explored, and it moves neither the probe clock nor the probe count."""
-    fast = SpecGate(min_samples=2, probe_every=5, probe_steps=1)
+    assert SpecGate().beside_prompts is False            # off by default (session 13, run AP)
+    fast = SpecGate(min_samples=2, probe_every=5, probe_steps=1, beside_prompts=True)
     assert not fast.drafts_beside_prompts("dspark", 4, [])
     drive(fast, 1, draft_tok_s=3000.0)
     assert not fast.drafts_beside_prompts("dspark", 4, [])          # still exploring
@@ -322,12 +323,14 @@ def test_a_step_beside_prompts_drafts_only_where_the_explored_cell_drafts():
     assert all(fast.drafts_beside_prompts("dspark", 4, []) for _ in range(50))
     assert (fast.probes, cell.clock, cell.probe_left, dict(fast.drafted_by)) == before
     assert not fast.drafts_beside_prompts("dspark", 8, [])          # another load: its own cell
-    slow = SpecGate(min_samples=2, probe_every=5, probe_steps=1)
+    fast.beside_prompts = False
+    assert not fast.drafts_beside_prompts("dspark", 4, [])          # off: never
+    slow = SpecGate(min_samples=2, probe_every=5, probe_steps=1, beside_prompts=True)
     drive(slow, 20, draft_tok_s=300.0)
     assert not slow.drafts_beside_prompts("dspark", 4, [])
     # by the batch's own records, as a measured step's prediction: a cell that rests on requests
     # accepting 1.2 tokens a step drafts for requests that have shown 3
-    rests = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0)
+    rests = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0, beside_prompts=True)
     learned_to_rest(rests)
     assert not rests.drafts_beside_prompts("dspark", 4, records(4, 1, 6))
     assert rests.drafts_beside_prompts("dspark", 4, records(4, 3, 6))
@@ -663,6 +666,42 @@ class ScriptedGate:
 
     def stats(self):
         return {}
+
+
+def test_a_step_whose_rest_absorbs_features_is_no_sample_of_either_arm(engine):
+    """The first step of a rest absorbs the request's pending features (a drafter pass): its time is no
+    plain-decoding sample, and the later resting steps are. Session 13, run AP: such steps (new requests
+    resting from their first decode step with their prompt captured) rated plain decoding at ~57% of its
+    speed in the b16 cell, and the gate drafted where drafting lost."""
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    class Recording(ScriptedGate):
+        def __init__(self, arms):
+            super().__init__(arms)
+            self.seen = []
+
+        def observe(self, method, sequences, drafted, tokens, seconds, drafters=None):
+            self.seen.append(drafted)
+
+    gate = engine.spec_gate = Recording([True] * 3 + [False] * 100)
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    try:
+        engine.add_request(Request("absorb", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
+        seq, steps = engine._seqs["absorb"], []      # per decode step: (a rest began, its reports)
+        while engine.has_work():
+            pending = seq.draft_feats is not None and len(seq.draft_feats) > 0
+            before = len(gate.seen)
+            engine.step()
+            if engine._decode_step:          # features before the step, none after: a rest began
+                steps.append((pending and seq.draft_feats is None, gate.seen[before:]))
+    finally:
+        engine.spec_gate = SpecGate()
+    began = [i for i, (rest, _) in enumerate(steps) if rest]
+    assert began == [3]                          # decode steps 0-2 drafted, the rest began at 3
+    assert steps[3][1] == []                     # the absorbing step: no report
+    assert [s for _, seen in steps[:3] for s in seen] in ([True] * 2, [True] * 3)   # 0 may measure the SPS profile
+    assert all(seen == [False] for _, seen in steps[4:]) and len(steps) > 5
 
 
 def test_a_rest_keeps_the_context_and_stitches_the_features_after_it(engine):
