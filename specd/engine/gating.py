@@ -181,8 +181,8 @@ class GateSteps:
     def _rest_prompts(self, batch: list[ScheduledSeq]) -> None:
         """Prompt chunks of gated requests capture no features where the gate rests their method at this
         load (and no probe is announced). Features wait in ``draft_feats`` until a proposal absorbs them,
-        and a rest drops them (``_rest``), so a request that rests from its first decode step captured
-        and fused its whole prompt for nothing. On the H200 (run J) that waste was the scheduled row's
+        or a rest does (``_rest``, since session 12; dropped before), so a request that rests from its
+        first decode step captured, fused and absorbed its whole prompt before any draft needed it. On the H200 (run J) that waste was the scheduled row's
         whole loss where the gate rested every step: 2-5% of throughput, the most on the longest prompts
         (knowledge, c = 32: 7.83 against 7.39 ms per step, no verification). The question is asked for a
         batch of requests like this one (its class's acceptance, ``SpecGate.record``), and a request

@@ -403,13 +403,19 @@ class SpecGate:
         """Does this step draft for ``method``'s scheduled requests, in a batch of ``sequences``?
 
         ``measured``: the step will be reported to ``observe`` (a pure decode step). Only such steps
-        explore, probe and advance the probe clock; any other step runs the current winner (drafting while
-        the cell is unexplored). ``requests``: the acceptance records of the requests that would draft;
-        ``verify``: the draft tokens they would verify, when known before deciding (ngram)."""
+        explore, probe and advance the probe clock; any other step runs the current winner, or, while the
+        cell explores, the arm it explores now (the engine asks so for prompts: capture their features or
+        not). ``requests``: the acceptance records of the requests that would draft; ``verify``: the draft
+        tokens they would verify, when known before deciding (ngram).
+
+        Why the explored arm, not "draft" (sessions 6-12, unless the cell had the resting prior): a prompt
+        captured while the cell explores plain decoding rests from its first decode step, which absorbs
+        its features (a drafter pass) in a step that is then no sample (``GateSteps._rest``); in a closed
+        loop at c = 16, new requests arrive after nearly every run of decode steps (H200, session 13)."""
         cell = self._cell(method, sequences)
         explore = self._exploring(cell)
         if explore is not None:
-            return self._drafts(cell, "explore", explore) if measured else not cell.resting_prior
+            return self._drafts(cell, "explore", explore) if measured else explore
         acceptance = self._acceptance(cell, requests, sequences)
         predicted = cell.draft_rate(acceptance, verify)
         winner = cell.beats_plain(predicted, self.margin)

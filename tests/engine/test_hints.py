@@ -127,7 +127,8 @@ def test_engine_sends_kinds_and_expected_return_to_kvd(tmp_path):
                                    prefix_kinds=[(32, int(S))], expected_return_s=120.0))
         while engine.has_work():
             engine.step()
-        with KvdClient(kvd.run_dir) as c:
+        engine.source.settle()       # the release carrying the hints is posted: wait for kvd's answer, so
+        with KvdClient(kvd.run_dir) as c:    # this other connection's query cannot overtake it (it flaked)
             kinds = {b["kind"] for b in c.top(100)}
             sessions = {s["session"]: s for s in c.sessions()}
         assert "system" in kinds and "conversation" in kinds

@@ -51,6 +51,21 @@ def test_explores_drafting_first_then_plain():
     assert drive(gate, 6, draft_tok_s=500.0) == [True] * 3 + [False] * 3
 
 
+def test_an_exploring_cells_unmeasured_answer_is_the_arm_it_explores():
+    """Prompts prefilled while a cell explores drafting capture their features, those prefilled while it
+    explores plain decoding do not (they would rest from their first decode step, absorbing them in a
+    step that is no sample); asking moves nothing."""
+    gate = SpecGate(warmup=0, min_samples=3, probe_every=50, probe_steps=2)
+    assert gate.should_draft("dspark", 4, measured=False)            # a new cell explores drafting first
+    drive(gate, 3, draft_tok_s=500.0)
+    assert not gate.should_draft("dspark", 4, measured=False)        # now plain decoding
+    assert not gate.should_draft("dspark", 4, measured=False)
+    assert drive(gate, 3, draft_tok_s=500.0) == [False] * 3          # unmoved: plain still had 3 to go
+    heavy = SpecGate(warmup=0, min_samples=3, probe_every=50, probe_steps=2)
+    drive(heavy, 6, draft_tok_s=500.0, sequences=4)                  # b4 rests: b8 starts with the resting prior
+    assert not heavy.should_draft("dspark", 8, measured=False)
+
+
 def test_rests_when_drafting_is_measured_slower_and_probes_within_the_budget():
     gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=2, probe_max=400)
     arms = drive(gate, 606, draft_tok_s=500.0)[6:]
