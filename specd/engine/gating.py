@@ -182,9 +182,10 @@ class GateSteps:
         """Prompt chunks of gated requests capture no features where the gate rests their method at this
         load (and no probe is announced). Features wait in ``draft_feats`` until a proposal absorbs them,
         or a rest does (``_rest``, since session 12; dropped before), so a request that rests from its
-        first decode step captured, fused and absorbed its whole prompt before any draft needed it. On the H200 (run J) that waste was the scheduled row's
-        whole loss where the gate rested every step: 2-5% of throughput, the most on the longest prompts
-        (knowledge, c = 32: 7.83 against 7.39 ms per step, no verification). The question is asked for a
+        first decode step captured, fused and absorbed its whole prompt before any draft needed it. On
+        the H200 (run J) that waste was the scheduled row's whole loss where the gate rested every step:
+        2-5% of throughput, the most on the longest prompts (knowledge, c = 32: 7.83 against 7.39 ms per
+        step, no verification). The question is asked for a
         batch of requests like this one (its class's acceptance, ``SpecGate.record``), and a request
         exploring its class captures. It is asked at the prefill's first chunk only, and the later chunks
         follow that answer (``Sequence.prompt_captures``): asked again at each chunk, a "rest" dropped the
@@ -307,7 +308,7 @@ class GateSteps:
         records = [s.seq.gate_acceptance for s in gated]
         if self._decode_step:
             drafting = self.spec_gate.should_draft(method, len(batch), requests=records, verify=verify)
-        else:   # never measured: the measured steps' answer, where the cell is explored (session 13)
+        else:   # a step with prompt chunks, never measured: no draft unless ``beside_prompts`` (off; session 13)
             drafting = self.spec_gate.drafts_beside_prompts(method, len(batch), records, verify)
         self._gate_arms[method] = drafting
         self._counters["spec_paused_steps_total"] += not drafting
