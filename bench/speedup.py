@@ -60,7 +60,8 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     "ngram-gated": {"method": "ngram", "schedule": "gated", "gamma": 7},
     "dspark-g7-gated": {"method": "dspark", "schedule": "gated", "gamma": 7},
     # scheduled dspark with the gate's drafts beside prompt chunks on (``SpecGate.beside_prompts``, off by
-    # default: session 13, run AP measured it against the default in the same run); not a default row
+    # default: session 13, run AP measured it against the default in the same run), through a gate of
+    # its own (``row_gate``); not a default row
     "dspark-beside-prompts": {"method": "dspark", "schedule": "confidence", "gamma": None, "beside_prompts": True},
 }
 DEFAULT_ROWS = [r for r in ROWS if r != "dspark-beside-prompts"]
@@ -222,20 +223,29 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d))
 
 
+GATE_SETTINGS = ("beside_prompts",)   # ROWS keys that are SpecGate settings, not request fields
+
+
 @contextmanager
-def row_gate(engine, row: str):
-    """The engine's gate as ``row`` runs it (``beside_prompts``; a row without it keeps the engine's),
-    restored after."""
+def row_gate(engine, row: str, own: dict):
+    """Run ``row`` with a gate of its own when it sets gate settings (``GATE_SETTINGS``): one SpecGate
+    per such row, kept in ``own`` across cells, swapped in while the row runs and the engine's restored
+    after; other rows use the engine's. Why: rows with the same method and schedule share the gate's
+    cells and prompt-class records, so an ablation row's steps fed the default row's decisions and back
+    (H200, session 13, run AP: support at c = 4 ran 1.03x in both dspark rows, 1.30-1.36x in runs
+    without the ablation)."""
+    from specd.engine.spec_gate import SpecGate
+
     gate = getattr(engine, "spec_gate", None)
-    if gate is None:
+    settings = {k: v for k, v in ROWS[row].items() if k in GATE_SETTINGS}
+    if gate is None or not settings:
         yield
         return
-    before = gate.beside_prompts
-    gate.beside_prompts = ROWS[row].get("beside_prompts", before)
+    engine.spec_gate = own.setdefault(row, SpecGate(**settings))
     try:
         yield
     finally:
-        gate.beside_prompts = before
+        engine.spec_gate = gate
 
 
 def repeat_order(rows: list[str], rep: int) -> list[str]:
@@ -547,6 +557,7 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
     cut: list[str] = []
     deadline = None if getattr(args, "budget_s", None) is None else time.perf_counter() + args.budget_s
     profiles = RowProfiles(getattr(args, "profile", None))
+    own_gates: dict = {}          # row -> its own SpecGate (``row_gate``)
     for wl_path in [Path(w.strip()) for w in args.workloads.split(",") if w.strip()]:
         name = wl_path.stem
         workloads[name] = {}
@@ -561,13 +572,13 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
             short = [Prompt(p.ids, p.params.model_copy(update={"max_tokens": args.warmup_tokens})) for p in prompts]
             extra = {}
             for row in rows:          # the same prompts and batch shapes, short answers: captures and compiles
-                with row_gate(engine, row):
+                with row_gate(engine, row, own_gates):
                     run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}")
                     extra[row] = finish_exploring(engine, row, level, lambda tag: run_closed_loop(
                         engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}"))
             for rep in range(args.repeats):
                 for row in repeat_order(rows, rep):
-                    with profiles.timed(row, level), row_gate(engine, row):
+                    with profiles.timed(row, level), row_gate(engine, row, own_gates):
                         r = run_closed_loop(engine, prompts, row_fields(row, cap), level,
                                             f"{name}-{level}-{row}-{rep}")
                     runs[row].append(r)
@@ -580,8 +591,11 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                                                    if k.startswith("spec_gate_")}
             if getattr(engine, "spec_gate", None) is not None:   # each gate cell's latest reports, with why
                 workloads[name][str(level)]["gate_recent"] = engine.spec_gate.trace(latest=True)
+            for row, gate in own_gates.items():                  # the same for the rows' own gates
+                workloads[name][str(level)].setdefault("gate_recent_by_row", {})[row] = gate.trace(latest=True)
     profiles.write()
     return {"rows": rows, "skipped_rows": skipped, "cut": cut,
+            "gate_trace_by_row": {row: gate.trace() for row, gate in own_gates.items()},
             "row_settings": {row: row_fields(row, cap) for row in rows}, "workloads": workloads,
             "summary": summary_across(workloads)}
 

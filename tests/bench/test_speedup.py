@@ -139,10 +139,11 @@ def test_speedup_end_to_end_on_stories(tmp_path):
             f"the A/A row in {aa['failed']}.") in md
 
 
-def test_the_beside_prompts_row_drafts_beside_a_prompt_and_restores_the_gate(monkeypatch, tmp_path):
-    """dspark-beside-prompts runs scheduled dspark with the gate's drafts beside prompt chunks on, only
-    while its own runs last; it is no default row, and the dspark row keeps the engine's default (off).
-    The gate is made to draft wherever it is asked (the CPU's timings decide nothing here)."""
+def test_the_beside_prompts_row_drafts_beside_a_prompt_with_a_gate_of_its_own(monkeypatch, tmp_path):
+    """dspark-beside-prompts runs scheduled dspark with the gate's drafts beside prompt chunks on, through
+    a gate of its own (its cells and class records are not the dspark row's), only while its own runs
+    last; it is no default row, and the dspark row keeps the engine's gate (off). The gate is made to
+    draft wherever it is asked (the CPU's timings decide nothing here)."""
     from bench.speedup import DEFAULT_ROWS, row_gate
     from specd.engine.spec_gate import SpecGate
 
@@ -169,11 +170,18 @@ def test_the_beside_prompts_row_drafts_beside_a_prompt_and_restores_the_gate(mon
     class Engine:
         spec_gate = SpecGate()
 
-    with row_gate(Engine, "dspark-beside-prompts"):
-        assert Engine.spec_gate.beside_prompts is True
-    assert Engine.spec_gate.beside_prompts is False
-    with row_gate(Engine, "dspark"):             # a row without the setting keeps the engine's
-        assert Engine.spec_gate.beside_prompts is False
+    default, own = Engine.spec_gate, {}
+    with row_gate(Engine, "dspark-beside-prompts", own):       # a gate of its own, with its setting
+        first = Engine.spec_gate
+        assert first is not default and first.beside_prompts is True
+    assert Engine.spec_gate is default and default.beside_prompts is False
+    with row_gate(Engine, "dspark-beside-prompts", own):       # the same one again: kept across cells
+        assert Engine.spec_gate is first
+    with row_gate(Engine, "dspark", own):                      # a row without settings: the engine's
+        assert Engine.spec_gate is default
+    result = json.loads((out / "speedup.json").read_text())
+    assert list(result["gate_trace_by_row"]) == ["dspark-beside-prompts"]
+    assert "dspark-beside-prompts" in result["workloads"]["stories-greedy"]["2"]["gate_recent_by_row"]
 
 
 def test_budget_cuts_cells_and_still_writes(tmp_path):
