@@ -138,7 +138,7 @@ class RunResult:
     # settle, the gate's report) and the closed loop's own work between steps. Session 9, run X: a resting
     # scheduled row ran 2-3% behind ``none`` at c >= 4 with no verification, and nothing said where.
     phase_ms_per_step: dict[str, float] = field(default_factory=dict)
-    # the engine's steps by kind (``specd.engine.engine.STEP_KINDS``: prompt, draft, plain): count, total ms
+    # the engine's steps by kind (``specd.engine.engine.STEP_KINDS``: prompt, prompt_draft, draft, plain): count, ms
     # and emitted tokens each. The gate compares pure decode steps only; a speculative row's loss that its
     # decode steps do not show is in its prompt steps, or in how many of them it runs (session 13)
     step_kinds: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -241,7 +241,9 @@ def row_gate(engine, row: str, own: dict):
     if gate is None or not settings:
         yield
         return
-    engine.spec_gate = own.setdefault(row, SpecGate(**settings))
+    if row not in own:
+        own[row] = SpecGate(**settings)
+    engine.spec_gate = own[row]
     try:
         yield
     finally:

@@ -122,7 +122,7 @@ class GateSteps:
                 self._rest([s.seq for s in members if not self._keeps(s.seq)])
             elif not (self.spec_gate.probe_next(key, len(batch)) or resumes):
                 self._rest([s.seq for s in members])
-                if self._decode_step and len(members) == len(group) and self._gate_arms.get(key) is False:
+                if len(members) == len(group) and self._gate_arms.get(key) is False:
                     # the whole group rests on the gate's answer: the next step may ask ``rests_again``
                     self._rest_chain = RestChain(key, load_bucket(len(batch)), len(batch), len(group),
                                                  self._counters["steps_total"], records)
@@ -308,7 +308,7 @@ class GateSteps:
         records = [s.seq.gate_acceptance for s in gated]
         if self._decode_step:
             drafting = self.spec_gate.should_draft(method, len(batch), requests=records, verify=verify)
-        else:   # a step with prompt chunks, never measured: no draft unless ``beside_prompts`` (off; session 13)
+        else:   # a step with prompt chunks (never measured): no draft unless ``beside_prompts`` (off)
             drafting = self.spec_gate.drafts_beside_prompts(method, len(batch), records, verify)
         self._gate_arms[method] = drafting
         self._counters["spec_paused_steps_total"] += not drafting
