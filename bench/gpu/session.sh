@@ -8,6 +8,7 @@
 #   bash bench/gpu/session.sh train-kv     # GPU0: one dspark drafter, 10x the data (issue 6's drafter; resumable:
 #                                          #   run it again until it reports) | GPU1: serve-plan gpu-kv (issue 7)
 #   bash bench/gpu/session.sh train        # one GPU: train-kv's drafter alone, through training (resumable)
+#   bash bench/gpu/session.sh step-profile # one GPU, no GGUF: prompt steps against decode steps (bench/step_profile.py)
 #   bash bench/gpu/session.sh answers-stacks  # one GPU: the data stage's Python stacks every 20 s for 80 s
 #   bash bench/gpu/session.sh train-probe  # one GPU, no GGUF: drafter training steps by batch size (train_probe.py),
 #                                          #   this export and, with OLD=<export dir>, an older one; with
@@ -249,6 +250,19 @@ PY
       train_probe . "features-$PROBE_FEATURES" --features-dtype "$PROBE_FEATURES"
     fi
     pack train-probe
+    ;;
+  step-profile)
+    # session 14: prompt steps against decode steps, random Qwen-0.5B weights, no GGUF (bench/step_profile.py):
+    # ~110-token prompts (coding's median) beside 4, 16 and 32 decoders, then 400-token prompts beside 16
+    mkdir -p "$RES/step-profile"
+    for case in "110 4,16,32" "400 16"; do
+      set -- $case
+      timeout "${STEP_PROFILE_TIMEOUT:-240}" python -m bench.step_profile --prompt-len "$1" --decoders "$2" \
+        --prompts 0,1,2,3 --out "$RES/step-profile/len$1" >> /tmp/logs/step-profile.log 2>&1
+      echo "step-profile len $1 rc=$?"
+    done
+    tail -n 20 /tmp/logs/step-profile.log
+    pack step-profile
     ;;
   answers-stacks)
     # session 7: the data stage (--answers engine) ran 540 s on the H200 with no output; dump its stacks
