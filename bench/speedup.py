@@ -142,12 +142,15 @@ class RunResult:
     # and emitted tokens each. The gate compares pure decode steps only; a speculative row's loss that its
     # decode steps do not show is in its prompt steps, or in how many of them it runs (session 13)
     step_kinds: dict[str, dict[str, float]] = field(default_factory=dict)
+    # requests whose prompt captured no drafter features (the gate rested their cell): rated by their class's
+    # prompt-less drafting steps (``ClassRecord``, session 14)
+    gate_promptless_requests: int = 0
 
 
 PHASES = ("schedule_seconds_total", "forward_seconds_total", "output_seconds_total", "commit_seconds_total")
 STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_total", "spec_accepted_tokens_total",
              "admission_seconds_total", "spec_scheduler_seconds_total", "spec_paused_steps_total",
-             "spec_class_explore_steps_total", "spec_rest_again_steps_total") + PHASES
+             "spec_class_explore_steps_total", "spec_rest_again_steps_total", "spec_promptless_requests_total") + PHASES
 
 
 def _delta(before: dict, after: dict) -> dict:
@@ -220,6 +223,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         gate_drafted_by={**{r: int(d.get(f"spec_gate_drafted_{r}_steps_total", 0)) for r in DRAFT_REASONS},
                          "class": int(d["spec_class_explore_steps_total"])},
         gate_rest_again_steps=int(d["spec_rest_again_steps_total"]),
+        gate_promptless_requests=int(d["spec_promptless_requests_total"]),
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d))
 
 

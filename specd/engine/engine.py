@@ -79,6 +79,7 @@ class SpecEngine(GateSteps):
                               spec_class_explore_steps_total=0, spec_scheduled_requests_total=0,
                               spec_scheduled_tokens_total=0, admission_seconds_total=0.0,
                               spec_scheduler_seconds_total=0.0, spec_rest_again_steps_total=0,
+                              spec_promptless_requests_total=0,
                               **{f"step_{kind}_{what}_total": 0 for kind in STEP_KINDS
                                  for what in ("steps", "seconds", "tokens")})
         self._scheduled_lengths: collections.Counter[int] = collections.Counter()   # ℓ chosen per scheduled draft

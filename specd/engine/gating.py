@@ -213,6 +213,9 @@ class GateSteps:
                     or self.spec_gate.probe_next(key, len(batch)))
             if not captures:
                 self._rest([seq])
+                if not seq.gate_acceptance.lacks_prompt:  # rated by its class's prompt-less drafting steps
+                    seq.gate_acceptance.lacks_prompt = True
+                    self._counters["spec_promptless_requests_total"] += 1
 
     def _gate_found(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], drafts: list[Draft]) -> list[Draft]:
         """The gate for a proposer that costs nothing to ask (ngram: a host lookup), decided after it

@@ -186,36 +186,61 @@ class Rate:
 
 @dataclass
 class ClassRecord:
-    """A prompt class's pooled record: every drafting step of its requests, decayed by ``CLASS_DECAY``;
-    the requests admitted and the drafting steps taken, undecayed (for its exploration)."""
+    """A prompt class's pooled record: every drafting step of its requests from a whole drafter context,
+    decayed by ``CLASS_DECAY``; the requests admitted and the drafting steps taken, undecayed (for its
+    exploration); and, apart, the steps drafted by its requests whose drafter context lacks their prompt
+    (``promptless_tokens``, ``promptless_steps``; ``Acceptance.lacks_prompt``).
+
+    Why two records: where the gate rests at a load, prompts arriving then capture no features
+    (``GateSteps._rest_prompts``), and when the load drops and drafting wins again, those requests draft
+    from contexts without their prompts and accept far less. H200, session 14 (run AQ, extraction at
+    c = 32, where every prompt arrived into a resting cell): at the tail of each run, as the batch drained
+    to 17-24 requests, the class's whole-context record (~3.3 tokens a sequence) predicted 10,490 tok/s for
+    drafting against 7,238 plain; the drafting steps emitted 1.35-1.5 tokens a sequence, 3,900 tok/s,
+    several steps a run. Rated by what prompt-less contexts of their class draft, such requests rest."""
 
     tokens: float = 0.0
     steps: float = 0.0
     requests: int = 0
     samples: int = 0
+    promptless_tokens: float = 0.0
+    promptless_steps: float = 0.0
 
     def add(self, tokens: int) -> None:
         self.tokens = self.tokens * CLASS_DECAY + tokens
         self.steps = self.steps * CLASS_DECAY + 1.0
         self.samples += 1
 
+    def add_promptless(self, tokens: int) -> None:
+        """A drafting step from a context without its prompt: its own record, not the exploration count."""
+        self.promptless_tokens = self.promptless_tokens * CLASS_DECAY + tokens
+        self.promptless_steps = self.promptless_steps * CLASS_DECAY + 1.0
+
 
 @dataclass
 class Acceptance:
     """One request's decayed record of its drafting steps (tokens emitted, and steps), and its prompt
-    class's pooled record (None: no class), which every step it records feeds too."""
+    class's pooled record (None: no class), which every step it records feeds too. ``lacks_prompt``: its
+    prompt captured no features (the engine's ``_rest_prompts``), so its drafter context never holds its
+    prompt; its estimate starts from the class's prompt-less record once that has a sample
+    (``SpecGate._acceptance``)."""
 
     tokens: float = 0.0
     steps: float = 0.0
     group: ClassRecord | None = field(default=None, repr=False)
+    lacks_prompt: bool = False
 
     def add(self, tokens: int, decay: float = REQUEST_DECAY, pool: bool = True) -> None:
-        """One drafting step's emitted tokens. ``pool``: also into the class's record; False for a step
-        drafted from a context that misses part of the request's history (the engine's ``_pools``)."""
+        """One drafting step's emitted tokens. ``pool``: also into the class's whole-context record; False
+        for a step drafted from a context that misses part of the request's history (the engine's
+        ``_pools``), which feeds the class's prompt-less record if the part missing is the prompt."""
         self.tokens = self.tokens * decay + tokens
         self.steps = self.steps * decay + 1.0
-        if self.group is not None and pool:
-            self.group.add(tokens)
+        if self.group is not None:
+            if pool:
+                self.group.add(tokens)
+            elif self.lacks_prompt:
+                self.group.add_promptless(tokens)
 
     @staticmethod
     def rest_all(records: list["Acceptance"], decay: float = RESTING_DECAY) -> None:
@@ -385,11 +410,15 @@ class SpecGate:
         # record shrunk toward ``prior`` the same way, or ``prior`` without a class record. One loop, no
         # helper calls: it runs for every gated request at every step (~1 µs a request in calls alone on
         # the CPU machine, c = 32; tests/engine/gate_cost_probe.py).
+        # A request without its prompt starts from its class's prompt-less record, shrunk toward the
+        # whole-context start.
         k = self.prior_steps
         drafting, top = 0.0, 1.0
         for r in requests:
             g = r.group
             start = prior if g is None or g.steps <= 0 else (g.tokens + k * prior) / (g.steps + k)
+            if r.lacks_prompt and g is not None and g.promptless_steps > 0:
+                start = (g.promptless_tokens + k * start) / (g.promptless_steps + k)
             own = (r.tokens + k * start) / (r.steps + k)
             if highest:
                 own = start if start > own else own

@@ -75,7 +75,8 @@ def test_hybrid_prefix_hits_match_recompute_and_swa_keeps_only_windows(checkpoin
         assert got_b == run(local, "b", b)[0]
         # (b) count what is stored once the engine is idle (its reserve lease still held passed blocks)
         cached.blocks.release_reserve()
-        full, swa, st = swa_stats(kvd.run_dir)
+        cached.source.settle()       # the release is posted: wait for kvd's answer, so the stats query on
+        full, swa, st = swa_stats(kvd.run_dir)   # another connection cannot overtake it (it flaked under load)
         ends = (len(b) + 8 - 1) // BS                            # B's chain end: its full blocks
         assert full["blocks"] == ends and swa["blocks"] == 2 < full["blocks"]
         assert st["window_drops"] >= ends - 2

@@ -789,6 +789,7 @@ def test_a_prompt_captures_features_only_where_its_cell_drafts(engine, drafts_fi
 
     want = run(engine, "none", max_tokens=12)["0"]
     engine.spec_gate = ScriptedGate([drafts_first] * 3)
+    promptless = engine.stats()["spec_promptless_requests_total"]
     captures = []
     real_run = engine.runner.run
 
@@ -817,6 +818,8 @@ def test_a_prompt_captures_features_only_where_its_cell_drafts(engine, drafts_fi
         assert captures[0] and feats == len(prompt)       # the whole prompt's features, for the first draft
     else:
         assert captures[0] == () and feats is None        # a plain prefill: nothing captured, nothing kept
+    assert seq.gate_acceptance.lacks_prompt is not drafts_first   # rated by its class's prompt-less drafts
+    assert engine.stats()["spec_promptless_requests_total"] - promptless == (0 if drafts_first else 1)
 
 
 @pytest.mark.parametrize("first", [True, False])
@@ -1184,6 +1187,40 @@ def test_only_steps_from_a_whole_drafter_context_feed_the_class():
     assert group is gapped.group and group.samples == 2            # the gapped step is the request's own only
     assert group.tokens == pytest.approx(3 * 0.95 + 2)
     assert gapped.steps == pytest.approx(1.8) and gapped.tokens == pytest.approx(1 * 0.8 + 2)
+
+
+def test_a_request_without_its_prompt_is_rated_by_its_class_prompt_less_drafts():
+    """Regression (H200, session 14, run AQ): at c = 32 every prompt arrived into a resting cell and
+    captured nothing; as the batch drained at the tail of a run, those requests drafted, rated by their
+    class's whole-context record (~3.3 tokens a sequence), and emitted 1.35-1.5 from contexts without
+    their prompts, at about half plain decoding's rate. Such steps now form the class's prompt-less
+    record, and a request without its prompt starts from it; every other request is rated as before."""
+    gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0)
+    learned_to_rest(gate)
+    extraction = [7] * 40
+    for _ in range(3):                               # whole contexts draft 4 tokens a step
+        gate.record("dspark", extraction).add(4)
+    group = gate.record("dspark", extraction).group
+    whole_start = (group.tokens + 2.0 * 1.2) / (group.steps + 2.0)
+    blind = gate.record("dspark", extraction)
+    blind.lacks_prompt = True
+    # no prompt-less sample yet: it starts where any request of its class starts
+    assert gate.acceptance("dspark", 4, [blind] * 4) == pytest.approx(whole_start)
+    earlier = gate.record("dspark", extraction)
+    earlier.lacks_prompt = True
+    for _ in range(4):                               # contexts without the prompt drafted 1.5 tokens a step
+        earlier.add(1.5, pool=False)
+    gapped = gate.record("dspark", extraction)       # a gap after its prompt: its own record only
+    gapped.add(3, pool=False)
+    assert group.steps == pytest.approx(0.95 ** 2 + 0.95 + 1) and group.samples == 3   # untouched
+    assert group.promptless_steps == pytest.approx(sum(0.95 ** i for i in range(4)))
+    blind_start = (group.promptless_tokens + 2.0 * whole_start) / (group.promptless_steps + 2.0)
+    assert blind_start < 2.2 < whole_start
+    assert gate.acceptance("dspark", 4, [blind] * 4) == pytest.approx(blind_start)
+    fresh = gate.record("dspark", extraction)        # its prompt captured
+    assert gate.acceptance("dspark", 4, [fresh] * 4) == pytest.approx(whole_start)
+    assert gate.should_draft("dspark", 4, measured=False, requests=[fresh] * 4)
+    assert not gate.should_draft("dspark", 4, measured=False, requests=[blind] * 4)
 
 
 def test_steps_that_build_a_triton_kernel_are_no_timing_samples(engine, monkeypatch):
