@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from bench.gpu_profile import BLOCK, pool_for, random_model
-from specd.engine.cuda_graphs import GraphKey, HostStep, StepGraphs
+from specd.engine.cuda_graphs import GraphKey, HostStep, StepGraphs, decode_keys, prefill_keys
 from specd.engine.model_runner import device_inputs
 from specd.engine.paged_backend import PagedAttentionBackend
 
@@ -120,6 +120,20 @@ def kernel_breakdown(model, backend: PagedAttentionBackend, step: HostStep, q_bo
             "top": [{"name": n[:90], "ms": round(v[0], 4), "calls": v[1]} for n, v in ranked[:top]]}
 
 
+def warm_up(graphs: StepGraphs, max_seqs: int, dev: torch.device) -> dict:
+    """The runner's start warm-up (``plain_keys``: decode buckets and, since session 14, prompt chunks):
+    graphs captured and seconds, prompt chunks apart."""
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    out = {}
+    for name, keys in (("decode", decode_keys(max_seqs, ())), ("prompt_chunks", prefill_keys(graphs.max_tokens, ()))):
+        sync()
+        t0 = time.perf_counter()
+        n = graphs.warm(keys)
+        sync()
+        out[name] = {"graphs": n, "seconds": round(time.perf_counter() - t0, 3)}
+    return out
+
+
 def run(shape: str, decoders: list[int], prompts: list[int], prompt_len: int, context: int, repeats: int,
         out: Path, max_seqs: int = 32) -> dict:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -133,7 +147,8 @@ def run(shape: str, decoders: list[int], prompts: list[int], prompt_len: int, co
     max_tokens = 2048 + max_seqs * 7
     graphs = StepGraphs(model, backend, max_seqs, max_tokens, blocks, dev, replay_eagerly=dev.type != "cuda")
     res: dict = {"shape": shape, "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
-                 "context": context, "prompt_len": prompt_len, "max_seqs": max_seqs, "cases": []}
+                 "context": context, "prompt_len": prompt_len, "max_seqs": max_seqs,
+                 "start_warm_up": warm_up(graphs, max_seqs, dev), "cases": []}
     for (b, p), step in steps.items():
         engine_key = graphs.key(step, ())
         case = {"decoders": b, "prompts": p, "tokens": len(step.ids), "max_q_len": step.max_q_len, "keys": {}}
@@ -156,7 +171,10 @@ def run(shape: str, decoders: list[int], prompts: list[int], prompt_len: int, co
 
 
 def markdown(res: dict) -> str:
+    warm = res["start_warm_up"]
     lines = [f"# Prompt steps against decode steps ({res['shape']}, {res['device']})", "",
+             "Start warm-up: " + ", ".join(f"{k} {v['graphs']} graphs in {v['seconds']:.2f} s" for k, v in warm.items())
+             + ".", "",
              f"Decoders at context {res['context']}, prompts of {res['prompt_len']} new tokens; ms p50 of a "
              "graph replay with its inputs; GPU ms: the eager forward's summed kernel time under the same "
              "query bound.", "",

@@ -17,7 +17,9 @@ Graphs are captured into one shared memory pool, largest first where known; thei
 before the next replay. The runner warms every decode bucket at start; the engine warms every decode
 and verify shape a loaded speculation method can produce (``speculative_keys``) when the method loads,
 so no request meets a capture (~100 ms each on the H200, longer than a whole timed run at low load).
-Shapes outside the warmed set (prefill chunks, odd mixes) are still captured on first use.
+Since session 14 the runner also warms prompt chunks at start (``plain_keys``), and the speculative warm-up
+their feature-capturing variants; shapes outside the warmed set (odd mixes: a prompt chunk of at most 16
+tokens beside verifies) are still captured on first use.
 
 All step metadata travels in two packed host buffers (int64: ids, positions, slots; int32: cu_q_lens,
 seq_lens, block tables), so one step costs two host-to-device copies and one graph launch.
@@ -38,8 +40,8 @@ DECODE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 TOKEN_BUCKETS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 VERIFY_Q_BOUNDS = (2, 4, 8, 16)   # query bounds of verify-like steps; above 16 a step is a prefill
 MAX_GRAPHS = 160                  # beyond this, odd shapes run eagerly rather than pile up graph memory; the
-                                  # speculative warm-up needs ~60 (one drafter plus ngram, 32 seqs, γ 7) to
-                                  # ~130 (256 seqs), lazily captured prefill shapes up to ~30 more
+                                  # warm-ups need 84 (plain shapes, one drafter plus ngram, 32 seqs, γ 7,
+                                  # prompt chunks included since session 14) to 134 (256 seqs)
 INT32_CODE = next(c for c in "ilh" if array(c).itemsize == 4)   # array's typecode of a C int32
 
 
@@ -123,6 +125,19 @@ def verify_keys(max_seqs: int, max_tokens: int, gamma: int, capture: tuple[int, 
     return keys
 
 
+def prefill_keys(max_tokens: int, capture: tuple[int, ...]) -> list[GraphKey]:
+    """Every key ``graph_key`` gives a prefill-shaped step (a query block longer than the largest verify
+    bound: a prompt chunk, alone or beside decoding and verifying sequences) of at most ``max_tokens``
+    tokens: each token bucket above that bound, its query bound the bucket itself.
+
+    Why warmed (session 14): until then prompt shapes were captured on first use, and `bench speedup`'s
+    untimed warm-up runs did not meet them all. On the H200 (run AR) 7 of 300 timed runs captured a graph,
+    ~100 ms each in runs of ~1 s; coding at c = 8 captured in two of scheduled dspark's three runs, which
+    ran 0.82x and 0.86x plain decoding (the third, without, 0.93x)."""
+    top = VERIFY_Q_BOUNDS[-1]
+    return [GraphKey(t, t, capture) for t in TOKEN_BUCKETS if top < t <= max_tokens]
+
+
 def speculative_keys(max_seqs: int, max_tokens: int, methods: list[tuple[tuple[int, ...], int]]) -> list[GraphKey]:
     """The target step shapes the loaded speculation methods can produce, beyond plain decoding.
 
@@ -130,16 +145,25 @@ def speculative_keys(max_seqs: int, max_tokens: int, methods: list[tuple[tuple[i
     (ngram). A step captures the union of the layers of the feature methods that draft in it, and its
     longest verify block is 1 + the largest γ among the methods in it, so every non-empty subset of
     methods counts: decode steps with the subset's layers (the feature drafter's first step, or all its
-    drafts scheduled to 0; decode steps capturing nothing are the runner's plain ones) and verify steps
-    with them. Sorted largest first, the order they are captured in."""
+    drafts scheduled to 0; decode steps capturing nothing are the runner's plain ones), verify steps
+    with them, and prompt chunks with them (a prompt that captures its features, or capturing decoders
+    beside a prompt; prompt chunks capturing nothing are the runner's). Sorted largest first, the order
+    they are captured in."""
     keys: set[GraphKey] = set()
     for mask in range(1, 2 ** len(methods)):
         chosen = [m for i, m in enumerate(methods) if mask >> i & 1]
         capture = tuple(sorted({layer for layers, _ in chosen for layer in layers}))
         if capture:
             keys.update(decode_keys(max_seqs, capture))
+            keys.update(prefill_keys(max(max_tokens, max_seqs), capture))
         keys.update(verify_keys(max_seqs, max_tokens, max(g for _, g in chosen), capture))
     return sorted(keys, key=lambda k: (k.tokens, k.q_bound, k.capture), reverse=True)
+
+
+def plain_keys(max_seqs: int, max_tokens: int) -> list[GraphKey]:
+    """The shapes of steps that capture nothing and verify nothing: decode at every bucket and prompt
+    chunks (``prefill_keys``), warmed by the runner at start."""
+    return decode_keys(max_seqs, ()) + prefill_keys(max(max_tokens, max_seqs), ())
 
 
 class StepGraphs:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specd.engine.cuda_graphs import GraphKey, HostStep, StepGraphs, decode_keys, graph_key, write_tables
+from specd.engine.cuda_graphs import GraphKey, HostStep, StepGraphs, graph_key, plain_keys, write_tables
 from specd.engine.kv_layout import KVLayout
 from specd.engine.paged_backend import PagedAttentionBackend, StepMetadata
 from specd.engine.scheduler import ScheduledSeq
@@ -93,7 +93,7 @@ class ModelRunner:
         if cuda_graphs and device.type == "cuda":
             max_blocks = -(-max_model_len // layout.block_size)
             self.graphs = StepGraphs(model, self.backend, max_batch, self.max_tokens, max_blocks, device)
-            self.graphs.warm(decode_keys(max_batch, ()))
+            self.graphs.warm(plain_keys(max_batch, self.graphs.max_tokens))
 
     def step_key(self, step: HostStep, capture: tuple[int, ...]) -> GraphKey | None:
         """The graph this step replays (None: eager), by the same rule as StepGraphs, with or without a GPU."""

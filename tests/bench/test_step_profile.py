@@ -3,7 +3,7 @@ they claim to (the GPU run times them; see docs/results/speedup.md)."""
 import json
 
 from bench.step_profile import alternative_keys, mixed_step, run
-from specd.engine.cuda_graphs import graph_key
+from specd.engine.cuda_graphs import graph_key, prefill_keys
 
 
 def test_mixed_step_lays_out_decoders_then_prompts_in_their_own_blocks():
@@ -35,3 +35,6 @@ def test_tiny_run_times_every_key_and_writes_its_table(tmp_path):
     assert mixed["keys"]["engine"]["key"]["q_bound"] == 48 and mixed["keys"]["tight_q"]["key"]["q_bound"] == 32
     assert json.loads((tmp_path / "step_profile-tiny.json").read_text())["cases"][1]["tokens"] == 42
     assert "| 2 | 2 | 42 | (48, 48) |" in (tmp_path / "step_profile-tiny.md").read_text()
+    # the runner's start warm-up was timed: 3 decode buckets (1, 2, 4) and the prompt chunks up to the budget
+    assert res["start_warm_up"]["decode"]["graphs"] == 3
+    assert res["start_warm_up"]["prompt_chunks"]["graphs"] == len(prefill_keys(2048 + 4 * 7, ()))

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specd.engine.cuda_graphs import GraphKey, decode_keys, graph_key, speculative_keys, verify_keys
+from specd.engine.cuda_graphs import (GraphKey, decode_keys, graph_key, plain_keys, prefill_keys, speculative_keys,
+                                      verify_keys)
 from specd.engine.draft_graphs import DraftGraphKey, DraftGraphs, draft_graph_key, warm_keys
 from specd.engine.sampler import SamplingPath
 from specd.sampling_params import SamplingParams
@@ -62,10 +63,35 @@ def test_decode_keys_are_exactly_what_graph_key_gives_decode_steps(max_seqs):
     assert set(decode_keys(max_seqs, (3,))) == want and None not in want
 
 
+def _brute_prefill(max_seqs: int, max_tokens: int, capture) -> set[GraphKey]:
+    """graph_key of every (sequences B, tokens n, longest query m) a prefill-shaped step can have: m > 16
+    (a prompt chunk), the other B-1 sequences 1..m tokens each, n ≤ max_tokens."""
+    keys = set()
+    for b in range(1, max_seqs + 1):
+        for m in range(17, max_tokens + 1):
+            for n in range(m + b - 1, min(b * m, max_tokens) + 1):
+                key = graph_key(n, b, m, max_seqs, max_tokens, capture)
+                if key is not None:
+                    keys.add(key)
+    return keys
+
+
+@pytest.mark.parametrize("max_seqs,max_tokens", [(1, 16), (1, 40), (3, 100), (8, 200), (4, 64)])
+def test_prefill_keys_are_exactly_what_graph_key_gives_prompt_chunks(max_seqs, max_tokens):
+    got = prefill_keys(max_tokens, (1,))
+    assert len(got) == len(set(got)) and set(got) == _brute_prefill(max_seqs, max_tokens, (1,))
+    assert all(k.tokens == k.q_bound for k in got)
+
+
+def test_plain_keys_are_decode_and_prompt_chunks_capturing_nothing():
+    assert plain_keys(4, 64) == decode_keys(4, ()) + [GraphKey(32, 32, ()), GraphKey(48, 48, ()), GraphKey(64, 64, ())]
+
+
 def test_speculative_keys_for_one_feature_method():
     got = speculative_keys(4, 64, [((1, 2), 3)])
     c = (1, 2)
-    assert got == [GraphKey(16, 4, c), GraphKey(8, 4, c), GraphKey(8, 2, c),
+    assert got == [GraphKey(64, 64, c), GraphKey(48, 48, c), GraphKey(32, 32, c),        # prompt chunks
+                   GraphKey(16, 4, c), GraphKey(8, 4, c), GraphKey(8, 2, c),
                    GraphKey(4, 1, c), GraphKey(2, 1, c), GraphKey(1, 1, c)]      # largest first
 
 
@@ -73,7 +99,7 @@ def test_speculative_keys_cover_every_mix_of_methods():
     """dspark (layers (1, 2), γ 3) and ngram (no layers, γ 7): ngram verifies capture nothing; a batch with
     both verifies up to 8 tokens per sequence while capturing dspark's layers."""
     got = speculative_keys(4, 64, [((1, 2), 3), ((), 7)])
-    want = (set(decode_keys(4, (1, 2))) | set(verify_keys(4, 64, 3, (1, 2)))
+    want = (set(decode_keys(4, (1, 2))) | set(verify_keys(4, 64, 3, (1, 2))) | set(prefill_keys(64, (1, 2)))
             | set(verify_keys(4, 64, 7, ())) | set(verify_keys(4, 64, 7, (1, 2))))
     assert set(got) == want and len(got) == len(want)
     assert GraphKey(32, 8, (1, 2)) in got and GraphKey(32, 8, ()) in got
@@ -84,7 +110,9 @@ def test_default_deployment_fits_under_the_graph_cap():
     from specd.engine.cuda_graphs import MAX_GRAPHS
 
     keys = speculative_keys(32, 2048 + 32 * 7, [((0, 1, 2, 3), 7), ((), 7)])
-    assert len(keys) + len(decode_keys(32, ())) == 58 <= MAX_GRAPHS
+    assert len(keys) + len(plain_keys(32, 2048 + 32 * 7)) == 84 <= MAX_GRAPHS
+    keys = speculative_keys(256, 2048 + 256 * 7, [((0, 1, 2, 3), 7), ((), 7)])
+    assert len(keys) + len(plain_keys(256, 2048 + 256 * 7)) == 134 <= MAX_GRAPHS
 
 
 def test_warm_draft_keys():
@@ -111,16 +139,15 @@ def _engine(**kw):
 
 
 def _record(engine, proposer):
-    """Wrap the runner and the drafter: (step keys of decode/verify steps, draft-round keys) met."""
+    """Wrap the runner and the drafter: (the step key of every target step, draft-round keys) met."""
     from specd.engine.model_runner import host_step
 
     steps, rounds = [], []
     run, draft = engine.runner.run, proposer.drafter.draft_contexts
 
     def recording_run(batch, capture_layers=()):
-        if all(s.num_tokens == 1 for s in batch):          # no prompt chunk: a decode or verify step
-            step, _ = host_step(batch, engine.layout.block_size)
-            steps.append(engine.runner.step_key(step, tuple(capture_layers)))
+        step, _ = host_step(batch, engine.layout.block_size)
+        steps.append(engine.runner.step_key(step, tuple(capture_layers)))
         return run(batch, capture_layers)
 
     def recording_draft(ctxs, feats, last, params, gens, **kw):
@@ -168,9 +195,11 @@ def test_a_speculative_run_meets_only_warmed_shapes():
     while engine.has_work():
         engine.step()
 
-    warmed = set(engine.speculative_graph_keys()) | set(decode_keys(engine.runner.max_batch, ()))
+    warmed = set(engine.speculative_graph_keys()) | set(plain_keys(engine.runner.max_batch, engine.runner.max_tokens))
     assert steps and None not in steps
     assert set(steps) <= warmed, set(steps) - warmed
+    assert any(k.q_bound > 16 and k.capture == () for k in steps)        # plain prompt chunks were met
+    assert any(k.q_bound > 16 and k.capture for k in steps)              # and prompts capturing features
     layers = proposer.capture_layers
     assert any(k.q_bound > 1 and k.capture == layers for k in steps)      # dspark verify steps were met
     assert any(k.q_bound > 1 and k.capture == () for k in steps)          # ngram verify steps were met
@@ -189,23 +218,22 @@ def test_warm_up_captures_the_enumeration_and_the_run_captures_no_decode_or_veri
     runner = engine.runner
     runner.graphs = StepGraphs(engine.model, runner.backend, 8, runner.max_tokens, 64, engine.device,
                                replay_eagerly=True)
-    runner.warm(decode_keys(8, ()))
+    runner.warm(plain_keys(8, runner.graphs.max_tokens))
     assert engine.sps is None
     proposer = engine._proposer("dspark")             # loads, and (graphs present, spec_warmup on) warms
     assert engine.sps is not None                     # the SPS profile's own verify shapes ran at load too
     want = set(runner.graphs.graphs)
-    assert want >= set(engine.speculative_graph_keys()) | set(decode_keys(8, ()))
+    assert want >= set(engine.speculative_graph_keys()) | set(plain_keys(8, runner.graphs.max_tokens))
     assert engine.graph_stats()["graph_captures_total"] == len(want)
     proposer.rounds = DraftGraphs(proposer.drafter, 8, engine.device, replay_eagerly=True)
     assert proposer.warm_rounds() == len(warm_keys(8, 512)) == 20
     before = engine.graph_stats()
     assert before["draft_graph_captures_total"] == 20
     _serve(engine, WAVES[:4])
-    new = set(runner.graphs.graphs) - want
-    assert all(k.q_bound > 16 for k in new), new      # prompt chunks only
+    assert set(runner.graphs.graphs) == want          # prompt chunks too since session 14: nothing new
     after = engine.graph_stats()
     assert after["draft_graph_captures_total"] == 20
-    assert after["graph_captures_total"] - before["graph_captures_total"] == len(new)
+    assert after["graph_captures_total"] == before["graph_captures_total"]
     assert proposer.rounds.replays > 0
 
 
@@ -229,11 +257,10 @@ def test_cuda_after_warm_up_a_speculative_run_captures_no_decode_verify_or_draft
     assert rounds is not None and set(rounds.graphs) >= set(warm_keys(8, rounds.vocab))
     before = engine.graph_stats()
     _serve(engine, WAVES[:4])
-    new = set(graphs.graphs) - warmed
-    assert all(k.q_bound > 16 for k in new), new      # prompt chunks only
+    assert set(graphs.graphs) == warmed               # prompt chunks too since session 14: nothing new
     after = engine.graph_stats()
     assert after["draft_graph_captures_total"] == before["draft_graph_captures_total"]
-    assert after["graph_captures_total"] - before["graph_captures_total"] == len(new)
+    assert after["graph_captures_total"] == before["graph_captures_total"]
 
 
 def test_warm_up_stops_at_the_graph_cap(monkeypatch, caplog):
