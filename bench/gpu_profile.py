@@ -61,6 +61,26 @@ def one_seq_meta(num_new: int, context: int, device: str) -> tuple[torch.Tensor,
     return ids, torch.arange(context, total, device=device), meta
 
 
+def rows_step(rows: list[tuple[int, int]]):
+    """A step of one sequence per (cached tokens, new tokens) row, each in blocks of its own after the
+    previous row's, with made-up token ids (timing does not depend on them)."""
+    from specd.engine.cuda_graphs import HostStep
+
+    ids, pos, slots, cu, seq_lens, tables = [], [], [], [0], [], []
+    base = 0
+    for i, (start, q) in enumerate(rows):
+        n = -(-(start + q) // BLOCK)
+        table = list(range(base, base + n))
+        base += n
+        ids += [(7 * i + j) % 1000 for j in range(q)]
+        pos += list(range(start, start + q))
+        slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(start, start + q)]
+        cu.append(cu[-1] + q)
+        seq_lens.append(start + q)
+        tables.append(table)
+    return HostStep(ids, pos, slots, cu, seq_lens, tables, max(q for _, q in rows))
+
+
 def time_forward(model, backend, ids, pos, meta, repeats: int = 10) -> dict:
     backend.set_step(meta)
     with torch.inference_mode():
@@ -159,7 +179,7 @@ def graph_check(model, pool, out: Path) -> dict:
     """StepGraphs against the eager path on the same random model: equal outputs, and the time of a
     replayed step (decode B=1/32, verify 32×8, drafting decode with captured layers, a 13-token and a
     2,048-token prefill)."""
-    from specd.engine.cuda_graphs import HostStep, StepGraphs, graph_key
+    from specd.engine.cuda_graphs import StepGraphs, graph_key
 
     cfg = model.config
     backend = PagedAttentionBackend(pool, cfg.attn_scale)
@@ -167,20 +187,8 @@ def graph_check(model, pool, out: Path) -> dict:
     graphs = StepGraphs(model, backend, 32, 2048 + 32 * 7, max_blocks, torch.device("cuda"))
     ctx = 512
 
-    def step(q_lens: list[int]) -> HostStep:
-        ids, pos, slots, cu, seq_lens, tables = [], [], [], [0], [], []
-        base = 0
-        for i, q in enumerate(q_lens):
-            n = -(-(ctx + q) // BLOCK)
-            table = list(range(base, base + n))
-            base += n
-            ids += [(7 * i + j) % 1000 for j in range(q)]
-            pos += list(range(ctx, ctx + q))
-            slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(ctx, ctx + q)]
-            cu.append(cu[-1] + q)
-            seq_lens.append(ctx + q)
-            tables.append(table)
-        return HostStep(ids, pos, slots, cu, seq_lens, tables, max(q_lens))
+    def step(q_lens: list[int]):
+        return rows_step([(ctx, q) for q in q_lens])
 
     cases = {"decode_b1": [1], "decode_b32": [1] * 32, "verify_32x8": [8] * 32, "verify_ragged": [8, 3, 1, 6] * 4,
              "prefill_13": [13], "prefill_2048": [2048]}

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_profile import BLOCK, pool_for, random_model
+from bench.gpu_profile import pool_for, random_model, rows_step
 from specd.engine.cuda_graphs import GraphKey, HostStep, StepGraphs, decode_keys, prefill_keys
 from specd.engine.model_runner import device_inputs
 from specd.engine.paged_backend import PagedAttentionBackend
@@ -40,20 +40,7 @@ from specd.engine.paged_backend import PagedAttentionBackend
 def mixed_step(decoders: int, context: int, prompts: int, prompt_len: int) -> HostStep:
     """B decode rows (one token after ``context`` cached) then P prompt chunks of ``prompt_len`` tokens
     from position 0, each sequence in blocks of its own."""
-    ids, pos, slots, cu, seq_lens, tables = [], [], [], [0], [], []
-    base = 0
-    rows = [(context, 1)] * decoders + [(0, prompt_len)] * prompts
-    for i, (start, q) in enumerate(rows):
-        n = -(-(start + q) // BLOCK)
-        table = list(range(base, base + n))
-        base += n
-        ids += [(7 * i + j) % 1000 for j in range(q)]
-        pos += list(range(start, start + q))
-        slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(start, start + q)]
-        cu.append(cu[-1] + q)
-        seq_lens.append(start + q)
-        tables.append(table)
-    return HostStep(ids, pos, slots, cu, seq_lens, tables, max(q for _, q in rows))
+    return rows_step([(context, 1)] * decoders + [(0, prompt_len)] * prompts)
 
 
 def blocks_needed(step: HostStep) -> int:

@@ -822,6 +822,47 @@ def test_a_prompt_captures_features_only_where_its_cell_drafts(engine, drafts_fi
     assert engine.stats()["spec_promptless_requests_total"] - promptless == (0 if drafts_first else 1)
 
 
+def test_prompts_admitted_together_are_asked_at_the_load_they_will_decode_at():
+    """Eight requests arriving together are prefilled a few a step (the token budget), so the first ones
+    saw a batch of 3-7. Asked at that size, a gate whose small buckets draft had them capture their prompts,
+    and a few steps later all eight decoded at the full load, where it rests them and each rest absorbs a
+    prompt for nothing (H200, session 14, run AS: 35 of 128 prompts a run at c = 32 captured while the
+    cell rested). The question is now asked at the decode load they join: running + waiting, up to 8."""
+    from specd.engine.config import EngineConfig
+    from specd.engine.engine import SpecEngine
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    class DraftsWhenLight(ScriptedGate):
+        def __init__(self):
+            super().__init__([False] * 1000)
+            self.asked = []
+
+        def should_draft(self, method, sequences, measured=True, requests=None, verify=None):
+            if measured:
+                return super().should_draft(method, sequences, measured, requests, verify)
+            self.asked.append(sequences)
+            return sequences < 8                  # drafting wins below the full load only
+
+    engine = SpecEngine.from_config(EngineConfig(max_num_seqs=8, num_local_blocks=256, drafter=DRAFTER,
+                                                 speculation="dspark", max_num_batched_tokens=24))
+    gate = engine.spec_gate = DraftsWhenLight()
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    for i in range(8):
+        engine.add_request(Request(f"t{i}", engine.tokenizer.encode(PROMPTS[i % len(PROMPTS)]), params,
+                                   speculation="dspark"))
+    seqs = list(engine._seqs.values())
+    prefill_steps = 0
+    while any(s.num_computed_tokens < len(s.request.prompt_ids) for s in seqs):
+        engine.step()
+        prefill_steps += 1
+    assert prefill_steps >= 3                             # the prompts were prefilled a few per step
+    assert len(gate.asked) == 8 and set(gate.asked) == {8}
+    assert all(s.gate_acceptance.lacks_prompt and s.prompt_captures is False for s in seqs)
+    while engine.has_work():
+        engine.step()
+
+
 @pytest.mark.parametrize("first", [True, False])
 def test_a_chunked_prompt_captures_all_its_chunks_or_none(first):
     """A prompt prefilled in chunks asks the gate at each chunk whether a batch like this drafts, and
