@@ -233,9 +233,12 @@ class Acceptance:
     def add(self, tokens: int, decay: float = REQUEST_DECAY, pool: bool = True) -> None:
         """One drafting step's emitted tokens. ``pool``: also into the class's whole-context record; False
         for a step drafted from a context that misses part of the request's history (the engine's
-        ``_pools``), which feeds the class's prompt-less record if the part missing is the prompt."""
+        ``_pools``), which feeds the class's prompt-less record if the part missing is the prompt. A whole
+        context clears ``lacks_prompt``: its drafter KV came from kvd's prefix cache after all."""
         self.tokens = self.tokens * decay + tokens
         self.steps = self.steps * decay + 1.0
+        if pool:
+            self.lacks_prompt = False
         if self.group is not None:
             if pool:
                 self.group.add(tokens)

@@ -1262,6 +1262,8 @@ def test_a_request_without_its_prompt_is_rated_by_its_class_prompt_less_drafts()
     assert gate.acceptance("dspark", 4, [fresh] * 4) == pytest.approx(whole_start)
     assert gate.should_draft("dspark", 4, measured=False, requests=[fresh] * 4)
     assert not gate.should_draft("dspark", 4, measured=False, requests=[blind] * 4)
+    blind.add(4)                                     # a whole context after all (drafter KV from kvd)
+    assert not blind.lacks_prompt and group.samples == 4
 
 
 def test_steps_that_build_a_triton_kernel_are_no_timing_samples(engine, monkeypatch):
