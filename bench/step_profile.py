@@ -4,9 +4,9 @@
     python -m bench.step_profile --tiny --out DIR                  # toy sizes, on the CPU (smoke test)
 
 Why: in session 13's run AP (``none``, coding at c = 16) a step that carried prompt chunks took 8.9 ms
-against 4.0 ms for a plain decode step of the same sequences, although its extra work is ~350 prefill
-tokens of a 0.5B model, well under a millisecond of H200 compute. Speculative rows run more prompt steps
-than ``none`` (38 against 26 in that cell), so this cost weighs on them most.
+against 4.0 ms for a plain decode step of the same sequences, and the prompts were then estimated at ~110
+tokens, far too few to cost that. Session 14 ran this: the steps cost what their prefill computes (the
+prompts are ~700 tokens with the template; docs/results/speedup.md, session 14), not their graph shape.
 
 Each case is B decoders at ``--context`` tokens plus P prompts of ``--prompt-len`` new tokens, as the
 engine batches them. It is timed through ``StepGraphs.run`` (host inputs, two copies, one replay) under
@@ -193,7 +193,9 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true", help="toy model and shapes (runs on the CPU)")
     ap.add_argument("--decoders", default="16", help="decode batch sizes, comma-separated (default 16)")
     ap.add_argument("--prompts", default="0,1,2,3", help="prompt chunks beside them, comma-separated")
-    ap.add_argument("--prompt-len", type=int, default=110, help="new tokens per prompt chunk (coding: ~110)")
+    ap.add_argument("--prompt-len", type=int, default=400,
+                    help="new tokens per prompt chunk (eval prompts, median: creative 287, extraction 422, "
+                         "coding 696, support 741, knowledge 1,150)")
     ap.add_argument("--context", type=int, default=200, help="cached tokens of each decoder")
     ap.add_argument("--repeats", type=int, default=50, help="timed replays per key")
     args = ap.parse_args()

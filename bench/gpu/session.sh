@@ -253,7 +253,8 @@ PY
     ;;
   step-profile)
     # session 14: prompt steps against decode steps, random Qwen-0.5B weights, no GGUF (bench/step_profile.py):
-    # ~110-token prompts (coding's median) beside 4, 16 and 32 decoders, then 400-token prompts beside 16
+    # 110-token prompts (session 13's estimate of coding's; tokenized, its median is 696) beside 4, 16 and 32
+    # decoders, then 400-token prompts beside 16
     mkdir -p "$RES/step-profile"
     for case in "110 4,16,32" "400 16"; do
       set -- $case
