@@ -18,7 +18,9 @@ parts shows apart:
 - ``exact``: tokens padded only to a multiple of 8, with the tight query bound (what padding costs).
 Then the engine-key step runs eagerly under ``torch.profiler`` and its CUDA kernel time is summed by
 kernel name, so the kernels that grow with the prompt tokens are named.
-Weights are random: timing does not depend on their values, so no upload is needed.
+Weights are random: timing does not depend on their values, so no upload is needed. With ``KVSPEC_FUSED=1``
+the model's norms and rotary embedding run as one-launch kernels (kernels/rms_norm.py, kernels/rotary.py):
+run it both ways to time them (``bash bench/gpu/session.sh step-profile`` does).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from pathlib import Path
 import torch
 
 from bench.gpu_profile import pool_for, random_model, rows_step
+from kernels import fused_elementwise
 from specd.engine.cuda_graphs import GraphKey, HostStep, StepGraphs, decode_keys, prefill_keys
 from specd.engine.model_runner import device_inputs
 from specd.engine.paged_backend import PagedAttentionBackend
@@ -135,6 +138,7 @@ def run(shape: str, decoders: list[int], prompts: list[int], prompt_len: int, co
     graphs = StepGraphs(model, backend, max_seqs, max_tokens, blocks, dev, replay_eagerly=dev.type != "cuda")
     res: dict = {"shape": shape, "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
                  "context": context, "prompt_len": prompt_len, "max_seqs": max_seqs,
+                 "fused_elementwise": fused_elementwise(dev),
                  "start_warm_up": warm_up(graphs, max_seqs, dev), "cases": []}
     for (b, p), step in steps.items():
         engine_key = graphs.key(step, ())
@@ -159,7 +163,8 @@ def run(shape: str, decoders: list[int], prompts: list[int], prompt_len: int, co
 
 def markdown(res: dict) -> str:
     warm = res["start_warm_up"]
-    lines = [f"# Prompt steps against decode steps ({res['shape']}, {res['device']})", "",
+    fused = "one-launch norms and rotary (KVSPEC_FUSED=1)" if res.get("fused_elementwise") else "torch norms and rotary"
+    lines = [f"# Prompt steps against decode steps ({res['shape']}, {res['device']}, {fused})", "",
              "Start warm-up: " + ", ".join(f"{k} {v['graphs']} graphs in {v['seconds']:.2f} s" for k, v in warm.items())
              + ".", "",
              f"Decoders at context {res['context']}, prompts of {res['prompt_len']} new tokens; ms p50 of a "

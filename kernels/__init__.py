@@ -5,13 +5,15 @@ reference on CPU (unless ``KVSPEC_TRITON_INTERPRET=1``). The ``*_triton`` and ``
 are importable from each module for tests and benchmarks.
 """
 from kernels.block_copy import gather_blocks, gather_blocks_ref, scatter_blocks, scatter_blocks_ref
-from kernels.dispatch import use_triton
+from kernels.dispatch import fused_elementwise, use_triton
 from kernels.errors import KernelArgumentError
 from kernels.inverse_cdf import draw, draw_ref
 from kernels.kv_append import append_kv, append_kv_ref
 from kernels.nucleus import bucket_nucleus_probs, bucket_nucleus_probs_ref, nucleus_probs, nucleus_probs_ref
 from kernels.paged_attention import paged_attention, paged_attention_ref
 from kernels.rejection_sample import rejection_sample, rejection_sample_ref
+from kernels.rms_norm import rms_norm, rms_norm_ref
+from kernels.rotary import rotary, rotary_ref
 
 __all__ = [
     "KernelArgumentError",
@@ -21,6 +23,7 @@ __all__ = [
     "bucket_nucleus_probs_ref",
     "draw",
     "draw_ref",
+    "fused_elementwise",
     "gather_blocks",
     "gather_blocks_ref",
     "nucleus_probs",
@@ -29,6 +32,10 @@ __all__ = [
     "paged_attention_ref",
     "rejection_sample",
     "rejection_sample_ref",
+    "rms_norm",
+    "rms_norm_ref",
+    "rotary",
+    "rotary_ref",
     "scatter_blocks",
     "scatter_blocks_ref",
     "use_triton",

@@ -254,13 +254,14 @@ PY
   step-profile)
     # session 14: prompt steps against decode steps, random Qwen-0.5B weights, no GGUF (bench/step_profile.py):
     # 110-token prompts (session 13's estimate of coding's; tokenized, its median is 696) beside 4, 16 and 32
-    # decoders, then 400-token prompts beside 16
+    # decoders, then 400-token prompts beside 16; the last two cases again with KVSPEC_FUSED=1 (one-launch norms
+    # and rotary, kernels/rms_norm.py and kernels/rotary.py: not yet run on a GPU as of session 14)
     mkdir -p "$RES/step-profile"
-    for case in "110 4,16,32" "400 16"; do
+    for case in "110 4,16,32 0" "400 16 0" "110 4,16,32 1" "400 16 1"; do
       set -- $case
-      timeout "${STEP_PROFILE_TIMEOUT:-240}" python -m bench.step_profile --prompt-len "$1" --decoders "$2" \
-        --prompts 0,1,2,3 --out "$RES/step-profile/len$1" >> /tmp/logs/step-profile.log 2>&1
-      echo "step-profile len $1 rc=$?"
+      KVSPEC_FUSED=$3 timeout "${STEP_PROFILE_TIMEOUT:-240}" python -m bench.step_profile --prompt-len "$1" \
+        --decoders "$2" --prompts 0,1,2,3 --out "$RES/step-profile/len$1-fused$3" >> /tmp/logs/step-profile.log 2>&1
+      echo "step-profile len $1 fused $3 rc=$?"
     done
     tail -n 20 /tmp/logs/step-profile.log
     pack step-profile

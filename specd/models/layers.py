@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import kernels
+from kernels.rms_norm import MAX_DIM
 from specd.models.config import ModelConfig
 
 
@@ -27,8 +29,20 @@ class AttentionBackend(Protocol):
         ...
 
 
+def _one_launch(x: Tensor, *params: Tensor) -> bool:
+    """Run the one-launch Triton kernel (kernels/rms_norm.py, kernels/rotary.py) instead of the torch
+    formula? Where ``kernels.fused_elementwise`` says so (``KVSPEC_FUSED=1`` where Triton runs; off by
+    default until timed on a GPU) and no gradient is wanted: the kernels have no backward, and drafter
+    training differentiates these layers."""
+    if not kernels.fused_elementwise(x.device):
+        return False
+    return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)))
+
+
 class RMSNorm(nn.Module):
-    """y = x / rms(x) * w, computed in fp32 and cast back (as transformers does, so bf16 matches)."""
+    """y = x / rms(x) * w, computed in fp32 and cast back (as transformers does, so bf16 matches).
+    With ``KVSPEC_FUSED=1`` on CUDA, for inference, one Triton launch with the same rounding
+    (kernels/rms_norm.py)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -36,10 +50,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:  # x: [..., dim]
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        if x.shape[-1] <= MAX_DIM and x.stride(-1) == 1 and _one_launch(x, self.weight):
+            return kernels.rms_norm(x, self.weight, self.eps)
+        return kernels.rms_norm_ref(x, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -68,10 +81,13 @@ class Rotary(nn.Module):
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [T, H, D]; cos, sin: [T, 1, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    """x: [T, H, D]; cos, sin: [T, 1, D] (the drafters pass batched shapes, which take the torch formula).
+    With ``KVSPEC_FUSED=1`` on CUDA, for inference, one Triton launch with the same rounding
+    (kernels/rotary.py)."""
+    if (x.dim() == 3 and cos.shape == (x.shape[0], 1, x.shape[2]) and x.stride(-1) == 1
+            and cos.stride(-1) == 1 and sin.stride(-1) == 1 and _one_launch(x)):
+        return kernels.rotary(x, cos, sin)
+    return kernels.rotary_ref(x, cos, sin)
 
 
 class MLP(nn.Module):
