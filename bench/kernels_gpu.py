@@ -24,12 +24,14 @@ from kernels.block_copy import gather_blocks_ref, gather_blocks_triton, scatter_
 from kernels.kv_append import append_kv_ref, append_kv_triton
 from kernels.paged_attention import paged_attention_ref, paged_attention_triton
 from kernels.rejection_sample import rejection_sample_ref, rejection_sample_triton
+from kernels.rms_norm import rms_norm_ref, rms_norm_triton
+from kernels.rotary import rotary_ref, rotary_triton
 
 HBM_BYTES_PER_S = 4.3e12  # device-to-device copy on the benchmark H200 (DESIGN.md section 10)
 BLOCK_SIZE = 16
 MODELS = {
-    "qwen2.5-0.5b": dict(num_q_heads=14, num_kv_heads=2, head_dim=64, num_layers=24),
-    "qwen3-8b": dict(num_q_heads=32, num_kv_heads=8, head_dim=128, num_layers=36),
+    "qwen2.5-0.5b": dict(num_q_heads=14, num_kv_heads=2, head_dim=64, num_layers=24, hidden=896),
+    "qwen3-8b": dict(num_q_heads=32, num_kv_heads=8, head_dim=128, num_layers=36, hidden=4096),
 }
 DECODE_BATCHES = (1, 8, 32)
 DECODE_CONTEXTS = (512, 4096)
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         records += time_decode(model, shape, pool)
         records += time_prefill(model, shape, pool)
         records += check_append(model, shape, pool)
+        records += check_norm_rotary(model, shape)
         del pool
         torch.cuda.empty_cache()
     records += check_block_copy()
@@ -219,6 +222,31 @@ def check_append(model: str, shape: dict, pool: torch.Tensor) -> list[dict]:
         us = _bench_graph(calls)
         records.append({"kernel": "append_kv", "model": model, "tokens": tokens, "ok": ok, "median_us": us,
                         "eager_us": _bench(calls[0]) * 1e3, "tb_per_s": moved / us / 1e6})
+    return records
+
+
+def check_norm_rotary(model: str, shape: dict) -> list[dict]:
+    """The one-launch RMSNorm and rotary (session 14, off by default: KVSPEC_FUSED=1) against their torch
+    references in bf16: the largest difference in output ulps, the fraction identical, and the GPU µs of
+    one call of each in a graph (the references' several launches against one)."""
+    records = []
+    for tokens in (16, 2048):
+        x = torch.randn(tokens, shape["hidden"], device="cuda", dtype=torch.bfloat16)
+        w = (torch.rand(shape["hidden"], device="cuda") + 0.5).to(torch.bfloat16)
+        q = torch.randn(tokens, shape["num_q_heads"], shape["head_dim"], device="cuda", dtype=torch.bfloat16)
+        pos = torch.arange(tokens, device="cuda", dtype=torch.float32)[:, None]
+        freqs = pos * (1e6 ** (-torch.arange(0, shape["head_dim"], 2, device="cuda") / shape["head_dim"]))[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+        cases = {"rms_norm": (lambda: rms_norm_triton(x, w, 1e-6), lambda: rms_norm_ref(x, w, 1e-6)),
+                 "rotary": (lambda: rotary_triton(q, cos, sin), lambda: rotary_ref(q, cos, sin))}
+        for name, (fused, ref) in cases.items():
+            got, want = fused(), ref()
+            scale = torch.maximum(got.float().abs(), want.float().abs()).clamp_min(1e-30)
+            ulps = ((got.float() - want.float()).abs() / (scale * torch.finfo(torch.bfloat16).eps)).max().item()
+            records.append({"kernel": name, "model": model, "tokens": tokens, "ok": ulps <= 1.0, "max_ulps": ulps,
+                            "identical_fraction": (got == want).float().mean().item(),
+                            "median_us": _bench_graph([fused]), "reference_us": _bench_graph([ref])})
     return records
 
 

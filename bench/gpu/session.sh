@@ -8,7 +8,8 @@
 #   bash bench/gpu/session.sh train-kv     # GPU0: one dspark drafter, 10x the data (issue 6's drafter; resumable:
 #                                          #   run it again until it reports) | GPU1: serve-plan gpu-kv (issue 7)
 #   bash bench/gpu/session.sh train        # one GPU: train-kv's drafter alone, through training (resumable)
-#   bash bench/gpu/session.sh step-profile # one GPU, no GGUF: prompt steps against decode steps (bench/step_profile.py)
+#   bash bench/gpu/session.sh step-profile # one GPU, no GGUF: prompt steps against decode steps (bench/step_profile.py),
+#                                          #   with and without KVSPEC_FUSED=1, then bench/kernels_gpu.py
 #   bash bench/gpu/session.sh answers-stacks  # one GPU: the data stage's Python stacks every 20 s for 80 s
 #   bash bench/gpu/session.sh train-probe  # one GPU, no GGUF: drafter training steps by batch size (train_probe.py),
 #                                          #   this export and, with OLD=<export dir>, an older one; with
@@ -263,6 +264,10 @@ PY
         --decoders "$2" --prompts 0,1,2,3 --out "$RES/step-profile/len$1-fused$3" >> /tmp/logs/step-profile.log 2>&1
       echo "step-profile len $1 fused $3 rc=$?"
     done
+    # every kernel against its reference at Qwen shapes, the one-launch norm and rotary among them
+    timeout "${KERNELS_TIMEOUT:-240}" python -m bench.kernels_gpu --out "$RES/step-profile/kernels_gpu.json" \
+      >> /tmp/logs/step-profile.log 2>&1
+    echo "kernels_gpu rc=$?"
     tail -n 20 /tmp/logs/step-profile.log
     pack step-profile
     ;;
