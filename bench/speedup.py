@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import kernels
 from bench.arg_types import positive_int, positive_ints
 from bench.row_profiles import RowProfiles
 from specd.engine.gating import gate_key_name
@@ -369,7 +370,9 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
 
 def render_markdown(result: dict) -> str:
     lines = ["# Speculative decoding speed-up", "", f"Command: `{result['command']}`", "",
-             f"Model `{result['model']}`; prompts: {result['prompt_mode']}; {result['repeats']} repeat(s), rows "
+             f"Model `{result['model']}`"
+             + ("; norms and rotary as one-launch kernels (KVSPEC_FUSED=1)" if result.get("fused_elementwise") else "")
+             + f"; prompts: {result['prompt_mode']}; {result['repeats']} repeat(s), rows "
              "alternated inside each (each repeat starts one row later); ratios are to `none` in the same "
              "repeat: p50 [min, max]. "
              "Per-user tok/s: median over requests of tokens / (finish − first token).", ""]
@@ -616,7 +619,9 @@ def run(args: argparse.Namespace) -> int:
     result = {"command": " ".join(["python -m bench speedup", *sys.argv[2:]]), "model": str(args.model),
               "drafters": args.drafters, "concurrency": args.concurrency, "requests": args.requests, "waves": args.waves,
               "repeats": args.repeats, "max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos,
-              "prompt_mode": PROMPT_MODE, "tolerance": args.tolerance, **measure(engine, args)}
+              "prompt_mode": PROMPT_MODE, "tolerance": args.tolerance,
+              # the one-launch norms and rotary (KVSPEC_FUSED=1, session 14): which model path the run timed
+              "fused_elementwise": kernels.fused_elementwise(engine.device), **measure(engine, args)}
     result["wall_s"] = time.perf_counter() - t0
     if engine.sps is not None:
         result["sps_profile"] = {str(b): s for b, s in engine.sps.to_table().items()}

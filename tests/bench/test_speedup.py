@@ -88,6 +88,7 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     result = json.loads((out / "speedup.json").read_text())
     assert result["rows"] == ["none", "none-aa", "dspark", "dspark-g7", "ngram", "ngram-gated", "dspark-g7-gated"]
     assert result["skipped_rows"] == ["dflash-g7", "eagle3"]            # no drafter given for them
+    assert result["fused_elementwise"] is False                         # the torch norms and rotary (CPU)
     assert result["row_settings"]["ngram-gated"]["spec_schedule"] == "gated"
     assert result["row_settings"]["dspark-g7"] == {"speculation": "dspark", "spec_schedule": "fixed",
                                                    "num_speculative_tokens": 7}
