@@ -334,10 +334,13 @@ class SpecEngine(GateSteps):
         Within a method, the requests on the confidence schedule go through the scheduler together;
         the fixed ones keep their γ drafts."""
         by_method: dict[str, list[ScheduledSeq]] = {}
-        for sched in batch:
-            seq = sched.seq
-            if sched.decodes and self._method(seq) != "none":
-                by_method.setdefault(self._method(seq), []).append(sched)
+        # a pure decode step (``_decode_step``, asked once a step) needs no per-sequence ``decodes``: at c = 32
+        # that walk and a second ``_method`` call per sequence were half this method's ~11 µs a step for
+        # `none` on the CPU machine (tests/engine/gate_cost_probe.py)
+        for sched in batch if self._decode_step else [s for s in batch if s.decodes]:
+            method = self._method(sched.seq)
+            if method != "none":
+                by_method.setdefault(method, []).append(sched)
         for method, group in by_method.items():
             proposer = self._proposer(method)
             cheap = getattr(proposer, "proposes_cheaply", False)
