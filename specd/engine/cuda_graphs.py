@@ -39,9 +39,11 @@ log = logging.getLogger("specd.cuda_graphs")
 DECODE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 TOKEN_BUCKETS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 VERIFY_Q_BOUNDS = (2, 4, 8, 16)   # query bounds of verify-like steps; above 16 a step is a prefill
-MAX_GRAPHS = 160                  # beyond this, odd shapes run eagerly rather than pile up graph memory; the
+MAX_GRAPHS = 192                  # beyond this, odd shapes run eagerly rather than pile up graph memory; the
                                   # warm-ups need 84 (plain shapes, one drafter plus ngram, 32 seqs, γ 7,
-                                  # prompt chunks included since session 14) to 134 (256 seqs)
+                                  # prompt chunks included since session 14) to 134 (256 seqs); two feature
+                                  # drafters plus ngram need 168 at 32 seqs (raised from 160 for them) and
+                                  # 268 at 256, where the warm-up drops prompt shapes first (``warm``)
 INT32_CODE = next(c for c in "ilh" if array(c).itemsize == 4)   # array's typecode of a C int32
 
 
@@ -253,14 +255,18 @@ class StepGraphs:
 
     def warm(self, keys: list[GraphKey]) -> int:
         """Capture these shapes now, largest first, so smaller graphs reuse the larger ones' memory.
-        Shapes past MAX_GRAPHS are left to run eagerly (logged). Returns how many were new."""
+        Shapes past MAX_GRAPHS are left to run eagerly (logged): decode and verify shapes are kept before
+        prompt chunks (a decode shape runs every step; a prompt shape once per prompt), the larger first
+        within each. Returns how many were new."""
         fresh = [k for k in dict.fromkeys(keys) if k not in self.graphs]
         fresh = sorted(fresh, key=lambda k: (k.tokens, k.q_bound, k.capture), reverse=True)
         room = max(0, MAX_GRAPHS - len(self.graphs))
         if len(fresh) > room:
-            log.warning("graph warm-up: %d shapes past MAX_GRAPHS=%d run eagerly (the largest are captured)",
-                        len(fresh) - room, MAX_GRAPHS)
-            fresh = fresh[:room]
+            log.warning("graph warm-up: %d shapes past MAX_GRAPHS=%d run eagerly (prompt chunks first, then "
+                        "the smallest)", len(fresh) - room, MAX_GRAPHS)
+            top = VERIFY_Q_BOUNDS[-1]
+            kept = set(sorted(fresh, key=lambda k: (k.q_bound <= top, k.tokens), reverse=True)[:room])
+            fresh = [k for k in fresh if k in kept]
         for key in fresh:
             self._inert(key)
             self.capture(key)

@@ -276,3 +276,26 @@ def test_warm_up_stops_at_the_graph_cap(monkeypatch, caplog):
     assert runner.warm(keys) == 3 and set(runner.graphs.graphs) == set(keys[-3:])
     assert "past MAX_GRAPHS" in caplog.text
     assert not runner.graphs.can_run(keys[0])
+
+
+def test_past_the_cap_the_warm_up_drops_prompt_shapes_before_decode_and_verify_ones(monkeypatch):
+    """Two feature drafters and ngram at 32 sequences need 168 graphs with prompt chunks. Over the cap, a
+    prompt shape (met once per prompt) goes before a decode or verify shape (met every step)."""
+    import specd.engine.cuda_graphs as cg
+
+    assert len(speculative_keys(32, 2272, [((0, 1, 2, 3), 7), ((5, 10, 20), 7), ((), 7)])) + \
+        len(plain_keys(32, 2272)) == 168 <= cg.MAX_GRAPHS
+    engine = _engine()
+    runner = engine.runner
+    runner.graphs = cg.StepGraphs(engine.model, runner.backend, 8, runner.max_tokens, 64, engine.device,
+                                  replay_eagerly=True)
+    monkeypatch.setattr(cg, "MAX_GRAPHS", 6)
+    decode, prompt = decode_keys(4, ()), prefill_keys(64, ())     # 3 + 3 keys, the prompt ones larger
+    assert runner.warm(prompt + decode) == 6
+    monkeypatch.setattr(cg, "MAX_GRAPHS", 8)
+    runner.graphs.graphs.clear()
+    more = decode_keys(4, (1,)) + prefill_keys(64, (1,))
+    assert runner.warm(decode + prompt + more) == 8
+    kept = set(runner.graphs.graphs)
+    assert set(decode) | set(decode_keys(4, (1,))) <= kept          # every decode shape
+    assert kept - set(decode) - set(decode_keys(4, (1,))) == {GraphKey(64, 64, ()), GraphKey(64, 64, (1,))}
