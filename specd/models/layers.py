@@ -29,14 +29,12 @@ class AttentionBackend(Protocol):
         ...
 
 
-def _one_launch(x: Tensor, *params: Tensor) -> bool:
-    """Run the one-launch Triton kernel (kernels/rms_norm.py, kernels/rotary.py) instead of the torch
-    formula? Where ``kernels.fused_elementwise`` says so (``KVSPEC_FUSED=1`` where Triton runs; off by
-    default until timed on a GPU) and no gradient is wanted: the kernels have no backward, and drafter
-    training differentiates these layers."""
-    if not kernels.fused_elementwise(x.device):
-        return False
-    return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)))
+def _no_gradient(*tensors: Tensor) -> bool:
+    """May these layers take the dispatching kernels (``kernels.rms_norm``, ``kernels.rotary``: the
+    one-launch Triton kernel where ``kernels.fused_elementwise`` says so, ``KVSPEC_FUSED=1`` where Triton
+    runs, else the torch formula)? Only when no gradient is wanted: the kernels have no backward, and
+    drafter training differentiates these layers."""
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
 class RMSNorm(nn.Module):
@@ -50,7 +48,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:  # x: [..., dim]
-        if x.shape[-1] <= MAX_DIM and x.stride(-1) == 1 and _one_launch(x, self.weight):
+        if x.shape[-1] <= MAX_DIM and x.stride(-1) == 1 and _no_gradient(x, self.weight):
             return kernels.rms_norm(x, self.weight, self.eps)
         return kernels.rms_norm_ref(x, self.weight, self.eps)
 
@@ -85,7 +83,7 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     With ``KVSPEC_FUSED=1`` on CUDA, for inference, one Triton launch with the same rounding
     (kernels/rotary.py)."""
     if (x.dim() == 3 and cos.shape == (x.shape[0], 1, x.shape[2]) and x.stride(-1) == 1
-            and cos.stride(-1) == 1 and sin.stride(-1) == 1 and _one_launch(x)):
+            and cos.stride(-1) == 1 and sin.stride(-1) == 1 and _no_gradient(x)):
         return kernels.rotary(x, cos, sin)
     return kernels.rotary_ref(x, cos, sin)
 

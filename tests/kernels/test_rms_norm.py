@@ -54,13 +54,16 @@ def test_the_model_takes_the_kernels_only_for_inference_where_triton_runs(monkey
     """specd.models.layers: the kernels where ``fused_elementwise`` says so (KVSPEC_FUSED=1 where Triton
     runs, here the interpreter) and no gradient is wanted (they have no backward: drafter training
     differentiates these layers); the torch formula else."""
-    import kernels
+    import sys
+
     from specd.models import layers
 
     calls = []
-    for name in ("rms_norm", "rotary"):
-        real = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    for name in ("rms_norm", "rotary"):         # the one-launch kernels, behind the modules' dispatchers
+        module = sys.modules[f"kernels.{name}"]
+        real = getattr(module, f"{name}_triton")
+        monkeypatch.setattr(module, f"{name}_triton",
+                            lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
     norm = layers.RMSNorm(16, 1e-6)
     x = torch.randn(3, 16)
     monkeypatch.delenv("KVSPEC_TRITON_INTERPRET", raising=False)
@@ -103,9 +106,11 @@ def test_a_tiny_model_forward_fused_and_unfused(monkeypatch):
     monkeypatch.setattr("kernels.paged_attention", lambda q, k, v, bt, cu, sl, scale, **kw:
                         paged_attention_ref(q, k, v, bt, cu, sl, scale, kw.get("sliding_window")))
     monkeypatch.setattr("kernels.append_kv", __import__("kernels").append_kv_ref)
+    import sys
+
     launches = []
     for name in ("rms_norm_triton", "rotary_triton"):
-        module = __import__(f"kernels.{name.removesuffix('_triton')}", fromlist=[name])
+        module = sys.modules[f"kernels.{name.removesuffix('_triton')}"]
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: launches.append(_name) or _real(*a))
     out = {}
