@@ -226,7 +226,7 @@ def check_append(model: str, shape: dict, pool: torch.Tensor) -> list[dict]:
 
 
 def check_norm_rotary(model: str, shape: dict) -> list[dict]:
-    """The one-launch RMSNorm and rotary (session 14, off by default: KVSPEC_FUSED=1) against their torch
+    """The one-launch RMSNorm and rotary (session 14; the default since session 15) against their torch
     references in bf16: the largest difference in output ulps, the fraction identical, and the GPU µs of
     one call of each in a graph (the references' several launches against one)."""
     records = []
@@ -244,7 +244,12 @@ def check_norm_rotary(model: str, shape: dict) -> list[dict]:
             got, want = fused(), ref()
             scale = torch.maximum(got.float().abs(), want.float().abs()).clamp_min(1e-30)
             ulps = ((got.float() - want.float()).abs() / (scale * torch.finfo(torch.bfloat16).eps)).max().item()
-            records.append({"kernel": name, "model": model, "tokens": tokens, "ok": ulps <= 1.0, "max_ulps": ulps,
+            # RMSNorm rounds twice, like its reference: x / rms(x) to bf16, then w times that to bf16. The
+            # fp32 statistic's sum order may move the first rounding by one ulp, and w (here up to 1.5)
+            # times one ulp rounds to at most two of the output: H200, session 15, 2048 rows: 1.7 ulps
+            # (two, at a mantissa of ~1.17) in 5 of 1.8 M outputs. Rotary rounds once: bit-exact.
+            bound = 2.0 if name == "rms_norm" else 1.0
+            records.append({"kernel": name, "model": model, "tokens": tokens, "ok": ulps <= bound, "max_ulps": ulps,
                             "identical_fraction": (got == want).float().mean().item(),
                             "median_us": _bench_graph([fused]), "reference_us": _bench_graph([ref])})
     return records

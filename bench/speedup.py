@@ -371,7 +371,9 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
 def render_markdown(result: dict) -> str:
     lines = ["# Speculative decoding speed-up", "", f"Command: `{result['command']}`", "",
              f"Model `{result['model']}`"
-             + ("; norms and rotary as one-launch kernels (KVSPEC_FUSED=1)" if result.get("fused_elementwise") else "")
+             + ("; norms and rotary as one-launch kernels" if result.get("fused_elementwise")
+                else "; torch norms and rotary (KVSPEC_FUSED=0, or older than session 15)"
+                if "fused_elementwise" in result else "")
              + f"; prompts: {result['prompt_mode']}; {result['repeats']} repeat(s), rows "
              "alternated inside each (each repeat starts one row later); ratios are to `none` in the same "
              "repeat: p50 [min, max]. "
@@ -620,7 +622,7 @@ def run(args: argparse.Namespace) -> int:
               "drafters": args.drafters, "concurrency": args.concurrency, "requests": args.requests, "waves": args.waves,
               "repeats": args.repeats, "max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos,
               "prompt_mode": PROMPT_MODE, "tolerance": args.tolerance,
-              # the one-launch norms and rotary (KVSPEC_FUSED=1, session 14): which model path the run timed
+              # the one-launch norms and rotary (the default since session 15): which model path the run timed
               "fused_elementwise": kernels.fused_elementwise(engine.device), **measure(engine, args)}
     result["wall_s"] = time.perf_counter() - t0
     if engine.sps is not None:

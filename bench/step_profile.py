@@ -18,8 +18,8 @@ parts shows apart:
 - ``exact``: tokens padded only to a multiple of 8, with the tight query bound (what padding costs).
 Then the engine-key step runs eagerly under ``torch.profiler`` and its CUDA kernel time is summed by
 kernel name, so the kernels that grow with the prompt tokens are named.
-Weights are random: timing does not depend on their values, so no upload is needed. With ``KVSPEC_FUSED=1``
-the model's norms and rotary embedding run as one-launch kernels (kernels/rms_norm.py, kernels/rotary.py):
+Weights are random: timing does not depend on their values, so no upload is needed. The model's norms and
+rotary embedding run as one-launch kernels (kernels/rms_norm.py, kernels/rotary.py) unless ``KVSPEC_FUSED=0``:
 run it both ways to time them (``bash bench/gpu/session.sh step-profile`` does).
 """
 from __future__ import annotations
@@ -163,7 +163,7 @@ def run(shape: str, decoders: list[int], prompts: list[int], prompt_len: int, co
 
 def markdown(res: dict) -> str:
     warm = res["start_warm_up"]
-    fused = "one-launch norms and rotary (KVSPEC_FUSED=1)" if res.get("fused_elementwise") else "torch norms and rotary"
+    fused = "one-launch norms and rotary" if res.get("fused_elementwise") else "torch norms and rotary (KVSPEC_FUSED=0)"
     lines = [f"# Prompt steps against decode steps ({res['shape']}, {res['device']}, {fused})", "",
              "Start warm-up: " + ", ".join(f"{k} {v['graphs']} graphs in {v['seconds']:.2f} s" for k, v in warm.items())
              + ".", "",

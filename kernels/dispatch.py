@@ -3,10 +3,16 @@
 On a CPU the Triton interpreter is orders of magnitude slower than the torch references, so the
 engine and kvd use the references there. Setting ``KVSPEC_TRITON_INTERPRET=1`` (together with
 Triton's own ``TRITON_INTERPRET=1``, which must be set before triton is imported) routes CPU
-tensors through the Triton kernels too, to debug a kernel without a GPU. ``KVSPEC_FUSED=1`` runs the
-model's norms and rotary embedding as one-launch Triton kernels (``fused_elementwise``; session 14, tested
-in the interpreter only, so off by default until an H200 run has timed and checked them). This is the only
-place that reads these variables.
+tensors through the Triton kernels too, to debug a kernel without a GPU.
+
+The model's norms and rotary embedding run as one-launch Triton kernels wherever Triton runs
+(``fused_elementwise``); ``KVSPEC_FUSED=0`` turns that off, back to the torch formulas. Why on by default
+(H200, session 15, docs/results/speedup.md): a Qwen-0.5B decode step of 16 sequences went from ~1,000
+kernels and 2.06 ms to 465 kernels and 1.61 ms (bench/step_profile.py, both paths in one call), and
+`none` served 1.20-1.61x the tokens per second (geometric mean 1.44) over the five workloads and five
+concurrencies (runs AT and AU, the same commit, back to back). The outputs match the references within
+the rounding of an fp32 sum order (bench/kernels_gpu.py). This is the only place that reads these
+variables.
 """
 from __future__ import annotations
 
@@ -27,5 +33,5 @@ def use_triton(device: torch.device | str) -> bool:
 
 def fused_elementwise(device: torch.device | str) -> bool:
     """True when the model's RMSNorm and rotary embedding should run as one-launch Triton kernels
-    (kernels/rms_norm.py, kernels/rotary.py): with ``KVSPEC_FUSED=1``, wherever Triton runs."""
-    return os.environ.get(FUSED_ENV) == "1" and use_triton(device)
+    (kernels/rms_norm.py, kernels/rotary.py): wherever Triton runs, unless ``KVSPEC_FUSED=0``."""
+    return os.environ.get(FUSED_ENV, "1") != "0" and use_triton(device)

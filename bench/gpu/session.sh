@@ -9,7 +9,7 @@
 #                                          #   run it again until it reports) | GPU1: serve-plan gpu-kv (issue 7)
 #   bash bench/gpu/session.sh train        # one GPU: train-kv's drafter alone, through training (resumable)
 #   bash bench/gpu/session.sh step-profile # one GPU, no GGUF: prompt steps against decode steps (bench/step_profile.py),
-#                                          #   with and without KVSPEC_FUSED=1, then bench/kernels_gpu.py
+#                                          #   with KVSPEC_FUSED=0 and 1 (the default), then bench/kernels_gpu.py
 #   bash bench/gpu/session.sh answers-stacks  # one GPU: the data stage's Python stacks every 20 s for 80 s
 #   bash bench/gpu/session.sh train-probe  # one GPU, no GGUF: drafter training steps by batch size (train_probe.py),
 #                                          #   this export and, with OLD=<export dir>, an older one; with
@@ -256,7 +256,7 @@ PY
     # session 14: prompt steps against decode steps, random Qwen-0.5B weights, no GGUF (bench/step_profile.py):
     # 110-token prompts (session 13's estimate of coding's; tokenized, its median is 696) beside 4, 16 and 32
     # decoders, then 400-token prompts beside 16; the last two cases again with KVSPEC_FUSED=1 (one-launch norms
-    # and rotary, kernels/rms_norm.py and kernels/rotary.py: not yet run on a GPU as of session 14)
+    # and rotary, kernels/rms_norm.py and kernels/rotary.py: the default since session 15)
     mkdir -p "$RES/step-profile"
     for case in "110 4,16,32 0" "400 16 0" "110 4,16,32 1" "400 16 1"; do
       set -- $case

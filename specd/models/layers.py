@@ -31,16 +31,16 @@ class AttentionBackend(Protocol):
 
 def _no_gradient(*tensors: Tensor) -> bool:
     """May these layers take the dispatching kernels (``kernels.rms_norm``, ``kernels.rotary``: the
-    one-launch Triton kernel where ``kernels.fused_elementwise`` says so, ``KVSPEC_FUSED=1`` where Triton
-    runs, else the torch formula)? Only when no gradient is wanted: the kernels have no backward, and
+    one-launch Triton kernel where ``kernels.fused_elementwise`` says so: where Triton runs, unless
+    ``KVSPEC_FUSED=0``; else the torch formula)? Only when no gradient is wanted: the kernels have no backward, and
     drafter training differentiates these layers."""
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
 class RMSNorm(nn.Module):
     """y = x / rms(x) * w, computed in fp32 and cast back (as transformers does, so bf16 matches).
-    With ``KVSPEC_FUSED=1`` on CUDA, for inference, one Triton launch with the same rounding
-    (kernels/rms_norm.py)."""
+    On CUDA, for inference, one Triton launch with the same rounding (kernels/rms_norm.py; ``KVSPEC_FUSED=0``
+    turns it off)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -80,8 +80,8 @@ class Rotary(nn.Module):
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x: [T, H, D]; cos, sin: [T, 1, D] (the drafters pass batched shapes, which take the torch formula).
-    With ``KVSPEC_FUSED=1`` on CUDA, for inference, one Triton launch with the same rounding
-    (kernels/rotary.py)."""
+    On CUDA, for inference, one Triton launch with the same rounding (kernels/rotary.py; ``KVSPEC_FUSED=0``
+    turns it off)."""
     if (x.dim() == 3 and cos.shape == (x.shape[0], 1, x.shape[2]) and x.stride(-1) == 1
             and cos.stride(-1) == 1 and sin.stride(-1) == 1 and _no_gradient(x)):
         return kernels.rotary(x, cos, sin)

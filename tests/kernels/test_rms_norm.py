@@ -51,7 +51,7 @@ def test_empty_input_and_bad_arguments():
 
 
 def test_the_model_takes_the_kernels_only_for_inference_where_triton_runs(monkeypatch):
-    """specd.models.layers: the kernels where ``fused_elementwise`` says so (KVSPEC_FUSED=1 where Triton
+    """specd.models.layers: the kernels where ``fused_elementwise`` says so (where Triton
     runs, here the interpreter) and no gradient is wanted (they have no backward: drafter training
     differentiates these layers); the torch formula else."""
     import sys
@@ -82,7 +82,12 @@ def test_the_model_takes_the_kernels_only_for_inference_where_triton_runs(monkey
         norm(x)
     assert calls == ["rms_norm"]
     calls.clear()
-    monkeypatch.delenv("KVSPEC_FUSED")                                   # off by default
+    monkeypatch.delenv("KVSPEC_FUSED")                                   # on by default
+    with torch.no_grad():
+        norm(x)
+    assert calls == ["rms_norm"]
+    calls.clear()
+    monkeypatch.setenv("KVSPEC_FUSED", "0")                              # off on request
     with torch.no_grad():
         norm(x)
     assert calls == []
