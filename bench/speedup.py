@@ -538,24 +538,23 @@ def _available_rows(engine, rows: list[str]) -> tuple[list[str], list[str], dict
 EXTRA_WARMUPS = 3   # more warm-up runs a gated row gets, at most, while its gate cell still explores
 
 
-def gate_key(row: str, greedy: bool = False) -> str | None:
-    """The spec gate's key for a row's requests (``greedy``: a workload whose requests are all greedy,
-    which the gate measures in cells of their own), None if the gate does not decide for them (fixed γ and
+def gate_key(row: str) -> str | None:
+    """The spec gate's key for a row's requests, None if the gate does not decide for them (fixed γ and
     plain decoding; the confidence schedule and the gated one are gated)."""
     spec = ROWS[row]
     if spec["schedule"] not in ("confidence", "gated"):
         return None
-    return gate_key_name(spec["method"], spec["schedule"], greedy)
+    return gate_key_name(spec["method"], spec["schedule"])
 
 
-def finish_exploring(engine, row: str, level: int, warm, greedy: bool = False) -> int:
+def finish_exploring(engine, row: str, level: int, warm) -> int:
     """Run ``warm(tag)`` (one more untimed warm-up) while the row's gate cell at this load still explores,
     at most EXTRA_WARMUPS times; returns how many ran. Why: a new (method, load) cell measures 5 drafting
     and 5 resting steps once in a server's life, and steps that captured a graph do not count; with
     8-token warm-ups at c = 32 that exploration spilled into the first timed runs of the first workload
     at each load (run U, session 8: coding c = 32 drafted 7 of 58 steps). The timed runs measure the
     steady state, probes included; the JSON lists the extra warm-ups per cell (``gate_extra_warmups``)."""
-    key, gate = gate_key(row, greedy), getattr(engine, "spec_gate", None)
+    key, gate = gate_key(row), getattr(engine, "spec_gate", None)
     runs = 0
     while key and gate is not None and runs < EXTRA_WARMUPS and load_bucket(level) in gate.exploring(key):
         warm(f"x{runs}")
@@ -583,12 +582,11 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
             runs: dict[str, list[RunResult]] = {row: [] for row in rows}
             short = [Prompt(p.ids, p.params.model_copy(update={"max_tokens": args.warmup_tokens})) for p in prompts]
             extra = {}
-            greedy = all(p.params.greedy for p in prompts)      # the gate cells these requests use
             for row in rows:          # the same prompts and batch shapes, short answers: captures and compiles
                 with row_gate(engine, row, own_gates):
                     run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}")
                     extra[row] = finish_exploring(engine, row, level, lambda tag: run_closed_loop(
-                        engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}"), greedy)
+                        engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}"))
             for rep in range(args.repeats):
                 for row in repeat_order(rows, rep):
                     with profiles.timed(row, level), row_gate(engine, row, own_gates):

@@ -48,25 +48,10 @@ class RestChain:
             self.owed = 0
 
 
-GREEDY_SUFFIX = "_greedy"
-
-
-def gate_key_name(method: str, schedule: str | None, greedy: bool = False) -> str:
-    """The gate cell family of a request: its method, with ``_gated`` for the fixed-γ gated schedule and
-    ``_greedy`` for a greedy request (underscores: the key ends up in Prometheus metric names).
-
-    Why greedy requests have cells of their own: an arm's step time is the cell's, shared by every
-    request in it, and sampling changes it more than any other request property. Greedy rows take an
-    argmax; sampled ones a temperature softmax and the nucleus over the whole vocabulary, for each
-    verified position of a drafting step and each round of the drafter's Markov loop. H200, session 15
-    (run AU, c = 8): plain steps took 1.92 ms on extraction (greedy) and 2.3-2.9 ms on the sampled
-    workloads, fixed-γ = 7 drafting steps 4.7 ms against 5.8-7.4. With one family, extraction inherited
-    the drafting time that coding's and creative's probes had measured, was predicted at 2,485 tok/s
-    drafting against 4,229 plain, and rested all through c = 8, where fixed γ = 7 ran at 1.20× plain.
-    A request's acceptance is already its own (``SpecGate.record``); its class records split the same
-    way, which suits them: greedy drafts are accepted at a different rate than sampled ones."""
-    base = f"{method}_gated" if schedule == "gated" else method
-    return base + GREEDY_SUFFIX if greedy else base
+def gate_key_name(method: str, schedule: str | None) -> str:
+    """The gate cell family of a request: its method, with ``_gated`` for the fixed-γ gated schedule
+    (an underscore: the key ends up in Prometheus metric names)."""
+    return f"{method}_gated" if schedule == "gated" else method
 
 
 class GateSteps:
@@ -330,7 +315,7 @@ class GateSteps:
         return self._gate_key(method, seq)
 
     def _gate_key(self, method: str, seq: Sequence) -> str:
-        return gate_key_name(method, self._schedule_of(seq), seq.request.params.greedy)
+        return gate_key_name(method, self._schedule_of(seq))
 
     def _gate_drafts(self, batch: list[ScheduledSeq], method: str, gated: list[ScheduledSeq],
                      verify: int | None = None) -> bool:

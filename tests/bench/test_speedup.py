@@ -225,7 +225,6 @@ def test_gated_rows_warm_up_until_their_gate_cell_has_explored():
 
     assert [gate_key(r) for r in ("none", "dspark", "dspark-g7", "ngram-gated", "ngram")] == \
         [None, "dspark", None, "ngram_gated", None]
-    assert gate_key("dspark", greedy=True) == "dspark_greedy" and gate_key("dspark-g7", greedy=True) is None
     gate = SpecGate(min_samples=3)
     engine = SimpleNamespace(spec_gate=gate)
 

@@ -579,15 +579,15 @@ def test_engine_rests_a_slow_drafter_and_stays_exact(engine):
         engine._proposers["dspark"] = real
     assert got == want                                   # resting never changes a greedy output
     paused = after["spec_paused_steps_total"] - before["spec_paused_steps_total"]
-    drafted = after["spec_gate_dspark_greedy_b4_draft_samples"]
+    drafted = after["spec_gate_dspark_b4_draft_samples"]
     assert drafted == 3 and paused >= 20, (drafted, paused)   # explored 3 times, then rested to the end (28)
-    assert after["spec_gate_dspark_greedy_b4_drafting"] == 0
+    assert after["spec_gate_dspark_b4_drafting"] == 0
     # a steady rest takes the shortcut (SpecGate.rests_again) after its first step, also as requests leave
     # within a load bucket (3 -> 2 sequences): 13 of 23 rested steps here; the others are the first rests
     # and the explorations of the smaller buckets the batch shrinks to as requests finish (bucket 2, then 1)
     again = after["spec_rest_again_steps_total"] - before["spec_rest_again_steps_total"]
     assert 11 <= again < paused, (again, paused)
-    assert after["spec_gate_dspark_greedy_b4_plain_tok_s"] > after["spec_gate_dspark_greedy_b4_draft_tok_s"]
+    assert after["spec_gate_dspark_b4_plain_tok_s"] > after["spec_gate_dspark_b4_draft_tok_s"]
 
 
 class CapturingProposer(SlowProposer):
@@ -1099,10 +1099,10 @@ def test_the_gated_schedule_rests_a_slow_ngram_proposer_and_stays_exact(engine):
         engine._proposers["ngram"] = real
         engine.spec_gate = SpecGate()
     assert dict(got) == want
-    assert after["spec_gate_ngram_gated_greedy_b4_draft_samples"] == 3          # explored, then rested
-    assert after["spec_gate_ngram_gated_greedy_b4_drafting"] == 0
+    assert after["spec_gate_ngram_gated_b4_draft_samples"] == 3          # explored, then rested
+    assert after["spec_gate_ngram_gated_b4_drafting"] == 0
     assert after["spec_paused_steps_total"] - before["spec_paused_steps_total"] >= 20
-    assert "spec_gate_ngram_greedy_b4_draft_samples" not in after                # not the confidence cell
+    assert "spec_gate_ngram_b4_draft_samples" not in after                # not the confidence cell
 
 
 class RecordingGate(ScriptedGate):
@@ -1192,11 +1192,11 @@ def test_a_recurring_prompt_class_drafts_its_exploration_where_its_cell_rests_an
             engine.add_request(Request(f"x{i}", engine.tokenizer.encode(PROMPTS[i]), teach, speculation="dspark"))
         while engine.has_work():
             engine.step()
-        assert engine.stats()["spec_gate_dspark_greedy_b2_drafting"] == 0
-        before = engine.stats()["spec_gate_dspark_greedy_b2_draft_samples"]
+        assert engine.stats()["spec_gate_dspark_b2_drafting"] == 0
+        before = engine.stats()["spec_gate_dspark_b2_draft_samples"]
         explored = engine.stats()["spec_class_explore_steps_total"]
         got, seqs = serve("spec-", "dspark")
-        after = engine.stats()["spec_gate_dspark_greedy_b2_draft_samples"]
+        after = engine.stats()["spec_gate_dspark_b2_draft_samples"]
         explored = engine.stats()["spec_class_explore_steps_total"] - explored
     finally:
         engine._proposers["dspark"] = real
@@ -1288,11 +1288,8 @@ def test_steps_that_build_a_triton_kernel_are_no_timing_samples(engine, monkeypa
 
 
 def draft_samples(stats: dict) -> int:
-    """Drafting samples over every load bucket of dspark's gate cells for greedy requests (warm-ups are not
-    samples); the cells must exist, so a zero is a measurement."""
-    found = [v for k, v in stats.items() if k.startswith("spec_gate_dspark_greedy_b") and k.endswith("_draft_samples")]
-    assert found, "no gate cell of greedy dspark requests"
-    return sum(found)
+    """Drafting samples over every load bucket of dspark's gate cells (warm-ups are not samples)."""
+    return sum(v for k, v in stats.items() if k.startswith("spec_gate_dspark_b") and k.endswith("_draft_samples"))
 
 
 def test_a_batch_resting_on_its_prediction_is_probed_within_the_budget_of_its_own_loss():
@@ -1336,57 +1333,3 @@ def test_arms_sampled_at_different_batch_sizes_of_one_bucket_are_compared_per_se
     assert not gate.should_draft("dspark", 3, measured=False)
     assert not gate.should_draft("dspark", 2, measured=False)
     assert gate.stats()["spec_gate_dspark_b2_drafting"] == 0
-
-
-def test_gate_keys_split_greedy_from_sampled_requests():
-    from specd.engine.gating import gate_key_name
-
-    assert gate_key_name("dspark", None) == gate_key_name("dspark", "confidence") == "dspark"
-    assert gate_key_name("dspark", None, greedy=True) == "dspark_greedy"
-    assert gate_key_name("ngram", "gated", greedy=True) == "ngram_gated_greedy"
-
-
-class SlowWhenSampled(SlowProposer):
-    """Drafting that is slow only for sampled requests: their steps pay the nucleus over the vocabulary at
-    every verified position and Markov round (H200, session 15: 5.8-7.4 ms a drafting step at c = 8 against
-    4.7 for greedy extraction), here a delay no plain step can hide."""
-
-    def propose(self, seqs, limits):
-        if any(not s.request.params.greedy for s in seqs):
-            time.sleep(self.delay_s)
-        return self.inner.propose(seqs, limits)
-
-
-def test_greedy_requests_are_not_rated_by_the_drafting_time_of_sampled_ones(engine):
-    """Sampled requests teach their cells that drafting loses (slow drafting steps); greedy requests that
-    follow at the same load measure cells of their own, find drafting fast, and draft, with outputs
-    exactly plain decoding's. With one cell family they rested on the sampled requests' step times
-    (H200, session 15, extraction at c = 8)."""
-    from specd.engine.request import Request
-    from specd.sampling_params import SamplingParams
-
-    want = run(engine, "none", max_tokens=30)
-    engine._proposer("dspark")
-    real = engine._proposers["dspark"]
-    engine._proposers["dspark"] = SlowWhenSampled(real, 0.05)
-    engine.spec_gate = SpecGate(min_samples=3, probe_every=1000, probe_max=1000, probe_steps=1)
-    sampled = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=40, ignore_eos=True, seed=7)
-    try:
-        for i, p in enumerate(PROMPTS):
-            engine.add_request(Request(f"s{i}", engine.tokenizer.encode(p), sampled, speculation="dspark"))
-        while engine.has_work():
-            engine.step()
-        taught = engine.stats()
-        got = run(engine, "dspark", max_tokens=30)
-        after = engine.stats()
-    finally:
-        engine._proposers["dspark"] = real
-        engine.spec_gate = SpecGate()
-    bucket = load_bucket(len(PROMPTS))
-    assert taught[f"spec_gate_dspark_b{bucket}_draft_samples"] >= 3          # the sampled family explored
-    assert taught[f"spec_gate_dspark_b{bucket}_drafting"] == 0               # and rests
-    assert f"spec_gate_dspark_greedy_b{bucket}_draft_samples" not in taught
-    assert got == want
-    assert after[f"spec_gate_dspark_greedy_b{bucket}_draft_samples"] >= 3    # its own cell measured drafting
-    assert after[f"spec_gate_dspark_greedy_b{bucket}_drafting"] == 1         # and found it wins
-    assert after[f"spec_gate_dspark_b{bucket}_drafting"] == 0                # the sampled cell still rests
