@@ -130,12 +130,17 @@ pack() {  # pack $RES/<phase> (+ logs) into one tarball under $OUT
 speedup_run() {  # speedup_run GPU DRAFTERS ROWS BUDGET_S OUT: bench speedup on the five eval workloads
                  # (SPEED_REQUESTS, SPEED_CONCURRENCY: longer or fewer cells; session 10: at 8 requests a run
                  # lasts 0.4-1.3 s and the A/A row fails the per-cell never-slower rule in 9-16 of 25 cells;
-                 # SPEED_WAVES: requests per concurrency slot, session 11: one wave makes speculation pay the tail)
-  local W
+                 # SPEED_WAVES: requests per concurrency slot, session 11: one wave makes speculation pay the tail;
+                 # SPEED_WORKLOADS: a comma list of workload names, e.g. knowledge,extraction (default: all five);
+                 # SPEED_PROFILE: a folder for cProfile tables of the timed runs, per row and concurrency)
+  local W name
   W=$(ls "$(train_data)"/*.eval.jsonl | paste -sd, -)    # the eval sessions beside the training ones (TRAIN_DATA)
+  if [ -n "${SPEED_WORKLOADS:-}" ]; then
+    W=$(for name in ${SPEED_WORKLOADS//,/ }; do ls "$(train_data)/$name.eval.jsonl"; done | paste -sd, -)
+  fi
   CUDA_VISIBLE_DEVICES=$1 python -m bench speedup --model "$MODEL" --drafters "$2" --rows "$3" --workloads "$W" \
     --concurrency "${SPEED_CONCURRENCY:-1,4,8,16,32}" --requests "${SPEED_REQUESTS:-8}" --waves "${SPEED_WAVES:-1}" \
-    --max-tokens 48 \
+    --max-tokens 48 ${SPEED_PROFILE:+--profile "$SPEED_PROFILE"} \
     --repeats "${SPEED_REPEATS:-2}" --device cuda --budget-s "$4" --out "$5" > /tmp/logs/speedup.log 2>&1
   echo "speedup rc=$?"
 }
