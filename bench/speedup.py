@@ -43,7 +43,7 @@ from pathlib import Path
 
 import kernels
 from bench.arg_types import positive_int, positive_ints
-from bench.row_profiles import RowProfiles
+from bench.row_profiles import RowProfiles, TorchProfiles
 from specd.engine.gating import gate_key_name
 from specd.engine.spec_gate import DRAFT_REASONS, load_bucket
 
@@ -64,8 +64,11 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # default: session 13, run AP measured it against the default in the same run), through a gate of
     # its own (``row_gate``); not a default row
     "dspark-beside-prompts": {"method": "dspark", "schedule": "confidence", "gamma": None, "beside_prompts": True},
+    # scheduled dspark behind a gate that never drafts (bench/resting_gate.py): what a resting cell costs
+    # against `none`, without the workloads that taught a real gate to rest; a diagnostic, not a default row
+    "dspark-resting": {"method": "dspark", "schedule": "confidence", "gamma": None, "gate": "resting"},
 }
-DEFAULT_ROWS = [r for r in ROWS if r != "dspark-beside-prompts"]
+DEFAULT_ROWS = [r for r in ROWS if r not in ("dspark-beside-prompts", "dspark-resting")]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
 PROMPT_MODE = "first turn of each eval session (no history)"
@@ -228,7 +231,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d))
 
 
-GATE_SETTINGS = ("beside_prompts",)   # ROWS keys that are SpecGate settings, not request fields
+GATE_SETTINGS = ("beside_prompts", "gate")   # ROWS keys for the row's own gate, not request fields
 
 
 @contextmanager
@@ -247,7 +250,12 @@ def row_gate(engine, row: str, own: dict):
         yield
         return
     if row not in own:
-        own[row] = SpecGate(**settings)
+        if settings.pop("gate", None) == "resting":
+            from bench.resting_gate import RestingGate
+
+            own[row] = RestingGate(**settings)
+        else:
+            own[row] = SpecGate(**settings)
     engine.spec_gate = own[row]
     try:
         yield
@@ -504,6 +512,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also run cProfile over the timed runs and write DIR/profile-<row>-c<N>.txt (host hot "
                    "spots by own and cumulative time, all workloads and repeats of a cell summed; the GPU's "
                    "share shows as time in the step's one synchronising copy). Slows every row alike.")
+    p.add_argument("--torch-profile", type=Path, default=None,
+                   help="also run torch.profiler over the timed runs and write DIR/torch-profile-c<N>.md: each "
+                   "row's ops and kernels side by side, self device and CPU time (profiled runs are slower: "
+                   "a diagnostic, not a speed result)")
 
 
 def _engine(args: argparse.Namespace):
@@ -568,6 +580,7 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
     cut: list[str] = []
     deadline = None if getattr(args, "budget_s", None) is None else time.perf_counter() + args.budget_s
     profiles = RowProfiles(getattr(args, "profile", None))
+    torch_profiles = TorchProfiles(getattr(args, "torch_profile", None))
     own_gates: dict = {}          # row -> its own SpecGate (``row_gate``)
     for wl_path in [Path(w.strip()) for w in args.workloads.split(",") if w.strip()]:
         name = wl_path.stem
@@ -589,7 +602,8 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                         engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}"))
             for rep in range(args.repeats):
                 for row in repeat_order(rows, rep):
-                    with profiles.timed(row, level), row_gate(engine, row, own_gates):
+                    with profiles.timed(row, level), torch_profiles.timed(row, level), \
+                            row_gate(engine, row, own_gates):
                         r = run_closed_loop(engine, prompts, row_fields(row, cap), level,
                                             f"{name}-{level}-{row}-{rep}")
                     runs[row].append(r)
@@ -605,6 +619,7 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
             for row, gate in own_gates.items():                  # the same for the rows' own gates
                 workloads[name][str(level)].setdefault("gate_recent_by_row", {})[row] = gate.trace(latest=True)
     profiles.write()
+    torch_profiles.write()
     return {"rows": rows, "skipped_rows": skipped, "cut": cut,
             "gate_trace_by_row": {row: gate.trace() for row, gate in own_gates.items()},
             "row_settings": {row: row_fields(row, cap) for row in rows}, "workloads": workloads,

@@ -250,3 +250,27 @@ def test_a_cell_runs_at_least_waves_requests_per_slot():
     assert requests_for(8, 8, waves=4) == 32
     assert requests_for(1, 8, waves=4) == 8         # --requests stays the floor
     assert requests_for(32, 8) == 32
+
+
+def test_the_resting_row_never_drafts_and_torch_profile_sets_rows_side_by_side(tmp_path):
+    """dspark-resting: scheduled dspark behind a gate that never drafts, captures no prompt and runs the
+    steady rest, with the same outputs' lengths as `none` and no verification; it is no default row.
+    --torch-profile: one table per concurrency with both rows' ops (the model's linear layers among them)."""
+    from bench.speedup import DEFAULT_ROWS
+
+    assert "dspark-resting" not in DEFAULT_ROWS
+    greedy = _sessions(tmp_path / "stories-greedy.jsonl", "greedy", 0.0)
+    out, prof = tmp_path / "out", tmp_path / "tprof"
+    rc = bench_main(["speedup", "--model", str(MODEL), "--drafters", f"dspark={DRAFTER}", "--workloads", str(greedy),
+                     "--concurrency", "2", "--rows", "none,dspark-resting", "--requests", "4", "--max-tokens", "12",
+                     "--repeats", "1", "--warmup-tokens", "2", "--torch-profile", str(prof), "--out", str(out)])
+    assert rc == 0
+    cell = json.loads((out / "speedup.json").read_text())["workloads"]["stories-greedy"]["2"]["rows"]
+    for run in cell["dspark-resting"]["runs"]:
+        assert run["verifications"] == 0 and run["tokens"] == cell["none"]["runs"][0]["tokens"]
+        assert run["gate_rested_steps"] > 0 and run["gate_rest_again_steps"] > 0      # the steady rest ran
+        assert run["gate_promptless_requests"] == 4                                   # no prompt captured
+        assert sum(run["gate_drafted_by"].values()) == 0
+    assert sorted(p.name for p in prof.iterdir()) == ["torch-profile-c2.md"]
+    text = (prof / "torch-profile-c2.md").read_text()
+    assert "dspark-resting device ms" in text and "none device ms" in text and "aten::linear" in text

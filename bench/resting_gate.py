@@ -1,0 +1,52 @@
+"""A spec gate that never lets a request draft: the ``dspark-resting`` row of ``bench speedup``.
+
+Why: on the H200 (session 15, run AU) scheduled dspark rested every step of knowledge at c = 32 (no
+drafting step, no prompt captured) and still ran 0.96x `none`: plain steps 3.19 against 2.85 ms, prompt
+steps 8.50 against 7.93. On the CPU the resting steps run the same path as `none`'s
+(tests/engine/rest_capture_probe.py), so the cost is on the device and has to be seen there. That cell
+rested only because four workloads before it had taught the gate to; this gate rests from the first step,
+so one workload at one load reproduces the condition in a short run, and ``--torch-profile`` can set its
+kernels beside `none`'s. The engine's side of the gate runs as it does for a resting cell: the full
+question at the first step of a run of decode steps, the steady rest (``rests_again``) after it, every
+step reported to ``observe``. Not a serving setting: a deployment that wants no drafting asks for `none`.
+"""
+from __future__ import annotations
+
+from specd.engine.spec_gate import Acceptance, SpecGate, load_bucket
+
+
+class RestingGate(SpecGate):
+    """``SpecGate`` with every drafting answer "no": no exploration of drafting, no class exploration, no
+    probe, no resumption; what it measures (both arms' reports) is kept as usual."""
+
+    @staticmethod
+    def explores(record: Acceptance) -> bool:
+        return False
+
+    def should_draft(self, method: str, sequences: int, measured: bool = True,
+                     requests: list[Acceptance] | None = None, verify: int | None = None) -> bool:
+        if measured:
+            cell = self._cell(method, sequences)
+            cell.rest_admitted = self.admitted    # ``rests_again`` answers for these requests from now on
+            return self._drafts(cell, "winner", False)
+        return False
+
+    def rests_again(self, method: str, sequences: int, subset: bool = False) -> bool:
+        cell = self.cells.get((method, load_bucket(sequences)))
+        if cell is None or cell.rest_admitted != self.admitted:
+            return False                      # a new request: ask in full (``should_draft``), as the real gate
+        self._drafts(cell, "winner", False)
+        return True
+
+    def exploring(self, method: str) -> list[int]:
+        return []                             # nothing to explore: no extra warm-ups (``finish_exploring``)
+
+    def resumes(self, method: str, sequences: int, requests: list[Acceptance]) -> bool:
+        return False
+
+    def drafts_beside_prompts(self, method: str, sequences: int, requests: list[Acceptance],
+                              verify: int | None = None) -> bool:
+        return False
+
+    def probe_next(self, method: str, sequences: int) -> bool:
+        return False
