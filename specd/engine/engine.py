@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -25,7 +26,7 @@ from specd.engine.request import Request, RequestOutput
 from specd.engine.block_source import OutOfBlocks
 from specd.engine.proposers import load_proposer
 from specd.engine.scheduler import ScheduledSeq, Scheduler
-from specd.engine.speculation import METHODS, Draft, verify
+from specd.engine.speculation import METHODS, Draft, VerifyInputs, verify_prepared
 from specd.engine.gating import GateSteps
 from specd.engine.spec_gate import SpecGate
 from specd.engine.spec_scheduler import SpsProfile, calibrate, profile_points, schedule_verify
@@ -51,6 +52,19 @@ def step_kind(decode_step: bool, batch: list[ScheduledSeq]) -> str:
     if not decode_step:
         return "prompt_draft" if drafted else "prompt"
     return "draft" if drafted else "plain"
+
+
+@dataclass
+class SamplingSplit:
+    """A step's sequences that sample: plainly (``plan``: their ``sampler.SamplePlan``, None without any)
+    or by verifying a draft; ``starts``: each one's first logits row (by ``id`` of its ScheduledSeq). Made
+    before the step's forward (``SpecEngine._plan_sampling``)."""
+
+    plain: list[ScheduledSeq]
+    spec: list[ScheduledSeq]
+    starts: dict[int, int]
+    plan: sampler.SamplePlan | None
+    verify: VerifyInputs | None     # the verified ones' inputs (None without any)
 
 
 class SpecEngine(GateSteps):
@@ -247,9 +261,10 @@ class SpecEngine(GateSteps):
         capture = self._capture_layers(batch)
         self.blocks.settle()         # answers that have come (commits: table switches) and any the forward needs (refills)
         self.blocks.refill_ahead(self.scheduler.expected_blocks())   # posted: kvd answers during the forward
+        plan = self._plan_sampling(batch)        # uploaded before the forward: its launches queue behind it
         t1 = time.perf_counter()
         logits, captured = self.runner.run(batch, capture)
-        emitted = self._sample(batch, logits)
+        emitted = self._sample(batch, logits, plan)
         t2 = time.perf_counter()
         self.source.observe_prefill(sum(s.num_tokens for s in batch), t2 - t1)   # kvd's prefetch budget
         now = time.monotonic()
@@ -508,8 +523,10 @@ class SpecEngine(GateSteps):
                 "triton_compiles_total": compile_count.compiles(),
                 "eager_steps_total": self.runner.eager_steps}
 
-    def _sample(self, batch: list[ScheduledSeq], logits) -> list[tuple[ScheduledSeq, list[int]]]:
-        """Split the logits rows: plain sampling for most, chain verification for drafted sequences."""
+    def _plan_sampling(self, batch: list[ScheduledSeq]) -> SamplingSplit:
+        """The step's sampling split, known before its forward: the sequences that sample plainly (with
+        their ``sampler.SamplePlan``, uploaded now), those whose drafts are verified, and each one's first
+        logits row."""
         plain, spec, starts, row = [], [], {}, 0      # starts: first logits row of each sampling sequence
         for sched in batch:
             if not sched.samples:
@@ -517,15 +534,25 @@ class SpecEngine(GateSteps):
             (spec if sched.draft else plain).append(sched)
             starts[id(sched)] = row
             row += sched.num_draft + 1
+        vocab = self.model.config.vocab_size
+        # plain rows draw their uniforms first, then the verified ones: the order sampling after the
+        # forward drew them in (it matters for requests without a seed, which share the global generator)
+        plan = sampler.SamplePlan.of([starts[id(s)] for s in plain], [s.seq.request.params for s in plain],
+                                     [s.seq.generator for s in plain], vocab, self.device) if plain else None
+        inputs = VerifyInputs.of([starts[id(s)] for s in spec], [s.draft for s in spec],
+                                 [s.seq.request.params for s in spec], [s.seq.generator for s in spec],
+                                 vocab, self.device) if spec else None
+        return SamplingSplit(plain, spec, starts, plan, inputs)
+
+    def _sample(self, batch: list[ScheduledSeq], logits, split: SamplingSplit) -> list[tuple[ScheduledSeq, list[int]]]:
+        """Split the logits rows: plain sampling for most, chain verification for drafted sequences."""
+        plain, spec, starts = split.plain, split.spec, split.starts
         out: list[tuple[ScheduledSeq, list[int]]] = []
         if plain:
-            idx = [starts[id(s)] for s in plain]
-            toks = sampler.sample(logits[idx], [s.seq.request.params for s in plain],
-                                  [s.seq.generator for s in plain]).tolist()
+            toks = sampler.sample_planned(logits, split.plan).tolist()
             out += [(s, [t]) for s, t in zip(plain, toks)]
         if spec:
-            chains = verify(logits, [starts[id(s)] for s in spec], [s.draft for s in spec],
-                            [s.seq.request.params for s in spec], [s.seq.generator for s in spec])
+            chains = verify_prepared(logits, split.verify)
             for s, toks in zip(spec, chains):
                 s.seq.spec_verifications += 1
                 s.seq.spec_drafted += s.num_draft

@@ -60,7 +60,8 @@ class Proposer(Protocol):
 
 def target_probs(logits: torch.Tensor, params: SamplingParams | Seq[SamplingParams]) -> torch.Tensor:
     """logits: [n, V]; params: one request's settings, or one per row -> the distribution a plain step
-    would sample from at each row, fp32 [n, V] (greedy rows: one-hot at the argmax)."""
+    would sample from at each row, fp32 [n, V] (greedy rows: one-hot at the argmax). ``verify`` computes
+    the same through ``rows_probs`` with settings uploaded before the forward (``VerifyInputs``)."""
     rows = [params] * logits.shape[0] if isinstance(params, SamplingParams) else params
     return rows_probs(logits, RowSettings.of(rows, logits.shape[1], logits.device))
 
@@ -69,19 +70,47 @@ def verify(logits: torch.Tensor, starts: Seq[int], drafts: Seq[Draft], params: S
            generators: Seq[torch.Generator | None]) -> list[list[int]]:
     """logits: [R, V] target logits; sequence i's rows are ``starts[i] .. starts[i] + k_i``: its last
     known token, then each draft position. Returns, per sequence, the accepted drafts followed by one
-    target-sampled token.
+    target-sampled token (``verify_prepared`` with inputs prepared now).
 
     No per-sequence device work: one ``target_probs`` over every verified row, the draft rows stacked
     per proposal, token ids and indices in one upload, one rejection-sampling launch, one download."""
-    plan = VerifyPlan.of(starts, drafts, logits.shape[1])
-    dev = logits.device
-    ints = torch.tensor(plan.ints, dtype=torch.int64).to(dev, non_blocking=True)
-    rows, gather, toks, num, one_hot, sources = plan.split(ints)
-    row_params = [p for p, d in zip(params, drafts) for _ in range(len(d.tokens) + 1)]
-    p_t = target_probs(logits.index_select(0, rows), row_params)
+    return verify_prepared(logits, VerifyInputs.of(starts, drafts, params, generators, logits.shape[1],
+                                                   logits.device))
+
+
+@dataclass
+class VerifyInputs:
+    """Everything ``verify`` needs besides the logits, uploaded before the step's forward (the engine
+    prepares it with the step's ``sampler.SamplePlan``): after the forward only device work is launched,
+    queued behind it, and one download waits. Why: made after the forward, the first blocking upload
+    waited for it, and the launches after it ran with the GPU idle (see ``sampler.SamplePlan``; not yet
+    measured on a GPU). Exact: the same operations on the same values; each request's K + 1 uniforms are
+    drawn once a step from its own generator, before the forward instead of after it."""
+
+    drafts: Seq[Draft]
+    plan: VerifyPlan
+    ints: torch.Tensor            # ``plan.ints`` on the device
+    rows: RowSettings             # the target transform of every verified row
+    uniforms: torch.Tensor        # [S, K+1] fp32: K accept draws + 1 for the last token
+
+    @classmethod
+    def of(cls, starts: Seq[int], drafts: Seq[Draft], params: Seq[SamplingParams],
+           generators: Seq[torch.Generator | None], vocab: int, device: torch.device) -> "VerifyInputs":
+        plan = VerifyPlan.of(starts, drafts, vocab)
+        ints = torch.tensor(plan.ints, dtype=torch.int64).to(device, non_blocking=True)
+        row_params = [p for p, d in zip(params, drafts) for _ in range(len(d.tokens) + 1)]
+        rows = RowSettings.of(row_params, vocab, device)
+        uniforms = draw_uniforms(generators, plan.k_max + 1).to(device)
+        return cls(drafts, plan, ints, rows, uniforms)
+
+
+def verify_prepared(logits: torch.Tensor, inputs: VerifyInputs) -> list[list[int]]:
+    """``verify`` on prepared inputs: device work, then one device-to-host copy."""
+    plan, drafts, u = inputs.plan, inputs.drafts, inputs.uniforms
+    rows, gather, toks, num, one_hot, sources = plan.split(inputs.ints)
+    p_t = rows_probs(logits.index_select(0, rows), inputs.rows)
     p_t = p_t.index_select(0, gather).view(len(drafts), plan.k_max + 1, -1)     # [S, K+1, V]
     p_d = draft_rows(drafts, plan, one_hot, sources, p_t)                         # [S, K, V]
-    u = draw_uniforms(generators, plan.k_max + 1).to(dev)                   # [S, K+1]: K accept draws + 1 for the last token
     accepted, out = kernels.rejection_sample(p_t, p_d, toks.view(len(drafts), plan.k_max), num.int(),
                                              u[:, :plan.k_max].contiguous(), u[:, plan.k_max].contiguous())
     both = torch.cat([accepted.long()[:, None], out], dim=1).tolist()          # one device-to-host copy

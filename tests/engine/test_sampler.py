@@ -161,3 +161,36 @@ def test_slot_sampler_fast_paths_equal_the_reference(kinds):
         want_tokens, want_probs = reference_slot(params, [torch.Generator().manual_seed(i) for i in range(4)], 3,
                                                  logits, slot)
         assert torch.equal(tokens, want_tokens) and torch.equal(probs, want_probs)
+
+
+def test_a_plan_made_before_the_forward_samples_exactly_what_sampling_after_it_does():
+    """``SamplePlan`` (made before a step's forward, the logits rows chosen by index) and ``sample`` on the
+    gathered rows (made after it) give the same tokens from the same generator states, for greedy,
+    top-p, top-k and plain rows mixed; each sampled row draws one uniform from its own generator, the
+    greedy row none."""
+    from specd.engine.sampler import SamplePlan, sample_planned
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 64)
+    rows = [4, 0, 5, 2]                                  # the step's sampling rows, out of order
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p=0.9, seed=1),
+              SamplingParams(temperature=1.2, top_k=5, seed=2), SamplingParams(temperature=0.7, seed=3)]
+    for trial in range(20):
+        gens_a = [None] + [torch.Generator().manual_seed(100 * trial + i) for i in range(3)]
+        gens_b = [None] + [torch.Generator().manual_seed(100 * trial + i) for i in range(3)]
+        plan = SamplePlan.of(rows, params, gens_a, logits.shape[1], logits.device)
+        got = sample_planned(logits, plan)
+        assert torch.equal(got, sample(logits[rows], params, [None] + [torch.Generator().manual_seed(
+            100 * trial + i) for i in range(3)])) and got.dtype == torch.int64
+        want = [int(logits[4].argmax())]                 # row by row from the definitions
+        for r, p, g in zip(rows[1:], params[1:], gens_b[1:]):
+            probs = sampling_probs(logits[r: r + 1], torch.tensor([p.temperature]), torch.tensor([p.top_k]),
+                                   torch.tensor([p.top_p]))
+            want.append(int(inverse_cdf(probs, torch.rand(1, generator=g))[0]))
+        assert got.tolist() == want
+        for a, b in zip(gens_a[1:], gens_b[1:]):       # one draw each, in both
+            assert torch.equal(torch.rand(1, generator=a), torch.rand(1, generator=b))
+    every = SamplePlan.of([1, 3], params[1:3], [None, None], logits.shape[1], logits.device)
+    assert every.index is None and every.sampled == (0, 1)    # every row samples: no gather
+    greedy = SamplePlan.of([1], params[:1], [None], logits.shape[1], logits.device)
+    assert greedy.sampled == () and torch.equal(sample_planned(logits, greedy), logits[[1]].argmax(1))

@@ -112,9 +112,7 @@ def test_the_statistical_test_catches_a_planted_bug(engine, monkeypatch):
     distribution a plain step samples from). The same two-sample test must now reject."""
     import specd.engine.speculation as speculation
 
-    right = speculation.target_probs
-    monkeypatch.setattr(speculation, "target_probs",
-                        lambda logits, p: right(logits, SamplingParams(temperature=1.0)))
+    monkeypatch.setattr(speculation, "rows_probs", lambda logits, rows: torch.softmax(logits.float(), dim=1))
     params = SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_tokens=3, ignore_eos=True)
     n = 1500
     plain = _sample_runs(engine, n, params, None)
