@@ -118,8 +118,9 @@ class ModelRunner:
         capture = tuple(capture_layers)
         key = self.graphs.key(step, capture) if self.graphs is not None else None
         if self.graphs is not None and self.graphs.can_run(key):
-            hidden, captured = self.graphs.run(step, key)
+            # uploaded before the replay: after it, only device work is launched (see sampler.SamplePlan)
             rows = torch.tensor(sample_rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            hidden, captured = self.graphs.run(step, key)
             return self.model.logits(hidden[rows]), (captured if capture else None)
         self.eager_steps += 1
         inputs = device_inputs(step, sample_rows, self.device)
