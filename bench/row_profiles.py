@@ -129,7 +129,7 @@ def render_side_by_side(tables: dict[str, dict[str, list[float]]], level: int) -
              ""]
     for title, i in (("by device time spread", 1), ("by CPU time spread", 2)):
         lines += [f"## {title}", "", head, rule, totals]
-        for name in sorted(names, key=lambda n: -spread(n, i))[:TOP]:
+        for name in sorted(names, key=lambda n: (-spread(n, i), n))[:TOP]:      # ties by name: stable tables
             cells = " | ".join(f"{col(r, name)[0]:.0f} | {col(r, name)[1] / 1e3:.3f} | {col(r, name)[2] / 1e3:.3f}"
                                for r in rows)
             lines.append(f"| `{name[:90]}` | {cells} |")

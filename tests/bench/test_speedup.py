@@ -273,4 +273,6 @@ def test_the_resting_row_never_drafts_and_torch_profile_sets_rows_side_by_side(t
         assert sum(run["gate_drafted_by"].values()) == 0
     assert sorted(p.name for p in prof.iterdir()) == ["torch-profile-c2.md"]
     text = (prof / "torch-profile-c2.md").read_text()
-    assert "dspark-resting device ms" in text and "none device ms" in text and "aten::linear" in text
+    assert "dspark-resting device ms" in text and "none device ms" in text
+    ops = [line for line in text.splitlines() if line.startswith("| `aten::")]
+    assert len(ops) >= 20                                  # the model's ops, under both tables
