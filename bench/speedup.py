@@ -488,7 +488,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", required=True, help="comma list of session JSONL files (their eval split)")
     p.add_argument("--concurrency", type=positive_ints, default=[1, 4, 8, 16, 32])
     p.add_argument("--rows", type=_rows, default=DEFAULT_ROWS,
-                   help=f"comma list of {', '.join(ROWS)} (default: all but dspark-beside-prompts)")
+                   help=f"comma list of {', '.join(ROWS)} (default: all but the diagnostic rows "
+                        "dspark-beside-prompts and dspark-resting)")
     p.add_argument("--requests", type=int, default=16, help="N requests per run (at least --waves × the concurrency)")
     p.add_argument("--waves", type=positive_int, default=1,
                    help="at least this many requests per slot of the concurrency (more waves: less of the "
