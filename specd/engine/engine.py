@@ -57,12 +57,10 @@ def step_kind(decode_step: bool, batch: list[ScheduledSeq]) -> str:
 @dataclass
 class SamplingSplit:
     """A step's sequences that sample: plainly (``plan``: their ``sampler.SamplePlan``, None without any)
-    or by verifying a draft; ``starts``: each one's first logits row (by ``id`` of its ScheduledSeq). Made
-    before the step's forward (``SpecEngine._plan_sampling``)."""
+    or by verifying a draft. Made before the step's forward (``SpecEngine._plan_sampling``)."""
 
     plain: list[ScheduledSeq]
     spec: list[ScheduledSeq]
-    starts: dict[int, int]
     plan: sampler.SamplePlan | None
     verify: VerifyInputs | None     # the verified ones' inputs (None without any)
 
@@ -264,7 +262,7 @@ class SpecEngine(GateSteps):
         plan = self._plan_sampling(batch)        # uploaded before the forward: its launches queue behind it
         t1 = time.perf_counter()
         logits, captured = self.runner.run(batch, capture)
-        emitted = self._sample(batch, logits, plan)
+        emitted = self._sample(logits, plan)
         t2 = time.perf_counter()
         self.source.observe_prefill(sum(s.num_tokens for s in batch), t2 - t1)   # kvd's prefetch budget
         now = time.monotonic()
@@ -525,28 +523,30 @@ class SpecEngine(GateSteps):
 
     def _plan_sampling(self, batch: list[ScheduledSeq]) -> SamplingSplit:
         """The step's sampling split, known before its forward: the sequences that sample plainly (with
-        their ``sampler.SamplePlan``, uploaded now), those whose drafts are verified, and each one's first
-        logits row."""
-        plain, spec, starts, row = [], [], {}, 0      # starts: first logits row of each sampling sequence
+        their ``sampler.SamplePlan``, uploaded now) and those whose drafts are verified."""
+        plain, spec, plain_rows, spec_rows, row = [], [], [], [], 0     # *_rows: each one's first logits row
         for sched in batch:
             if not sched.samples:
                 continue
-            (spec if sched.draft else plain).append(sched)
-            starts[id(sched)] = row
+            if sched.draft:
+                spec.append(sched)
+                spec_rows.append(row)
+            else:
+                plain.append(sched)
+                plain_rows.append(row)
             row += sched.num_draft + 1
         vocab = self.model.config.vocab_size
         # plain rows draw their uniforms first, then the verified ones: the order sampling after the
         # forward drew them in (it matters for requests without a seed, which share the global generator)
-        plan = sampler.SamplePlan.of([starts[id(s)] for s in plain], [s.seq.request.params for s in plain],
+        plan = sampler.SamplePlan.of(plain_rows, [s.seq.request.params for s in plain],
                                      [s.seq.generator for s in plain], vocab, self.device) if plain else None
-        inputs = VerifyInputs.of([starts[id(s)] for s in spec], [s.draft for s in spec],
-                                 [s.seq.request.params for s in spec], [s.seq.generator for s in spec],
-                                 vocab, self.device) if spec else None
-        return SamplingSplit(plain, spec, starts, plan, inputs)
+        inputs = VerifyInputs.of(spec_rows, [s.draft for s in spec], [s.seq.request.params for s in spec],
+                                 [s.seq.generator for s in spec], vocab, self.device) if spec else None
+        return SamplingSplit(plain, spec, plan, inputs)
 
-    def _sample(self, batch: list[ScheduledSeq], logits, split: SamplingSplit) -> list[tuple[ScheduledSeq, list[int]]]:
+    def _sample(self, logits, split: SamplingSplit) -> list[tuple[ScheduledSeq, list[int]]]:
         """Split the logits rows: plain sampling for most, chain verification for drafted sequences."""
-        plain, spec, starts = split.plain, split.spec, split.starts
+        plain, spec = split.plain, split.spec
         out: list[tuple[ScheduledSeq, list[int]]] = []
         if plain:
             toks = sampler.sample_planned(logits, split.plan).tolist()

@@ -72,7 +72,7 @@ def verify(logits: torch.Tensor, starts: Seq[int], drafts: Seq[Draft], params: S
     known token, then each draft position. Returns, per sequence, the accepted drafts followed by one
     target-sampled token (``verify_prepared`` with inputs prepared now).
 
-    No per-sequence device work: one ``target_probs`` over every verified row, the draft rows stacked
+    No per-sequence device work: one target transform (``rows_probs``) over every verified row, the draft rows stacked
     per proposal, token ids and indices in one upload, one rejection-sampling launch, one download."""
     return verify_prepared(logits, VerifyInputs.of(starts, drafts, params, generators, logits.shape[1],
                                                    logits.device))
