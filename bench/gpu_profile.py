@@ -237,14 +237,15 @@ def profile_draft_round(shape: str, batches: list[int], out: Path, gamma: int = 
     drafter: the block forward eager and from its graph (specd/engine/block_graphs.py, with its largest
     hidden difference), the Markov loop + sampling + confidence head eager and from the draft
     graph (specd/engine/draft_graphs.py; on the CPU the same static function without a graph), and
-    verification, the former per-sequence loop against the vectorized one. Also checks the graph
+    verification: the former per-sequence loop, the vectorized one (``verify``: the argmax chain where
+    every row is greedy) and the rejection sampler it stands in for there. Also checks the graph
     against the eager reference (equal tokens, largest probability difference). Writes
     ``draft_round-<shape>.json``; runs on the CPU (``tiny``: the CI smoke test)."""
     from specd.drafter import DrafterConfig, build_drafter
     from specd.drafter.base import BlockOut
     from specd.engine.block_graphs import BlockGraphs
     from specd.engine.draft_graphs import DraftGraphs
-    from specd.engine.speculation import verify
+    from specd.engine.speculation import VerifyInputs, verify, verify_prepared
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -291,6 +292,10 @@ def profile_draft_round(shape: str, batches: list[int], out: Path, gamma: int = 
                 row["verify_per_sequence"] = _timed(lambda: verify_per_sequence(
                     [logits[s: s + gamma + 1] for s in starts], drafts, params, gens()), dev)
                 row["verify_vectorized"] = _timed(lambda: verify(logits, starts, drafts, params, gens()), dev)
+                # the rejection sampler whatever the settings: for greedy rows ``verify`` takes the argmax
+                # chain (specd/engine/greedy_verify.py), and this is the path it replaced
+                row["verify_rejection"] = _timed(lambda: verify_prepared(logits, VerifyInputs.of(
+                    starts, drafts, params, gens(), model.config.vocab_size, dev)), dev)
                 res[f"b{b}_{name}"] = row
                 print(b, name, {k: (v["host_ms_p50"], v["total_ms_p50"]) if isinstance(v, dict) else v
                                 for k, v in row.items()}, flush=True)

@@ -26,7 +26,8 @@ from specd.engine.request import Request, RequestOutput
 from specd.engine.block_source import OutOfBlocks
 from specd.engine.proposers import load_proposer
 from specd.engine.scheduler import ScheduledSeq, Scheduler
-from specd.engine.speculation import METHODS, Draft, VerifyInputs, verify_prepared
+from specd.engine.greedy_verify import GreedyVerify
+from specd.engine.speculation import METHODS, Draft, VerifyInputs, prepare_verify, verify_prepared
 from specd.engine.gating import GateSteps
 from specd.engine.spec_gate import SpecGate
 from specd.engine.spec_scheduler import SpsProfile, calibrate, profile_points, schedule_verify
@@ -62,7 +63,7 @@ class SamplingSplit:
     plain: list[ScheduledSeq]
     spec: list[ScheduledSeq]
     plan: sampler.SamplePlan | None
-    verify: VerifyInputs | None     # the verified ones' inputs (None without any)
+    verify: VerifyInputs | GreedyVerify | None     # the verified ones' inputs (None without any)
 
 
 class SpecEngine(GateSteps):
@@ -540,8 +541,8 @@ class SpecEngine(GateSteps):
         # forward drew them in (it matters for requests without a seed, which share the global generator)
         plan = sampler.SamplePlan.of(plain_rows, [s.seq.request.params for s in plain],
                                      [s.seq.generator for s in plain], vocab, self.device) if plain else None
-        inputs = VerifyInputs.of(spec_rows, [s.draft for s in spec], [s.seq.request.params for s in spec],
-                                 [s.seq.generator for s in spec], vocab, self.device) if spec else None
+        inputs = prepare_verify(spec_rows, [s.draft for s in spec], [s.seq.request.params for s in spec],
+                                [s.seq.generator for s in spec], vocab, self.device) if spec else None
         return SamplingSplit(plain, spec, plan, inputs)
 
     def _sample(self, logits, split: SamplingSplit) -> list[tuple[ScheduledSeq, list[int]]]:

@@ -19,6 +19,7 @@ from typing import Protocol, Sequence as Seq
 import torch
 
 import kernels
+from specd.engine.greedy_verify import GreedyVerify
 from specd.engine.sampler import RowSettings, draw_uniforms, rows_probs
 from specd.sampling_params import SamplingParams
 
@@ -74,8 +75,18 @@ def verify(logits: torch.Tensor, starts: Seq[int], drafts: Seq[Draft], params: S
 
     No per-sequence device work: one target transform (``rows_probs``) over every verified row, the draft rows stacked
     per proposal, token ids and indices in one upload, one rejection-sampling launch, one download."""
-    return verify_prepared(logits, VerifyInputs.of(starts, drafts, params, generators, logits.shape[1],
-                                                   logits.device))
+    return verify_prepared(logits, prepare_verify(starts, drafts, params, generators, logits.shape[1],
+                                                  logits.device))
+
+
+def prepare_verify(starts: Seq[int], drafts: Seq[Draft], params: Seq[SamplingParams],
+                   generators: Seq[torch.Generator | None], vocab: int,
+                   device: torch.device) -> "VerifyInputs | GreedyVerify":
+    """``verify``'s inputs, made before the step's forward: the argmax chain's (``GreedyVerify``) when
+    every request is greedy, else the rejection sampler's (``VerifyInputs``, the reference)."""
+    if all(p.greedy for p in params):
+        return GreedyVerify.of(starts, [d.tokens for d in drafts], device)
+    return VerifyInputs.of(starts, drafts, params, generators, vocab, device)
 
 
 @dataclass
@@ -104,8 +115,10 @@ class VerifyInputs:
         return cls(drafts, plan, ints, rows, uniforms)
 
 
-def verify_prepared(logits: torch.Tensor, inputs: VerifyInputs) -> list[list[int]]:
+def verify_prepared(logits: torch.Tensor, inputs: "VerifyInputs | GreedyVerify") -> list[list[int]]:
     """``verify`` on prepared inputs: device work, then one device-to-host copy."""
+    if isinstance(inputs, GreedyVerify):
+        return inputs.run(logits)
     plan, drafts, u = inputs.plan, inputs.drafts, inputs.uniforms
     rows, gather, toks, num, one_hot, sources = plan.split(inputs.ints)
     p_t = rows_probs(logits.index_select(0, rows), inputs.rows)
