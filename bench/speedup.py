@@ -67,8 +67,14 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # scheduled dspark behind a gate that never drafts (bench/resting_gate.py): what a resting cell costs
     # against `none`, without the workloads that taught a real gate to rest; a diagnostic, not a default row
     "dspark-resting": {"method": "dspark", "schedule": "confidence", "gamma": None, "gate": "resting"},
+    # greedy drafts verified by the rejection sampler instead of the argmax chain (``SpecEngine.greedy_chain``
+    # off while the row runs; specd/engine/greedy_verify.py): what the chain saves, in the same run, through
+    # a gate of its own; diagnostics, not default rows
+    "dspark-rejection": {"method": "dspark", "schedule": "confidence", "gamma": None, "verify": "rejection"},
+    "dspark-g7-rejection": {"method": "dspark", "schedule": "fixed", "gamma": 7, "verify": "rejection"},
 }
-DEFAULT_ROWS = [r for r in ROWS if r not in ("dspark-beside-prompts", "dspark-resting")]
+DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection")
+DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
 PROMPT_MODE = "first turn of each eval session (no history)"
@@ -231,7 +237,8 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d))
 
 
-GATE_SETTINGS = ("beside_prompts", "gate")   # ROWS keys for the row's own gate, not request fields
+GATE_SETTINGS = ("beside_prompts", "gate", "verify")   # ROWS keys for the row's own gate (and verify path),
+                                                        # not request fields
 
 
 @contextmanager
@@ -249,6 +256,7 @@ def row_gate(engine, row: str, own: dict):
     if gate is None or not settings:
         yield
         return
+    rejection = settings.pop("verify", None) == "rejection"
     if row not in own:
         if settings.pop("gate", None) == "resting":
             from bench.resting_gate import RestingGate
@@ -257,10 +265,12 @@ def row_gate(engine, row: str, own: dict):
         else:
             own[row] = SpecGate(**settings)
     engine.spec_gate = own[row]
+    engine.greedy_chain = not rejection
     try:
         yield
     finally:
         engine.spec_gate = gate
+        engine.greedy_chain = True
 
 
 def repeat_order(rows: list[str], rep: int) -> list[str]:
@@ -489,7 +499,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=positive_ints, default=[1, 4, 8, 16, 32])
     p.add_argument("--rows", type=_rows, default=DEFAULT_ROWS,
                    help=f"comma list of {', '.join(ROWS)} (default: all but the diagnostic rows "
-                        "dspark-beside-prompts and dspark-resting)")
+                        f"{', '.join(DIAGNOSTIC_ROWS)})")
     p.add_argument("--requests", type=int, default=16, help="N requests per run (at least --waves × the concurrency)")
     p.add_argument("--waves", type=positive_int, default=1,
                    help="at least this many requests per slot of the concurrency (more waves: less of the "

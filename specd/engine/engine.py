@@ -101,6 +101,9 @@ class SpecEngine(GateSteps):
         self._track_overhead = False            # True once the engine measured self.sps (an injected one is kept as is)
         self._scheduled_step = False            # this step's drafts went through the scheduler
         self.spec_gate: SpecGate | None = SpecGate()   # measured: do scheduled requests draft? None: always
+        # greedy drafts verified as the argmax chain (specd/engine/greedy_verify.py); False: through the
+        # rejection sampler like sampled ones (the bench's ``*-rejection`` rows measure what it saves)
+        self.greedy_chain = True
         compile_count.install()                 # a step that built a Triton kernel is no timing sample
         self._gate_arms: dict[str, bool] = {}   # this step: method -> its scheduled requests drafted
         self._resting: set[int] = set()         # this step: id() of the sequences the gate rests (no features)
@@ -542,7 +545,8 @@ class SpecEngine(GateSteps):
         plan = sampler.SamplePlan.of(plain_rows, [s.seq.request.params for s in plain],
                                      [s.seq.generator for s in plain], vocab, self.device) if plain else None
         inputs = prepare_verify(spec_rows, [s.draft for s in spec], [s.seq.request.params for s in spec],
-                                [s.seq.generator for s in spec], vocab, self.device) if spec else None
+                                [s.seq.generator for s in spec], vocab, self.device,
+                                greedy_chain=self.greedy_chain) if spec else None
         return SamplingSplit(plain, spec, plan, inputs)
 
     def _sample(self, logits, split: SamplingSplit) -> list[tuple[ScheduledSeq, list[int]]]:

@@ -80,11 +80,12 @@ def verify(logits: torch.Tensor, starts: Seq[int], drafts: Seq[Draft], params: S
 
 
 def prepare_verify(starts: Seq[int], drafts: Seq[Draft], params: Seq[SamplingParams],
-                   generators: Seq[torch.Generator | None], vocab: int,
-                   device: torch.device) -> "VerifyInputs | GreedyVerify":
+                   generators: Seq[torch.Generator | None], vocab: int, device: torch.device,
+                   greedy_chain: bool = True) -> "VerifyInputs | GreedyVerify":
     """``verify``'s inputs, made before the step's forward: the argmax chain's (``GreedyVerify``) when
-    every request is greedy, else the rejection sampler's (``VerifyInputs``, the reference)."""
-    if all(p.greedy for p in params):
+    every request is greedy, else the rejection sampler's (``VerifyInputs``, the reference; always, with
+    ``greedy_chain`` False)."""
+    if greedy_chain and all(p.greedy for p in params):
         return GreedyVerify.of(starts, [d.tokens for d in drafts], device)
     return VerifyInputs.of(starts, drafts, params, generators, vocab, device)
 

@@ -276,3 +276,37 @@ def test_the_resting_row_never_drafts_and_torch_profile_sets_rows_side_by_side(t
     assert "dspark-resting device ms" in text and "none device ms" in text
     ops = [line for line in text.splitlines() if line.startswith("| `aten::")]
     assert len(ops) >= 20                                  # the model's ops, under both tables
+
+
+def test_the_rejection_rows_verify_greedy_drafts_through_the_rejection_sampler(tmp_path, monkeypatch):
+    """dspark-g7-rejection: the same greedy drafts verified by the rejection sampler instead of the argmax
+    chain (specd/engine/greedy_verify.py), the engine's default restored after the row; the same tokens;
+    no default row."""
+    import kernels
+    from bench.speedup import DEFAULT_ROWS
+    from specd.engine.greedy_verify import GreedyVerify
+
+    assert "dspark-rejection" not in DEFAULT_ROWS and "dspark-g7-rejection" not in DEFAULT_ROWS
+    calls = {"chain": 0, "kernel": 0}
+    chain, kernel = GreedyVerify.run, kernels.rejection_sample
+    monkeypatch.setattr(GreedyVerify, "run", lambda self, logits: calls.__setitem__("chain", calls["chain"] + 1)
+                        or chain(self, logits))
+    monkeypatch.setattr(kernels, "rejection_sample", lambda *a: calls.__setitem__("kernel", calls["kernel"] + 1)
+                        or kernel(*a))
+    greedy = _sessions(tmp_path / "stories-greedy.jsonl", "greedy", 0.0)
+    tokens = {}
+    for row in ("dspark-g7", "dspark-g7-rejection"):
+        calls.update(chain=0, kernel=0)
+        out = tmp_path / row
+        rc = bench_main(["speedup", "--model", str(MODEL), "--drafters", f"dspark={DRAFTER}", "--workloads", str(greedy),
+                         "--concurrency", "2", "--rows", f"none,{row}", "--requests", "2", "--max-tokens", "10",
+                         "--repeats", "1", "--warmup-tokens", "2", "--out", str(out)])
+        assert rc == 0
+        run = json.loads((out / "speedup.json").read_text())["workloads"]["stories-greedy"]["2"]["rows"][row]["runs"][0]
+        assert run["verifications"] > 0
+        tokens[row] = run["tokens"]
+        if row == "dspark-g7":
+            assert calls["chain"] > 0 and calls["kernel"] == 0
+        else:
+            assert calls["chain"] == 0 and calls["kernel"] > 0
+    assert tokens["dspark-g7"] == tokens["dspark-g7-rejection"]
