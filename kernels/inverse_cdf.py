@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.alignment import aligned
 from kernels.dispatch import use_triton
 from kernels.errors import KernelArgumentError
 
@@ -43,8 +44,10 @@ def draw_ref(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 def draw_triton(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Two launches, no host synchronisation (capturable in a CUDA graph)."""
+    """Two launches, no host synchronisation (capturable in a CUDA graph); misaligned inputs are copied
+    first (kernels/alignment.py)."""
     _check_args(probs, uniforms)
+    probs, uniforms = aligned(probs), aligned(uniforms)
     rows, vocab = probs.shape
     out = torch.empty(rows, dtype=torch.int64, device=probs.device)
     if rows == 0:

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.alignment import aligned
 from kernels.dispatch import use_triton
 from kernels.errors import KernelArgumentError
 
@@ -80,8 +81,11 @@ def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 
 def rejection_sample_triton(target_probs, draft_probs, draft_tokens, num_draft, uniforms, bonus_uniform):
-    """Launch the Triton kernel; no host synchronisation."""
+    """Launch the Triton kernel; no host synchronisation. Misaligned inputs are copied first
+    (kernels/alignment.py: one kernel build, not one per alignment)."""
     _check_args(target_probs, draft_probs, draft_tokens, num_draft, uniforms, bonus_uniform)
+    target_probs, draft_probs, draft_tokens, num_draft, uniforms, bonus_uniform = (
+        aligned(t) for t in (target_probs, draft_probs, draft_tokens, num_draft, uniforms, bonus_uniform))
     batch, k_plus_1, vocab = target_probs.shape
     accepted_len = torch.empty(batch, dtype=torch.int32, device=target_probs.device)
     out = torch.empty((batch, k_plus_1), dtype=torch.int64, device=target_probs.device)
