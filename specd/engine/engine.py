@@ -27,7 +27,7 @@ from specd.engine.block_source import OutOfBlocks
 from specd.engine.proposers import load_proposer
 from specd.engine.scheduler import ScheduledSeq, Scheduler
 from specd.engine.greedy_verify import GreedyVerify
-from specd.engine.speculation import METHODS, Draft, VerifyInputs, prepare_verify, verify_prepared
+from specd.engine.speculation import METHODS, Draft, MixedVerify, VerifyInputs, prepare_verify, verify_prepared
 from specd.engine.gating import GateSteps
 from specd.engine.spec_gate import SpecGate
 from specd.engine.spec_scheduler import SpsProfile, calibrate, profile_points, schedule_verify
@@ -63,7 +63,7 @@ class SamplingSplit:
     plain: list[ScheduledSeq]
     spec: list[ScheduledSeq]
     plan: sampler.SamplePlan | None
-    verify: VerifyInputs | GreedyVerify | None     # the verified ones' inputs (None without any)
+    verify: VerifyInputs | GreedyVerify | MixedVerify | None     # the verified ones' inputs (None without any)
 
 
 class SpecEngine(GateSteps):

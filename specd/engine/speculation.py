@@ -81,13 +81,47 @@ def verify(logits: torch.Tensor, starts: Seq[int], drafts: Seq[Draft], params: S
 
 def prepare_verify(starts: Seq[int], drafts: Seq[Draft], params: Seq[SamplingParams],
                    generators: Seq[torch.Generator | None], vocab: int, device: torch.device,
-                   greedy_chain: bool = True) -> "VerifyInputs | GreedyVerify":
-    """``verify``'s inputs, made before the step's forward: the argmax chain's (``GreedyVerify``) when
-    every request is greedy, else the rejection sampler's (``VerifyInputs``, the reference; always, with
-    ``greedy_chain`` False)."""
-    if greedy_chain and all(p.greedy for p in params):
+                   greedy_chain: bool = True) -> "VerifyInputs | GreedyVerify | MixedVerify":
+    """``verify``'s inputs, made before the step's forward: the argmax chain's (``GreedyVerify``) for greedy
+    requests, the rejection sampler's (``VerifyInputs``, the reference) for sampled ones, both
+    (``MixedVerify``) for a step with some of each; the rejection sampler's for all with ``greedy_chain``
+    False."""
+    greedy = [i for i, p in enumerate(params) if p.greedy] if greedy_chain else []
+    if len(greedy) == len(params):
         return GreedyVerify.of(starts, [d.tokens for d in drafts], device)
-    return VerifyInputs.of(starts, drafts, params, generators, vocab, device)
+    if not greedy:
+        return VerifyInputs.of(starts, drafts, params, generators, vocab, device)
+    chosen = set(greedy)
+    sampled = [i for i in range(len(params)) if i not in chosen]
+    return MixedVerify(greedy, sampled,
+                       GreedyVerify.of([starts[i] for i in greedy], [drafts[i].tokens for i in greedy], device),
+                       VerifyInputs.of([starts[i] for i in sampled], [drafts[i] for i in sampled],
+                                       [params[i] for i in sampled], [generators[i] for i in sampled], vocab,
+                                       device))
+
+
+@dataclass
+class MixedVerify:
+    """A step verifying greedy and sampled requests: the chain for the greedy ones, the rejection sampler
+    for the others, the chains put back in the requests' order. Why: through the rejection sampler, a
+    greedy request costs full-vocabulary one-hot rows like a sampled one (specd/engine/greedy_verify.py);
+    served traffic mixes both. Lossless: the greedy requests get the reference's chains, the sampled ones
+    what the reference gives them as a batch of their own (tests/engine/test_greedy_verify.py). A sampled
+    request's last token reads draw K + 1 of its generator, K the longest draft among the sampled requests
+    now rather than among all: another sample from the same distribution. Two downloads instead of one."""
+
+    greedy: list[int]             # positions of the greedy requests among the step's verified ones
+    sampled: list[int]
+    chain: "GreedyVerify"
+    rejection: "VerifyInputs"
+
+    def run(self, logits: torch.Tensor) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in range(len(self.greedy) + len(self.sampled))]
+        for i, chain in zip(self.sampled, verify_prepared(logits, self.rejection)):    # launched first
+            out[i] = chain
+        for i, chain in zip(self.greedy, self.chain.run(logits)):
+            out[i] = chain
+        return out
 
 
 @dataclass
@@ -116,9 +150,9 @@ class VerifyInputs:
         return cls(drafts, plan, ints, rows, uniforms)
 
 
-def verify_prepared(logits: torch.Tensor, inputs: "VerifyInputs | GreedyVerify") -> list[list[int]]:
-    """``verify`` on prepared inputs: device work, then one device-to-host copy."""
-    if isinstance(inputs, GreedyVerify):
+def verify_prepared(logits: torch.Tensor, inputs: "VerifyInputs | GreedyVerify | MixedVerify") -> list[list[int]]:
+    """``verify`` on prepared inputs: device work, then one device-to-host copy (two for a mixed step)."""
+    if isinstance(inputs, (GreedyVerify, MixedVerify)):
         return inputs.run(logits)
     plan, drafts, u = inputs.plan, inputs.drafts, inputs.uniforms
     rows, gather, toks, num, one_hot, sources = plan.split(inputs.ints)

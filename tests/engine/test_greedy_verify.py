@@ -1,7 +1,8 @@
 """The greedy verification (specd/engine/greedy_verify.py) against the rejection sampler it stands in for
 (``speculation.VerifyInputs`` and ``verify_prepared``): the same chains, token for token, on random
 logits with drafts that match the argmax for a random prefix, on exact ties, and for every form a draft's
-distribution comes in; and the engine takes it only when every verified request is greedy."""
+distribution comes in; and a step mixing greedy and sampled requests splits them without changing any
+request's chain."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 import kernels
 from specd.engine.greedy_verify import GreedyVerify, accept_greedy
-from specd.engine.speculation import Draft, VerifyInputs, prepare_verify, verify_prepared
+from specd.engine.speculation import Draft, MixedVerify, VerifyInputs, prepare_verify, verify_prepared
 from specd.sampling_params import SamplingParams
 
 VOCAB = 257
@@ -72,10 +73,42 @@ def test_the_fast_path_launches_no_rejection_kernel(monkeypatch):
     verify_prepared(logits, prepare_verify(starts, drafts, [GREEDY] * 4, [None] * 4, VOCAB, CPU))
 
 
-def test_one_sampled_request_takes_the_rejection_sampler():
+@pytest.mark.parametrize("n", [2, 5, 16])
+def test_a_mixed_step_gives_each_kind_what_the_reference_gives_it(n):
+    """Greedy and sampled requests in one step (``MixedVerify``), put back in order: the greedy ones get the
+    reference's chains (the argmax chain), the sampled ones exactly what the rejection sampler gives them
+    as a batch of their own under the same generators. (Not what it gives them beside the greedy ones:
+    each request draws K + 1 uniforms, K the batch's longest draft, and its last token reads draw K + 1,
+    so the split moves which draw that is; the same distribution, another sample.)"""
+    settings = [GREEDY, SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)]
+    checked = 0
+    for seed in range(6):
+        logits, starts, drafts = case(seed, n, "batched")
+        params = [settings[(seed + i) % len(settings)] for i in range(n)]
+        greedy = [i for i, p in enumerate(params) if p.greedy]
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if not greedy or not sampled:
+            continue
+        gens = lambda idx: [torch.Generator().manual_seed(10 * seed + i) for i in idx]   # noqa: E731
+        mixed = prepare_verify(starts, drafts, params, gens(range(n)), VOCAB, CPU)
+        assert isinstance(mixed, MixedVerify)
+        got = verify_prepared(logits, mixed)
+        everyone = verify_prepared(logits, VerifyInputs.of(starts, drafts, params, gens(range(n)), VOCAB, CPU))
+        alone = verify_prepared(logits, VerifyInputs.of([starts[i] for i in sampled], [drafts[i] for i in sampled],
+                                                        [params[i] for i in sampled], gens(sampled), VOCAB, CPU))
+        assert [got[i] for i in greedy] == [everyone[i] for i in greedy]
+        assert [got[i] for i in sampled] == alone
+        checked += 1
+    assert checked
+
+
+def test_without_the_chain_every_request_takes_the_rejection_sampler():
     logits, starts, drafts = case(1, 3, "one-hot")
     params = [GREEDY, SamplingParams(temperature=0.7), GREEDY]
-    assert isinstance(prepare_verify(starts, drafts, params, [None] * 3, VOCAB, CPU), VerifyInputs)
+    assert isinstance(prepare_verify(starts, drafts, params, [None] * 3, VOCAB, CPU, greedy_chain=False),
+                      VerifyInputs)
+    assert isinstance(prepare_verify(starts, drafts, [GREEDY] * 3, [None] * 3, VOCAB, CPU, greedy_chain=False),
+                      VerifyInputs)
 
 
 def test_accept_greedy_by_hand():

@@ -106,6 +106,26 @@ def test_sampled_tokens_follow_the_target_distribution(engine, params):
         assert p > ALPHA, f"position {pos}: distributions differ (p={p:.2e})"
 
 
+def test_greedy_and_sampled_requests_verified_in_one_step(engine):
+    """Steps that verify greedy and sampled requests together (``speculation.MixedVerify``: the argmax chain
+    for the greedy ones, the rejection sampler for the others): the greedy requests still reproduce standard
+    decoding, and the sampled ones' verified tokens still follow the target distribution."""
+    n = 1000
+    sampled = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=3, ignore_eos=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    want = generate(engine, [PROMPTS[0]], greedy)[0]
+    plain = _sample_runs(engine, n, sampled, None)
+    params = [p for i in range(n) for p in (sampled.model_copy(update={"seed": 5000 + i}), greedy)]
+    before = engine.stats()
+    runs = generate(engine, [PROMPTS[0]] * (2 * n), params, NoisyProposer(engine.model.config.vocab_size))
+    assert engine.stats()["spec_verifications_total"] > before["spec_verifications_total"]
+    assert all(r == want for r in runs[1::2])
+    spec = runs[0::2]
+    for pos in (1, 2):
+        p = token_p_value([r[pos] for r in plain], [r[pos] for r in spec])
+        assert p > ALPHA, f"position {pos}: distributions differ (p={p:.2e})"
+
+
 def test_the_statistical_test_catches_a_planted_bug(engine, monkeypatch):
     """Plant a bug in the verifier: target rows are the raw softmax of the logits, ignoring the
     request's temperature, top-k and top-p (the class of bug where verification does not use the

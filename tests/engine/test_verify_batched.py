@@ -96,15 +96,20 @@ def test_vectorized_verify_equals_the_per_sequence_loop(kinds, n, monkeypatch):
         got = verify(logits, starts, drafts, params, [torch.Generator().manual_seed(100 + i) for i in range(n)])
         monkeypatch.setattr(kernels, "rejection_sample", real)
         assert got == want
-        if all(p.greedy for p in params):    # the argmax chain, no kernel (tests/engine/test_greedy_verify.py)
+        # greedy requests take the argmax chain, not the kernel (tests/engine/test_greedy_verify.py): the
+        # kernel's batch holds the sampled requests, in order
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if not sampled:
             assert not new_seen
             continue
         (old_t, old_d), (new_t, new_d) = old_seen[0], new_seen[0]
-        max_k = max(p.top_k for p in params if not p.greedy) if any(not p.greedy for p in params) else 0
+        old_t, old_d = old_t[sampled], old_d[sampled]
+        drafts, params = [drafts[i] for i in sampled], [params[i] for i in sampled]
+        max_k = max(p.top_k for p in params)
         for i, (d, p) in enumerate(zip(drafts, params)):
             k = len(d.tokens)
             assert torch.equal(new_d[i, :k], old_d[i, :k])
-            if 0 < p.top_k < max_k and not p.greedy:
+            if 0 < p.top_k < max_k:
                 # a top-k row batched with a larger k is sorted among max_k candidates: the same
                 # distribution up to float rounding (a plain step's batch has the same rounding)
                 assert torch.equal(new_t[i, : k + 1] > 0, old_t[i, : k + 1] > 0)
@@ -115,6 +120,7 @@ def test_vectorized_verify_equals_the_per_sequence_loop(kinds, n, monkeypatch):
 
 def test_one_in_order_proposal_is_verified_without_copying_it(monkeypatch):
     logits, starts, drafts, params = random_case(0, 4, "batched")
+    params = [p if not p.greedy else SETTINGS[1] for p in params]     # greedy ones would take the chain
     seen = []
     real = kernels.rejection_sample
     monkeypatch.setattr(kernels, "rejection_sample", lambda p_t, p_d, *r: seen.append(p_d) or real(p_t, p_d, *r))
