@@ -225,8 +225,9 @@ class SamplePlan:
     copy) waited for the forward to finish, and every launch after it (a temperature divide, the four
     nucleus kernels, the two inverse-CDF kernels, four more uploads) ran with the GPU idle. On the H200
     (session 15, run AU) plain steps of the four sampled workloads took 0.4-1.0 ms longer than greedy
-    extraction's at the same load (c = 8: 2.3-2.9 against 1.92 ms). How much of that this recovers is
-    not measured yet. Exact: the same operations on the same values; each request's uniforms are drawn
+    extraction's at the same load (c = 8: 2.3-2.9 against 1.92 ms). Session 16, run AX (this code, another
+    day): greedy extraction's plain steps unchanged (1.91 ms), coding 2.40 → 2.21 and creative 2.90 → 2.23 ms,
+    knowledge and support unchanged (2.35, 2.32): suggestive, not a same-run A/B. Exact: the same operations on the same values; each request's uniforms are drawn
     once a step from its own generator, before the forward instead of after it, where nothing else in
     the step draws from it (a drafting request draws in its proposal, before both, and in ``verify``)."""
 

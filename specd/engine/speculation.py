@@ -129,8 +129,8 @@ class VerifyInputs:
     """Everything ``verify`` needs besides the logits, uploaded before the step's forward (the engine
     prepares it with the step's ``sampler.SamplePlan``): after the forward only device work is launched,
     queued behind it, and one download waits. Why: made after the forward, the first blocking upload
-    waited for it, and the launches after it ran with the GPU idle (see ``sampler.SamplePlan``; not yet
-    measured on a GPU). Exact: the same operations on the same values; each request's K + 1 uniforms are
+    waited for it, and the launches after it ran with the GPU idle (see ``sampler.SamplePlan``; not
+    measured in isolation). Exact: the same operations on the same values; each request's K + 1 uniforms are
     drawn once a step from its own generator, before the forward instead of after it."""
 
     drafts: Seq[Draft]
