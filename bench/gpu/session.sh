@@ -25,6 +25,8 @@
 #   bash bench/gpu/session.sh last         # GPU0: prefill tile sweep, bench speedup (none/dspark/dspark-g7), gpu-agentic
 #                                          #   | GPU1: serve-plan gpu-agentic-idle (session 4's closing measurements)
 #   bash bench/gpu/session.sh speedup      # one GPU: bench speedup only (${SPEED_ROWS}, ${SPEED_REPEATS:-2} repeats)
+#   bash bench/gpu/session.sh verdict      # one GPU: the chain against the rejection sampler on extraction (fresh
+#                                          #   engine), the full table, the draft-round profile (session 16)
 #   bash bench/gpu/session.sh idle         # one GPU: serve-plan gpu-agentic-idle only
 #   bash bench/gpu/session.sh closing      # GPU0: bench speedup (none/dspark/dspark-g7/ngram), then serve-plan
 #                                          #   gpu-zero-hit | GPU1: serve-plan gpu-agentic-idle (session 5's last call)
@@ -39,7 +41,10 @@
 # .carry/q.NN, the default PIECES; sessions 6-7: seventeen 30 MB pieces in .carry/q30). Session 10: the
 # tracked tree is 30 MiB, and a 38 MB piece with it is over the 64 MiB a call carries: upload the seventeen
 # 30 MB pieces of .carry/q30 instead (`cat .carry/q30/q.NN >> /tmp/m/q.gguf`, carrying that piece only;
-# ~125 s of device time from a cold machine, ~80 s of it the start);
+# ~125 s of device time from a cold machine, ~80 s of it the start). Session 16: the tracked tree is 36.8 MB,
+# and a 30 MB piece with it is refused: upload the twenty 25 MB pieces of .carry/q25 (25,000,000 bytes each,
+# the last 16,400,064), and stash the drafter in three calls (.carry/dsq10a/dsq.00, .carry/dsq10a/dsq.01,
+# .carry/dsq10b); a refused call costs no device time;
 # and at most 8 files come back: each phase packs its results into one tarball under $OUT.
 # Run it from a clean export of a commit, so the results name the code that made them: `bash bench/gpu/export.sh`
 # here (writes .carry/clean and its COMMIT file, read by bench/provenance.py), carry .carry/clean, and on the
@@ -397,6 +402,28 @@ PY
     speedup_run 0 "$DRAFTERS" "${SPEED_ROWS:-none,dspark,dspark-g7}" "${SPEED_BUDGET:-200}" "$RES/speedup/speedup"
     tail -n 14 /tmp/logs/speedup.log
     pack speedup
+    ;;
+  verdict)
+    # session 16's measurements in one call (~430 s with the upload and stash done): (1) a fresh engine on
+    # extraction, the argmax chain against the rejection sampler for greedy drafts, scheduled and fixed
+    # (dspark(-g7) against dspark(-g7)-rejection, rows alternated; its "built Triton kernels" count checks
+    # kernels/alignment.py), (2) the full table (issue 6's verdict), (3) the draft-round profile, both verify
+    # paths. TRAIN_DATA defaults to .carry/qs1000.tgz (carry it); the drafter must be stashed.
+    mkdir -p "$RES/verdict"
+    export TRAIN_DATA=${TRAIN_DATA:-.carry/qs1000.tgz} SPEED_WAVES=${SPEED_WAVES:-4} SPEED_REPEATS=${SPEED_REPEATS:-3}
+    speed_drafters
+    SPEED_WORKLOADS=extraction SPEED_CONCURRENCY=1,8 speedup_run 0 "$DRAFTERS" \
+      none,dspark,dspark-rejection,dspark-g7,dspark-g7-rejection "${CHAIN_BUDGET:-70}" "$RES/verdict/chain"
+    cp /tmp/logs/speedup.log /tmp/logs/speedup-chain.log
+    SPEED_WORKLOADS= SPEED_CONCURRENCY=1,4,8,16,32 speedup_run 0 "$DRAFTERS" none,none-aa,dspark,dspark-g7 \
+      "${SPEED_BUDGET:-400}" "$RES/verdict/table"
+    mkdir -p "$RES/verdict/draft-round"
+    CUDA_VISIBLE_DEVICES=0 timeout "${PROFILE_TIMEOUT:-60}" python -m bench.gpu_profile --draft-round \
+      --out "$RES/verdict/draft-round" > /tmp/logs/draft-round.log 2>&1
+    echo "draft-round rc=$?"
+    tail -n 12 /tmp/logs/speedup-chain.log; tail -n 14 /tmp/logs/speedup.log
+    grep -o "'verify_[a-z_]*': ([0-9.]*, [0-9.]*)" /tmp/logs/draft-round.log
+    pack verdict
     ;;
   idle)
     mkdir -p "$RES/idle"
