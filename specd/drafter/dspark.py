@@ -24,7 +24,7 @@ from torch.nn.utils.rnn import pad_sequence
 from specd.drafter.base import (BlockOut, BorrowsTargetHeads, DrafterError, DraftOutput, SlotSampler, TargetHeads,
                                 count_parameters)
 from specd.drafter.confidence_head import ConfidenceHead
-from specd.drafter.context_cache import DraftContext, padded_layer
+from specd.drafter.context_cache import DraftContext, append_many, padded_layer
 from specd.drafter.config import DrafterConfig
 from specd.drafter.markov_head import MarkovHead, sample_block
 from specd.models.config import ModelConfig
@@ -219,9 +219,10 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
     def absorb_many(self, contexts: Sequence[DraftContext], feats: Sequence[Tensor]) -> list[Tensor]:
         """``absorb`` for a batch of requests in one projection: the positions are independent (norm,
         linear, RoPE per position), so the requests' new features go through ``context_kv`` as one
-        [1, Σm, d] row and the K/V are split back. Why: absorbing per request cost ~25 small kernels per
-        request per round; at 32 requests that was a third of a drafting step's host time on the H200
-        (``bench speedup --profile``; docs/results/speedup.md, session 4)."""
+        [1, Σm, d] row and the K/V are split back, then appended in one foreach copy
+        (``context_cache.append_many``). Why: absorbing per request cost ~25 small kernels per request per
+        round; at 32 requests that was a third of a drafting step's host time on the H200 (``bench speedup
+        --profile``; docs/results/speedup.md, session 4)."""
         if len(contexts) != len(feats):
             raise DrafterError(f"{len(contexts)} contexts for {len(feats)} feature tensors")
         live = [(c, f) for c, f in zip(contexts, feats) if f.shape[0]]
@@ -231,8 +232,7 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
             pos = torch.tensor([p for (c, _), m in zip(live, sizes) for p in range(c.n, c.n + m)], device=dev)
             x = torch.cat([f for _, f in live]).to(dev, dtype)
             kvs = [(k[0].split(sizes), v[0].split(sizes)) for k, v in self.context_kv(x[None], pos[None])]
-            for i, (c, _) in enumerate(live):
-                c.append([(ks[i], vs[i]) for ks, vs in kvs])
+            append_many([c for c, _ in live], [[(ks[i], vs[i]) for ks, vs in kvs] for i in range(len(live))])
         return [f[:0] for f in feats]
 
     def draft_hidden(self, contexts: Sequence[DraftContext], last_tokens: Sequence[int]) -> Tensor:

@@ -4,7 +4,7 @@ features drafts."""
 import pytest
 import torch
 
-from specd.drafter.context_cache import MIN_CAPACITY, DraftContext
+from specd.drafter.context_cache import MIN_CAPACITY, DraftContext, append_many
 from specd.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -21,6 +21,24 @@ def test_append_grows_and_keeps_what_was_there():
     k1, _ = c.layer(1)
     assert c.n == want.shape[0]
     assert torch.equal(k0, want) and torch.equal(v0, -want) and torch.equal(k1, 2 * want)
+
+
+def test_append_many_fills_each_context_like_its_own_appends():
+    """Several contexts, two layers, chunks that cross capacity doublings (and one context given nothing
+    new in a round): the one foreach copy leaves each context exactly as its own ``append`` calls do."""
+    g = torch.Generator().manual_seed(0)
+    one = [DraftContext(2, 2, 4, torch.float32, torch.device("cpu")) for _ in range(3)]
+    many = [DraftContext(2, 2, 4, torch.float32, torch.device("cpu")) for _ in range(3)]
+    for sizes in ((5, 1, 0), (MIN_CAPACITY, 3, 7), (2, 2 * MIN_CAPACITY, 1), (0, 0, 3 * MIN_CAPACITY)):
+        chunks = [[(torch.randn(m, 2, 4, generator=g), torch.randn(m, 2, 4, generator=g)) for _ in range(2)]
+                  for m in sizes]
+        for c, kv in zip(one, chunks):
+            c.append(kv)
+        append_many(many, chunks)
+    for a, b in zip(one, many):
+        assert a.n == b.n
+        for layer in range(2):
+            assert all(torch.equal(x, y) for x, y in zip(a.layer(layer), b.layer(layer)))
 
 
 @pytest.mark.parametrize("method", ["dspark", "eagle3"])
