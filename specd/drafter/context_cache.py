@@ -34,16 +34,15 @@ class DraftContext:
         self._v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
 
     def append(self, kvs: Sequence[KV]) -> None:
-        """kvs: per layer (k, v), each [m, Hkv, D], for positions n..n+m-1."""
-        m = kvs[0][0].shape[0]
+        """kvs: per layer (k, v), each [m, Hkv, D], for positions n..n+m-1 (``append_many`` of one)."""
+        append_many([self], [kvs])
+
+    def _reserve(self, m: int) -> None:
+        """Room for m more positions: capacity doubles (at least to n + m), keeping what is held."""
         if self.n + m > self._k[0].shape[0]:
             cap = max(2 * self._k[0].shape[0], self.n + m)
             self._k = [_grow(t, cap, self.n) for t in self._k]
             self._v = [_grow(t, cap, self.n) for t in self._v]
-        for layer, (k, v) in enumerate(kvs):
-            self._k[layer][self.n:self.n + m] = k
-            self._v[layer][self.n:self.n + m] = v
-        self.n += m
 
     def layer(self, i: int) -> KV:
         return self._k[i][: self.n], self._v[i][: self.n]
@@ -62,19 +61,18 @@ class DraftContext:
 
 
 def append_many(contexts: Sequence[DraftContext], kvs: Sequence[Sequence[KV]]) -> None:
-    """``contexts[i].append(kvs[i])`` for every i, the copies of all contexts and layers in one foreach copy.
+    """Append ``kvs[i]`` (per layer (k, v), each [m_i, Hkv, D]) to ``contexts[i]`` for every i, the copies of
+    all contexts and layers in one foreach copy.
 
-    Why: each ``append`` writes a slice per layer for k and for v, two copy launches per layer and request;
-    a drafting round of 32 requests appended with 64 launches per layer (``BlockDrafter.absorb_many``),
-    ~7 µs of host time each on the H200. The same copies into the same slices, so the contexts end up
-    identical (tests/drafter/test_context_cache.py)."""
+    Why: a slice assignment per layer for k and for v (``append`` until session 16) is two copy launches
+    per layer and request; a drafting round of 32 requests appended with 64 launches per layer
+    (``BlockDrafter.absorb_many``), ~7 µs of host time each on the H200. The same copies into the same
+    slices (casting as ``copy_`` does), so the contexts hold exactly what the assignments wrote
+    (tests/drafter/test_context_cache.py)."""
     dsts, srcs = [], []
     for c, per_layer in zip(contexts, kvs):
         m = per_layer[0][0].shape[0]
-        if c.n + m > c._k[0].shape[0]:
-            cap = max(2 * c._k[0].shape[0], c.n + m)
-            c._k = [_grow(t, cap, c.n) for t in c._k]
-            c._v = [_grow(t, cap, c.n) for t in c._v]
+        c._reserve(m)
         for layer, (k, v) in enumerate(per_layer):
             dsts += [c._k[layer][c.n:c.n + m], c._v[layer][c.n:c.n + m]]
             srcs += [k, v]

@@ -23,22 +23,24 @@ def test_append_grows_and_keeps_what_was_there():
     assert torch.equal(k0, want) and torch.equal(v0, -want) and torch.equal(k1, 2 * want)
 
 
-def test_append_many_fills_each_context_like_its_own_appends():
-    """Several contexts, two layers, chunks that cross capacity doublings (and one context given nothing
-    new in a round): the one foreach copy leaves each context exactly as its own ``append`` calls do."""
+def test_append_many_fills_each_context_with_its_own_chunks():
+    """Several contexts, two layers, chunks that cross capacity doublings (and a context given nothing new
+    in a round): each context holds exactly the concatenation of its own chunks, layer by layer."""
     g = torch.Generator().manual_seed(0)
-    one = [DraftContext(2, 2, 4, torch.float32, torch.device("cpu")) for _ in range(3)]
-    many = [DraftContext(2, 2, 4, torch.float32, torch.device("cpu")) for _ in range(3)]
+    contexts = [DraftContext(2, 2, 4, torch.float32, torch.device("cpu")) for _ in range(3)]
+    held = [[([], []) for _ in range(2)] for _ in range(3)]            # context -> layer -> (ks, vs)
     for sizes in ((5, 1, 0), (MIN_CAPACITY, 3, 7), (2, 2 * MIN_CAPACITY, 1), (0, 0, 3 * MIN_CAPACITY)):
         chunks = [[(torch.randn(m, 2, 4, generator=g), torch.randn(m, 2, 4, generator=g)) for _ in range(2)]
                   for m in sizes]
-        for c, kv in zip(one, chunks):
-            c.append(kv)
-        append_many(many, chunks)
-    for a, b in zip(one, many):
-        assert a.n == b.n
-        for layer in range(2):
-            assert all(torch.equal(x, y) for x, y in zip(a.layer(layer), b.layer(layer)))
+        append_many(contexts, chunks)
+        for i, per_layer in enumerate(chunks):
+            for layer, (k, v) in enumerate(per_layer):
+                held[i][layer][0].append(k)
+                held[i][layer][1].append(v)
+    for c, layers in zip(contexts, held):
+        for layer, (ks, vs) in enumerate(layers):
+            k, v = c.layer(layer)
+            assert torch.equal(k, torch.cat(ks)) and torch.equal(v, torch.cat(vs))
 
 
 @pytest.mark.parametrize("method", ["dspark", "eagle3"])
