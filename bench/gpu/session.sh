@@ -404,7 +404,7 @@ PY
     pack speedup
     ;;
   verdict)
-    # session 16's measurements in one call (~430 s with the upload and stash done): (1) a fresh engine on
+    # session 16's measurements in one call (~480 s with the upload and stash done): (1) a fresh engine on
     # extraction, the argmax chain against the rejection sampler for greedy drafts, scheduled and fixed
     # (dspark(-g7) against dspark(-g7)-rejection, rows alternated; its "built Triton kernels" count checks
     # kernels/alignment.py), (2) the full table (issue 6's verdict), (3) the draft-round profile, both verify
@@ -413,7 +413,7 @@ PY
     export TRAIN_DATA=${TRAIN_DATA:-.carry/qs1000.tgz} SPEED_WAVES=${SPEED_WAVES:-4} SPEED_REPEATS=${SPEED_REPEATS:-3}
     speed_drafters
     SPEED_WORKLOADS=extraction SPEED_CONCURRENCY=1,8 speedup_run 0 "$DRAFTERS" \
-      none,dspark,dspark-rejection,dspark-g7,dspark-g7-rejection "${CHAIN_BUDGET:-70}" "$RES/verdict/chain"
+      none,dspark,dspark-rejection,dspark-g7,dspark-g7-rejection "${CHAIN_BUDGET:-110}" "$RES/verdict/chain"
     cp /tmp/logs/speedup.log /tmp/logs/speedup-chain.log
     SPEED_WORKLOADS= SPEED_CONCURRENCY=1,4,8,16,32 speedup_run 0 "$DRAFTERS" none,none-aa,dspark,dspark-g7 \
       "${SPEED_BUDGET:-400}" "$RES/verdict/table"
