@@ -225,20 +225,21 @@ class SamplePlan:
     copy) waited for the forward to finish, and every launch after it (a temperature divide, the four
     nucleus kernels, the two inverse-CDF kernels, four more uploads) ran with the GPU idle. On the H200
     (session 15, run AU) plain steps of the four sampled workloads took 0.4-1.0 ms longer than greedy
-    extraction's at the same load (c = 8: 2.3-2.9 against 1.92 ms). Session 16, run AX (this code, another
-    day): greedy extraction's plain steps unchanged (1.91 ms), coding 2.40 → 2.21 and creative 2.90 → 2.23 ms,
-    knowledge and support unchanged (2.35, 2.32): suggestive, not a same-run A/B. Exact: the same operations on the same values; each request's uniforms are drawn
-    once a step from its own generator, before the forward instead of after it, where nothing else in
-    the step draws from it (a drafting request draws in its proposal, before both, and in ``verify``)."""
+    extraction's at the same load (c = 8: 2.3-2.9 against 1.92 ms). Session 16, run AX (this code,
+    another day): greedy extraction's plain steps unchanged (1.91 ms), coding 2.40 → 2.21 and creative
+    2.90 → 2.23 ms, knowledge and support unchanged (2.35, 2.32): suggestive, not a same-run A/B. Exact:
+    the same operations on the same values; each request's uniforms are drawn once a step from its own
+    generator, before the forward instead of after it, where nothing else in the step draws from it (a
+    drafting request draws in its proposal, before both, and in ``verify``)."""
 
     rows: torch.Tensor              # [B] int64: the logits row of each sampling sequence
-    sampled: tuple[int, ...]        # positions among them that are not greedy, on the host
-    index: torch.Tensor | None      # [S] int64 on the device; None when every row samples (no gather)
-    temperature: torch.Tensor       # [S] fp32
-    top_k: torch.Tensor             # [S] int64
-    top_p: torch.Tensor             # [S] fp32
+    settings: RowSettings           # the sampled ones among them (positions, settings, kinds)
     uniforms: torch.Tensor          # [S] fp32
-    kinds: RowKinds                 # over the sampled rows
+
+    @property
+    def every_row_samples(self) -> bool:
+        """No greedy row among them: the sampled rows need no gather, the draws no scatter."""
+        return len(self.settings.sampled) == self.rows.shape[0]
 
     @classmethod
     def of(cls, rows: Sequence[int], params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
@@ -256,8 +257,8 @@ class SamplePlan:
         else:                                           # all greedy: nothing to upload
             floats = torch.empty(0, dtype=torch.float32, device=device)
         kinds = RowKinds.of([p.top_k for p in chosen], [p.top_p for p in chosen], vocab)
-        index = None if s == n else ints[n: n + s]
-        return cls(ints[:n], sampled, index, floats[:s], ints[n + s:], floats[s: 2 * s], floats[2 * s:], kinds)
+        settings = RowSettings(sampled, ints[n: n + s], floats[:s], ints[n + s:], floats[s: 2 * s], kinds)
+        return cls(ints[:n], settings, floats[2 * s:])
 
 
 def sample_planned(logits: torch.Tensor, plan: SamplePlan) -> torch.Tensor:
@@ -266,14 +267,12 @@ def sample_planned(logits: torch.Tensor, plan: SamplePlan) -> torch.Tensor:
     others. Device work only (no host synchronisation)."""
     picked = logits.index_select(0, plan.rows)
     out = torch.argmax(picked, dim=1)
-    if not plan.sampled:
+    rows = plan.settings
+    if not rows.sampled:
         return out
-    rows = picked if plan.index is None else picked.index_select(0, plan.index)
-    probs = sampling_probs(rows, plan.temperature, plan.top_k, plan.top_p, plan.kinds)
-    drawn = inverse_cdf(probs, plan.uniforms)
-    if plan.index is None:
-        return drawn
-    return out.index_copy(0, plan.index, drawn)
+    chosen = picked if plan.every_row_samples else picked.index_select(0, rows.index)
+    drawn = inverse_cdf(sampling_probs(chosen, rows.temperature, rows.top_k, rows.top_p, rows.kinds), plan.uniforms)
+    return drawn if plan.every_row_samples else out.index_copy(0, rows.index, drawn)
 
 
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]) -> torch.Tensor:

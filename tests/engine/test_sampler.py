@@ -191,6 +191,6 @@ def test_a_plan_made_before_the_forward_samples_exactly_what_sampling_after_it_d
         for a, b in zip(gens_a[1:], gens_b[1:]):       # one draw each, in both
             assert torch.equal(torch.rand(1, generator=a), torch.rand(1, generator=b))
     every = SamplePlan.of([1, 3], params[1:3], [None, None], logits.shape[1], logits.device)
-    assert every.index is None and every.sampled == (0, 1)    # every row samples: no gather
+    assert every.every_row_samples and every.settings.sampled == (0, 1)    # every row samples: no gather
     greedy = SamplePlan.of([1], params[:1], [None], logits.shape[1], logits.device)
-    assert greedy.sampled == () and torch.equal(sample_planned(logits, greedy), logits[[1]].argmax(1))
+    assert not greedy.every_row_samples and greedy.settings.sampled == () and torch.equal(sample_planned(logits, greedy), logits[[1]].argmax(1))
