@@ -148,9 +148,10 @@ class RunResult:
     # settle, the gate's report) and the closed loop's own work between steps. Session 9, run X: a resting
     # scheduled row ran 2-3% behind ``none`` at c >= 4 with no verification, and nothing said where.
     phase_ms_per_step: dict[str, float] = field(default_factory=dict)
-    # the engine's steps by kind (``specd.engine.engine.STEP_KINDS``: prompt, prompt_draft, draft, plain): count, ms
-    # and emitted tokens each. The gate compares pure decode steps only; a speculative row's loss that its
-    # decode steps do not show is in its prompt steps, or in how many of them it runs (session 13)
+    # the engine's steps by kind (``specd.engine.engine.STEP_KINDS``: prompt, prompt_draft, draft, capture,
+    # plain): count, ms and emitted tokens each. The gate compares pure decode steps only; a speculative
+    # row's loss that its decode steps do not show is in its prompt steps, or in how many of them it runs
+    # (session 13); ``capture`` steps are no-draft decode steps that did drafter work (session 17)
     step_kinds: dict[str, dict[str, float]] = field(default_factory=dict)
     # requests whose prompt captured no drafter features (the gate rested their cell): rated by their class's
     # prompt-less drafting steps (``ClassRecord``, session 14)

@@ -44,15 +44,24 @@ OVERHEAD_EMA = 0.2           # weight of the newest step in the step-overhead av
 # (``draft``, ``plain``). The gate measures pure decode steps only; these say where the rest of a
 # speculative run's time goes (session 13, run AO: scheduled dspark at coding c = 16 lost 15% end to end
 # while the gate measured its drafting decode steps 15% ahead).
-STEP_KINDS = ("prompt", "prompt_draft", "draft", "plain")
+STEP_KINDS = ("prompt", "prompt_draft", "draft", "capture", "plain")
 
 
-def step_kind(decode_step: bool, batch: list[ScheduledSeq]) -> str:
-    """The step's kind in ``STEP_KINDS`` (``decode_step``: no sequence has a prompt chunk)."""
+def step_kind(decode_step: bool, batch: list[ScheduledSeq], drafter_work: bool = False) -> str:
+    """The step's kind in ``STEP_KINDS`` (``decode_step``: no sequence has a prompt chunk).
+
+    ``drafter_work``: the step drafted for nobody but did work for the drafter, capturing target features
+    (a probe's announcement, resuming or exploring requests, requests that keep drafting while others
+    rest) or absorbing features before a rest. Such a step is ``capture``, not ``plain``, so that a
+    speculative row's ``plain`` steps compare like for like with ``none``'s. Why: on the H200 (session 17,
+    run BD) scheduled dspark's no-draft steps at c = 1 on knowledge took 2.04-2.24 ms against `none`'s
+    1.94-2.07 in the same repeats, and the records could not say whether those steps captured."""
     drafted = any(s.draft is not None for s in batch)
     if not decode_step:
         return "prompt_draft" if drafted else "prompt"
-    return "draft" if drafted else "plain"
+    if drafted:
+        return "draft"
+    return "capture" if drafter_work else "plain"
 
 
 @dataclass
@@ -295,7 +304,7 @@ class SpecEngine(GateSteps):
         c["forward_seconds_total"] += t2 - t1           # model + sampling/verification, synchronised by .tolist()
         c["output_seconds_total"] += (t3 - t2) + (t5 - t4)      # detokenize, stop checks, finishing
         c["commit_seconds_total"] += (t4 - t3) + (t6 - t5)      # publishing full blocks to kvd (target and draft)
-        kind = step_kind(self._decode_step, batch)
+        kind = step_kind(self._decode_step, batch, bool(capture) or self._rest_absorbed)
         c[f"step_{kind}_steps_total"] += 1
         c[f"step_{kind}_seconds_total"] += t6 - t0
         c[f"step_{kind}_tokens_total"] += sum(len(toks) for _, toks in emitted)

@@ -641,6 +641,14 @@ def test_engine_without_the_gate_always_drafts(engine):
     assert not any(k.startswith("spec_gate_") for k in after)
 
 
+def step_counts(engine) -> dict[str, int]:
+    """The engine's steps so far by kind (``STEP_KINDS``)."""
+    from specd.engine.engine import STEP_KINDS
+
+    stats = engine.stats()
+    return {kind: stats[f"step_{kind}_steps_total"] for kind in STEP_KINDS}
+
+
 class ScriptedGate:
     """Drafts or rests as scripted (then drafts): the engine's side of a rest, without timing."""
 
@@ -703,18 +711,22 @@ def test_a_step_whose_rest_absorbs_features_is_no_sample_of_either_arm(engine):
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     try:
         engine.add_request(Request("absorb", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
-        seq, steps = engine._seqs["absorb"], []      # per decode step: (a rest began, its reports)
+        seq, steps, kinds = engine._seqs["absorb"], [], []   # per decode step: (a rest began, its reports), kind
         while engine.has_work():
             pending = seq.draft_feats is not None and len(seq.draft_feats) > 0
-            before = len(gate.seen)
+            before, counts = len(gate.seen), step_counts(engine)
             engine.step()
             if engine._decode_step:          # features before the step, none after: a rest began
                 steps.append((pending and seq.draft_feats is None, gate.seen[before:]))
+                kinds.append([k for k, n in step_counts(engine).items() if n > counts[k]])
     finally:
         engine.spec_gate = SpecGate()
     began = [i for i, (rest, _) in enumerate(steps) if rest]
     assert began == [3]                          # decode steps 0-2 drafted, the rest began at 3
     assert steps[3][1] == []                     # the absorbing step: no report
+    # the absorbing step drafted for nobody but ran the drafter: a ``capture`` step, not a ``plain`` one,
+    # so a resting row's plain steps compare like for like with plain decoding's
+    assert kinds[:4] == [["draft"]] * 3 + [["capture"]] and all(k == ["plain"] for k in kinds[4:])
     assert [s for _, seen in steps[:3] for s in seen] in ([True] * 2, [True] * 3)   # 0 may measure the SPS profile
     assert all(seen == [False] for _, seen in steps[4:]) and len(steps) > 5
 
@@ -778,6 +790,42 @@ def test_a_request_resting_from_its_first_decode_step_keeps_its_prompt_context(e
     assert trail[0] is None                          # the prefill: features captured, not yet absorbed
     assert trail[1] == (0, len(prompt))              # the first rest absorbed the prompt's features
     assert trail[-1][0] == 3 and seq.spec_verifications > 0   # three rested positions missing; it drafted
+
+
+def test_a_probes_announcement_is_a_capture_step(engine):
+    """The resting step before a probe captures target features for the probe's draft: it drafts for
+    nobody, yet costs more than plain decoding, so the step records count it as ``capture``, apart from
+    the resting ``plain`` steps (session 17: the records compare those with `none`'s)."""
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    class AnnouncesOnce(ScriptedGate):
+        def __init__(self, arms, announce_at):
+            super().__init__(arms)
+            self.asked, self.announce_at = 0, announce_at
+
+        def probe_next(self, method, sequences):
+            self.asked += 1
+            return self.asked == self.announce_at
+
+    engine.spec_gate = AnnouncesOnce([False] * 100, announce_at=4)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    try:
+        engine.add_request(Request("probe", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
+        kinds = []
+        while engine.has_work():
+            counts = step_counts(engine)
+            engine.step()
+            kinds += [k for k, n in step_counts(engine).items() if n > counts[k]]
+    finally:
+        engine.spec_gate = SpecGate()
+    decode = [k for k in kinds if k != "prompt"]
+    # the announcing step captures; the scripted gate then rests again instead of probing, so the next
+    # step absorbs those features before its rest (a drafter pass): both are ``capture`` steps, and the
+    # rest are ``plain``
+    first = decode.index("capture")
+    assert decode[first:first + 2] == ["capture", "capture"] and decode.count("capture") == 2
+    assert decode.count("draft") == 0 and decode.count("plain") == len(decode) - 2 >= 10
 
 
 @pytest.mark.parametrize("drafts_first", [True, False])
