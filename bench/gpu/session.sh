@@ -44,7 +44,8 @@
 # ~125 s of device time from a cold machine, ~80 s of it the start). Session 16: the tracked tree is 36.8 MB,
 # and a 30 MB piece with it is refused: upload the twenty 25 MB pieces of .carry/q25 (25,000,000 bytes each,
 # the last 16,400,064), and stash the drafter in three calls (.carry/dsq10a/dsq.00, .carry/dsq10a/dsq.01,
-# .carry/dsq10b); a refused call costs no device time;
+# .carry/dsq10b); a refused call costs no device time. Session 17: the tracked tree is 38.2 MB, so a call
+# carries one 15 MB drafter piece at a time (four stash calls, .carry/dsq17a/dsq.00 ... .carry/dsq17b/dsq.03);
 # and at most 8 files come back: each phase packs its results into one tarball under $OUT.
 # Run it from a clean export of a commit, so the results name the code that made them: `bash bench/gpu/export.sh`
 # here (writes .carry/clean and its COMMIT file, read by bench/provenance.py), carry .carry/clean, and on the
