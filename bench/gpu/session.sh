@@ -50,7 +50,8 @@
 # Run it from a clean export of a commit, so the results name the code that made them: `bash bench/gpu/export.sh`
 # here (writes .carry/clean and its COMMIT file, read by bench/provenance.py), carry .carry/clean, and on the
 # device: ln -sfn $PWD/.carry .carry/clean/.carry; ln -sfn $PWD/.whl .carry/clean/.whl; cd .carry/clean
-# Inputs prepared on the CPU machine (the corpora do not travel), carried with the call:
+# Inputs prepared on the CPU machine (the corpora do not travel), carried with the call; on a new machine
+# `bash bench/gpu/bootstrap.sh` rebuilds the GGUF pieces, .carry/qs1000.tgz, .whl and .carry/clean:
 #   .carry/qwen-sessions  python -m bench drafter-pipeline --prepare --sessions .carry/qwen-sessions \
 #                             --out .carry/qwen-sessions --train-sessions 48 --eval-sessions 16 --turns 2 \
 #                             --max-tokens 128 --max-chars 3000

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Rebuild, on a new CPU machine, the git-ignored inputs that bench/gpu/session.sh carries to the device:
+#   /work/models/<Qwen GGUF>   the 0.5B target, from its registry wheel parts (specd.loader.fetch_qwen)
+#   .carry/q25/q.NN            that GGUF in 25,000,000-byte pieces (the upload: 20 guarded appends)
+#   .carry/qs1000.tgz          the drafter's training and evaluation sessions (session 9's --prepare)
+#   .whl/                      the wheels the device lacks (pyzmq, pydantic, gguf, kvikio-cu13, ...)
+#   .carry/clean               a clean export of HEAD (bench/gpu/export.sh)
+# Each part is skipped when it is already there, so running it again is cheap.
+#
+#   bash bench/gpu/bootstrap.sh [MODELS_DIR]     # default /work/models
+#
+# Why: session 17's machine started without any of them (ignored files do not survive a new machine), and
+# rebuilding them by hand took ~15 minutes of the session. The trained drafter is NOT rebuilt here: it comes
+# from a device run (`session.sh train`, then `drafter-out`), and its pieces (.carry/dsq*) are lost with the
+# machine unless kept elsewhere.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+MODELS=${1:-/work/models}
+GGUF=$MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+mkdir -p "$MODELS" .carry
+
+if [ ! -f "$GGUF" ]; then
+  echo "[bootstrap] the Qwen GGUF from its registry parts (~500 MB)"
+  python -m specd.loader.fetch_qwen --out "$MODELS" --model 0.5b --wheels "${WHEELS_CACHE:-/tmp/qwen-wheels}"
+fi
+
+if [ ! -f .carry/q25/q.19 ]; then
+  echo "[bootstrap] .carry/q25: the GGUF in 25 MB pieces"
+  rm -rf .carry/q25 && mkdir -p .carry/q25
+  split -b 25000000 -d -a 2 "$GGUF" .carry/q25/q.
+fi
+
+if [ ! -f .carry/qs1000.tgz ]; then
+  echo "[bootstrap] .carry/qs1000.tgz: 1,000 training sessions per workload, 16 evaluation ones"
+  tmp=$(mktemp -d)
+  python -m bench drafter-pipeline --prepare --sessions "$tmp/qs1000" --out "$tmp/qs1000" --train-sessions 1000 \
+    --eval-sessions 16 --turns 2 --max-tokens 128 --max-chars 3000
+  tar czf .carry/qs1000.tgz -C "$tmp" qs1000 && rm -rf "$tmp"
+fi
+
+if [ ! -f .whl/.complete ]; then
+  echo "[bootstrap] .whl: wheels for the device's Python 3.12"
+  mkdir -p .whl
+  # pydantic pinned to the release this project tests with: 2.14 wants typing-extensions 4.16
+  python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d .whl \
+    pyzmq pydantic==2.13.4 pydantic-core==2.46.4 annotated-types typing-inspection typing-extensions gguf \
+    fastapi starlette uvicorn anyio idna annotated-doc opentelemetry-api \
+    kvikio-cu13 libkvikio-cu13 rapids-logger cuda-pathfinder
+  touch .whl/.complete
+fi
+
+bash bench/gpu/export.sh
+echo "[bootstrap] ready: $(du -sh .carry/q25 | cut -f1) of pieces, $(du -sh .whl | cut -f1) of wheels;" \
+  "sha256 of the GGUF: $(sha256sum "$GGUF" | cut -c1-16)… (expect 1d9614638d18024d…)"
+ls .carry/dsq* >/dev/null 2>&1 || echo "[bootstrap] no drafter pieces (.carry/dsq*): train one on the device first"
