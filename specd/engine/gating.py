@@ -210,7 +210,7 @@ class GateSteps:
                 load = self._decode_load(len(batch))
                 captures = seq.prompt_captures = (
                     self.spec_gate.explores(record)
-                    or self.spec_gate.should_draft(key, load, measured=False, requests=[record] * load)
+                    or self.spec_gate.should_draft(key, load, measured=False, requests=[record], copies=load)
                     or self.spec_gate.probe_next(key, len(batch)))
             if not captures:
                 self._rest([seq])
@@ -295,8 +295,11 @@ class GateSteps:
                 if self._gate_arms.get(key):        # the gate is on and chose to draft
                     self._gate_drafting.setdefault(key, []).extend(s.seq for s in members)
                 continue
-            explorers = {id(s) for s in members if self.spec_gate.explores(s.seq.gate_acceptance)}
-            if explorers and self._decode_step:          # they draft to measure their class (``explores``);
+            # asked on pure decode steps only, the only ones where an explorer drafts (a step with prompt
+            # chunks asked it of every gated decoder for nothing)
+            explorers = {id(s) for s in members
+                         if self.spec_gate.explores(s.seq.gate_acceptance)} if self._decode_step else ()
+            if explorers:                                # they draft to measure their class (``explores``);
                 self._gate_arms.pop(key, None)            # the step is no sample of the cell
                 self._counters["spec_class_explore_steps_total"] += 1
                 self._gate_drafting.setdefault(key, []).extend(s.seq for s in members if id(s) in explorers)
@@ -327,10 +330,13 @@ class GateSteps:
         never on this step's drafts."""
         if not self._gate_on():
             return True
-        records = [s.seq.gate_acceptance for s in gated]
         if self._decode_step:
+            records = [s.seq.gate_acceptance for s in gated]
             drafting = self.spec_gate.should_draft(method, len(batch), requests=records, verify=verify)
-        else:   # a step with prompt chunks (never measured): no draft unless ``beside_prompts`` (off)
+        elif not getattr(self.spec_gate, "beside_prompts", True):
+            drafting = False     # a step with prompt chunks (never measured) drafts only with ``beside_prompts``
+        else:
+            records = [s.seq.gate_acceptance for s in gated]
             drafting = self.spec_gate.drafts_beside_prompts(method, len(batch), records, verify)
         self._gate_arms[method] = drafting
         self._counters["spec_paused_steps_total"] += not drafting

@@ -398,12 +398,14 @@ class SpecGate:
         return self._acceptance(self._cell(method, sequences), requests, sequences)
 
     def _acceptance(self, cell: Cell, requests: list[Acceptance] | None, sequences: int,
-                    highest: bool = False):
+                    highest: bool = False, copies: int = 1):
         """``acceptance``'s body. ``highest``: each request counts at the larger of its own estimate and
         where it starts (its class's), the most a resting request's estimate can reach: resting only ages
         its own steps (``Acceptance.rest``), which moves the estimate from where it is toward its start.
         Then it returns (the batch's bound, the bound of any subset of it in any batch: the largest
-        request's, at least the 1 token of a sequence that does not draft); (None, None) with no record."""
+        request's, at least the 1 token of a sequence that does not draft); (None, None) with no record.
+        ``copies``: each request stands for that many requests with the same record (a new prompt asks
+        for a batch of requests like itself: ``copies`` = the load, one pass instead of a list that long)."""
         if not requests:
             return (None, None) if highest else None
         prior = cell.draft.per_drafter_step
@@ -427,18 +429,20 @@ class SpecGate:
                 own = start if start > own else own
                 top = own if own > top else top
             drafting += own
-        batch = (drafting + max(0, sequences - len(requests))) / max(sequences, len(requests))
+        n = len(requests) * copies
+        batch = (drafting * copies + max(0, sequences - n)) / max(sequences, n)
         return (batch, top) if highest else batch
 
     def should_draft(self, method: str, sequences: int, measured: bool = True,
-                     requests: list[Acceptance] | None = None, verify: int | None = None) -> bool:
+                     requests: list[Acceptance] | None = None, verify: int | None = None, copies: int = 1) -> bool:
         """Does this step draft for ``method``'s scheduled requests, in a batch of ``sequences``?
 
         ``measured``: the step will be reported to ``observe`` (a pure decode step). Only such steps
         explore, probe and advance the probe clock; any other step runs the current winner, or, while the
         cell explores, the arm it explores now (the engine asks so for prompts: capture their features or
         not). ``requests``: the acceptance records of the requests that would draft; ``verify``: the draft
-        tokens they would verify, when known before deciding (ngram).
+        tokens they would verify, when known before deciding (ngram); ``copies``: each record stands for
+        that many requests (``_acceptance``).
 
         Why the explored arm, not "draft" (sessions 6-12, unless the cell had the resting prior): a prompt
         captured while the cell explores plain decoding rests from its first decode step, which absorbs
@@ -448,7 +452,7 @@ class SpecGate:
         explore = self._exploring(cell)
         if explore is not None:
             return self._drafts(cell, "explore", explore) if measured else explore
-        acceptance = self._acceptance(cell, requests, sequences)
+        acceptance = self._acceptance(cell, requests, sequences, copies=copies)
         predicted = cell.draft_rate(acceptance, verify)
         winner = cell.beats_plain(predicted, self.margin)
         if not measured:
@@ -463,7 +467,7 @@ class SpecGate:
         cell.clock += 1
         if cell.clock < cell.wait:
             if not winner and verify is None:    # the bound ``rests_again`` keeps for the same requests
-                cell.rest_bound = self._acceptance(cell, requests, sequences, highest=True)
+                cell.rest_bound = self._acceptance(cell, requests, sequences, highest=True, copies=copies)
                 cell.rest_admitted = self.admitted
             return self._drafts(cell, "winner", winner)
         cell.clock, cell.probe_left, cell.probe_arm = 0, self.probe_steps - 1, not winner
