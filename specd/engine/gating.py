@@ -193,17 +193,17 @@ class GateSteps:
         context without its start (session 12, CPU: a 45-token prompt in 16-token chunks kept 13).
         Lossless: the features only feed drafts, and the answer depends on earlier steps' measurements
         only."""
-        if not self._gate_on():
-            return
-        if self._rest_chain is not None and not self._decode_step:
+        if self._decode_step or not self._gate_on():
+            return                                    # a pure decode step has no prompt chunk
+        if self._rest_chain is not None:
             self._rest_chain.settle()     # a preempted request of the chain may prefill again: read below
         for sched in batch:
             seq = sched.seq
-            if sched.decodes:
-                continue                              # gated in _add_drafts
-            key = seq.gate_key
-            if key is None or not getattr(self._proposer(self._method(seq)), "capture_layers", ()):
-                continue                              # not gated, or nothing to capture (ngram)
+            key = seq.gate_key                        # first: an attribute, where ``decodes`` walks two
+            if key is None or sched.decodes:          # properties (the whole batch, every prompt step)
+                continue                              # not gated, or a decoder (gated in _add_drafts)
+            if not getattr(self._proposer(self._method(seq)), "capture_layers", ()):
+                continue                              # nothing to capture (ngram)
             captures = seq.prompt_captures
             if captures is None:              # the first chunk decides for the whole prefill
                 record = seq.gate_acceptance

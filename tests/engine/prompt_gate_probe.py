@@ -28,6 +28,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5, help="rounds of none then dspark (the first is not counted)")
+    p.add_argument("--parts", action="store_true", help="also the time of each timed function")
     args = p.parse_args()
     torch.set_num_threads(1)
     from specd.engine.config import EngineConfig
@@ -62,6 +63,7 @@ def main() -> None:
     def run(spec: str, rep: int) -> tuple[dict[str, float], dict[str, int]]:
         queue = [(i, BASE[i % len(BASE)]) for i in range(4 * conc)]
         inflight, per = 0, {"prompt": [0, 0.0], "decode": [0, 0.0]}
+        parts = {(kind, name): 0.0 for kind in per for name in TIMED}
         while queue or engine.has_work():
             while queue and inflight < conc:
                 i, text = queue.pop(0)      # answers of 8-47 tokens: requests finish apart, prompts arrive apart
@@ -75,7 +77,11 @@ def main() -> None:
             kind = "decode" if engine._decode_step else "prompt"
             per[kind][0] += 1
             per[kind][1] += sum(spent.values())
-        return {k: 1e6 * v[1] / max(v[0], 1) for k, v in per.items()}, {k: v[0] for k, v in per.items()}
+            for name, sec in spent.items():
+                parts[(kind, name)] += sec
+        out = {k: 1e6 * v[1] / max(v[0], 1) for k, v in per.items()}
+        out.update({f"{k}{n}": 1e6 * sec / max(per[k][0], 1) for (k, n), sec in parts.items()})
+        return out, {k: v[0] for k, v in per.items()}
 
     runs: dict[str, list] = {"none": [], "dspark": []}
     for rep in range(args.repeats):
@@ -84,6 +90,9 @@ def main() -> None:
     for spec, rs in runs.items():
         med = {k: round(statistics.median(r[0][k] for r in rs[1:]), 1) for k in ("prompt", "decode")}
         print(f"{spec}: steps {rs[-1][1]}, gate-side µs per step {med} (median of {len(rs) - 1})")
+        if args.parts:
+            print("  by function:", {k: round(statistics.median(r[0][k] for r in rs[1:]), 1) for k in rs[0][0]
+                                     if k not in ("prompt", "decode")})
 
 
 if __name__ == "__main__":
