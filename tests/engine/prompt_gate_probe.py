@@ -13,15 +13,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-BASE = ["Once upon a time, there was a", "Tom had a big dog. The dog", "One day, Lily went to the",
-        "The sun was hot and", "A little bird sat on", "Max liked to play with", "The cat saw a", "Sue and her mom"]
-TIMED = ("_add_drafts", "_observe_gate", "_rest_prompts", "_capture_layers")
+from resting_probe_engine import BASE, TIMED, resting_engine, time_methods   # this script's folder
 
 
 def main() -> None:
@@ -31,34 +25,12 @@ def main() -> None:
     p.add_argument("--parts", action="store_true", help="also the time of each timed function")
     args = p.parse_args()
     torch.set_num_threads(1)
-    from specd.engine.config import EngineConfig
-    from specd.engine.engine import SpecEngine
     from specd.engine.request import Request
-    from specd.engine.spec_gate import Drafters, SpecGate
     from specd.sampling_params import SamplingParams
 
     conc = args.concurrency
-    engine = SpecEngine.from_config(EngineConfig(max_num_seqs=conc, num_local_blocks=4096, speculation="dspark",
-                                                 drafter=ROOT / "models" / "drafters" / "stories260K-dspark"))
-    gate = engine.spec_gate = SpecGate(probe_every=100_000, probe_max=100_000)
-    b = 1
-    while b <= conc:          # drafting at a quarter of plain decoding's rate: every cell rests
-        for _ in range(12):
-            d = gate.should_draft("dspark", b)
-            gate.observe("dspark", b, d, b * (2 if d else 1), 0.01 * (8 if d else 1),
-                         Drafters(b, 2 * b, 7 * b) if d else None)
-        b *= 2
-    gate.explores = staticmethod(lambda record: False)   # the eight prompts recur: no class exploration
-    spent: dict[str, float] = {}
-    for name in TIMED:
-        inner = getattr(engine, name)
-
-        def timed(*a, _inner=inner, _name=name, **k):
-            t0 = time.perf_counter()
-            out = _inner(*a, **k)
-            spent[_name] = spent.get(_name, 0.0) + time.perf_counter() - t0
-            return out
-        setattr(engine, name, timed)
+    engine = resting_engine(conc, num_local_blocks=4096)
+    spent = time_methods(engine, TIMED)
 
     def run(spec: str, rep: int) -> tuple[dict[str, float], dict[str, int]]:
         queue = [(i, BASE[i % len(BASE)]) for i in range(4 * conc)]

@@ -1,0 +1,51 @@
+"""The engine the gate's host-cost probes time (gate_cost_probe.py, prompt_gate_probe.py): stories260K with its
+committed dspark drafter, behind a gate taught that drafting loses at every load bucket up to the
+concurrency (so it rests and never probes), with some of its methods wrapped to add their wall time into a
+dict. Not a test module (no ``test_`` prefix): a helper the probes import."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ["Once upon a time, there was a", "Tom had a big dog. The dog", "One day, Lily went to the",
+        "The sun was hot and", "A little bird sat on", "Max liked to play with", "The cat saw a", "Sue and her mom"]
+TIMED = ("_add_drafts", "_observe_gate", "_rest_prompts", "_capture_layers")
+
+
+def resting_engine(concurrency: int, num_local_blocks: int = 2048):
+    """A dspark engine whose gate rests at every bucket up to ``concurrency``, with no class exploration
+    (the probes' prompts recur)."""
+    from specd.engine.config import EngineConfig
+    from specd.engine.engine import SpecEngine
+    from specd.engine.spec_gate import Drafters, SpecGate
+
+    engine = SpecEngine.from_config(EngineConfig(max_num_seqs=concurrency, num_local_blocks=num_local_blocks,
+                                                 drafter=ROOT / "models" / "drafters" / "stories260K-dspark",
+                                                 speculation="dspark"))
+    gate = engine.spec_gate = SpecGate(probe_every=100_000, probe_max=100_000)
+    b = 1
+    while b <= concurrency:          # drafting at a quarter of plain decoding's rate: every cell rests
+        for _ in range(12):
+            d = gate.should_draft("dspark", b)
+            gate.observe("dspark", b, d, b * (2 if d else 1), 0.01 * (8 if d else 1),
+                         Drafters(b, 2 * b, 7 * b) if d else None)
+        b *= 2
+    gate.explores = staticmethod(lambda record: False)
+    return engine
+
+
+def time_methods(engine, names=TIMED) -> dict[str, float]:
+    """Wrap ``engine``'s methods ``names``; returns the dict each call adds its seconds to (clear it to
+    start a measurement)."""
+    spent: dict[str, float] = {}
+    for name in names:
+        inner = getattr(engine, name)
+
+        def timed(*a, _inner=inner, _name=name, **k):
+            t0 = time.perf_counter()
+            out = _inner(*a, **k)
+            spent[_name] = spent.get(_name, 0.0) + time.perf_counter() - t0
+            return out
+        setattr(engine, name, timed)
+    return spent
