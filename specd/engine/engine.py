@@ -41,7 +41,8 @@ SPS_CONTEXT_TOKENS = 256     # cached tokens per row of the SPS profile's dummy 
 OVERHEAD_EMA = 0.2           # weight of the newest step in the step-overhead average (~5 steps of memory)
 # Steps by kind, each with its count, wall time and emitted tokens (``step_<kind>_*_total``): with prompt
 # chunks, and some request verifying a draft or none (``prompt_draft``, ``prompt``); pure decode, the same
-# (``draft``, ``plain``). The gate measures pure decode steps only; these say where the rest of a
+# (``draft``, ``plain``), with ``capture`` for a no-draft decode step that did drafter work (``step_kind``).
+# The gate measures pure decode steps only; these say where the rest of a
 # speculative run's time goes (session 13, run AO: scheduled dspark at coding c = 16 lost 15% end to end
 # while the gate measured its drafting decode steps 15% ahead).
 STEP_KINDS = ("prompt", "prompt_draft", "draft", "capture", "plain")

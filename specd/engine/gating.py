@@ -330,14 +330,15 @@ class GateSteps:
         never on this step's drafts."""
         if not self._gate_on():
             return True
-        if self._decode_step:
-            records = [s.seq.gate_acceptance for s in gated]
-            drafting = self.spec_gate.should_draft(method, len(batch), requests=records, verify=verify)
-        elif not getattr(self.spec_gate, "beside_prompts", True):
-            drafting = False     # a step with prompt chunks (never measured) drafts only with ``beside_prompts``
+        if not (self._decode_step or self.spec_gate.beside_prompts):
+            # a step with prompt chunks (never measured) drafts only with ``beside_prompts`` (off): not
+            # asked, so the records of every gated decoder are not gathered for nothing
+            drafting = False
         else:
             records = [s.seq.gate_acceptance for s in gated]
-            drafting = self.spec_gate.drafts_beside_prompts(method, len(batch), records, verify)
+            drafting = (self.spec_gate.should_draft(method, len(batch), requests=records, verify=verify)
+                        if self._decode_step
+                        else self.spec_gate.drafts_beside_prompts(method, len(batch), records, verify))
         self._gate_arms[method] = drafting
         self._counters["spec_paused_steps_total"] += not drafting
         return drafting

@@ -670,12 +670,18 @@ def test_engine_without_the_gate_always_drafts(engine):
     assert not any(k.startswith("spec_gate_") for k in after)
 
 
-def step_counts(engine) -> dict[str, int]:
-    """The engine's steps so far by kind (``STEP_KINDS``)."""
+def step_with_kind(engine) -> str:
+    """Run one engine step; the kind (``STEP_KINDS``) its step counter recorded, exactly one."""
     from specd.engine.engine import STEP_KINDS
 
-    stats = engine.stats()
-    return {kind: stats[f"step_{kind}_steps_total"] for kind in STEP_KINDS}
+    def counts():
+        stats = engine.stats()
+        return {kind: stats[f"step_{kind}_steps_total"] for kind in STEP_KINDS}
+
+    before = counts()
+    engine.step()
+    (kind,) = [k for k, n in counts().items() if n > before[k]]
+    return kind
 
 
 class ScriptedGate:
@@ -743,11 +749,11 @@ def test_a_step_whose_rest_absorbs_features_is_no_sample_of_either_arm(engine):
         seq, steps, kinds = engine._seqs["absorb"], [], []   # per decode step: (a rest began, its reports), kind
         while engine.has_work():
             pending = seq.draft_feats is not None and len(seq.draft_feats) > 0
-            before, counts = len(gate.seen), step_counts(engine)
-            engine.step()
+            before = len(gate.seen)
+            kind = step_with_kind(engine)
             if engine._decode_step:          # features before the step, none after: a rest began
                 steps.append((pending and seq.draft_feats is None, gate.seen[before:]))
-                kinds.append([k for k, n in step_counts(engine).items() if n > counts[k]])
+                kinds.append(kind)
     finally:
         engine.spec_gate = SpecGate()
     began = [i for i, (rest, _) in enumerate(steps) if rest]
@@ -755,7 +761,7 @@ def test_a_step_whose_rest_absorbs_features_is_no_sample_of_either_arm(engine):
     assert steps[3][1] == []                     # the absorbing step: no report
     # the absorbing step drafted for nobody but ran the drafter: a ``capture`` step, not a ``plain`` one,
     # so a resting row's plain steps compare like for like with plain decoding's
-    assert kinds[:4] == [["draft"]] * 3 + [["capture"]] and all(k == ["plain"] for k in kinds[4:])
+    assert kinds[:4] == ["draft"] * 3 + ["capture"] and all(k == "plain" for k in kinds[4:])
     assert [s for _, seen in steps[:3] for s in seen] in ([True] * 2, [True] * 3)   # 0 may measure the SPS profile
     assert all(seen == [False] for _, seen in steps[4:]) and len(steps) > 5
 
@@ -843,9 +849,7 @@ def test_a_probes_announcement_is_a_capture_step(engine):
         engine.add_request(Request("probe", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
         kinds = []
         while engine.has_work():
-            counts = step_counts(engine)
-            engine.step()
-            kinds += [k for k, n in step_counts(engine).items() if n > counts[k]]
+            kinds.append(step_with_kind(engine))
     finally:
         engine.spec_gate = SpecGate()
     decode = [k for k in kinds if k != "prompt"]
