@@ -45,6 +45,7 @@ import kernels
 from bench.arg_types import positive_int, positive_ints
 from bench.row_profiles import RowProfiles, TorchProfiles
 from specd.engine.gating import gate_key_name
+from specd.engine.gc_pauses import GENERATIONS, freeze_heap
 from specd.engine.spec_gate import DRAFT_REASONS, load_bucket
 
 ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = the engine's (scheduled)
@@ -156,6 +157,9 @@ class RunResult:
     # requests whose prompt captured no drafter features (the gate rested their cell): rated by their class's
     # prompt-less drafting steps (``ClassRecord``, session 14)
     gate_promptless_requests: int = 0
+    # the garbage collector's passes during the run, by generation: [passes, ms] (specd/engine/gc_pauses.py).
+    # A full pass over the process's heap took 113-182 ms on the CPU machine, against 2-10 ms steps
+    gc_pauses: dict[str, list[float]] = field(default_factory=dict)
 
 
 PHASES = ("schedule_seconds_total", "forward_seconds_total", "output_seconds_total", "commit_seconds_total")
@@ -165,7 +169,8 @@ STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_tot
 
 
 def _delta(before: dict, after: dict) -> dict:
-    keys = set(STAT_KEYS) | {k for k in after if k.startswith(("spec_scheduled_len", "spec_gate_drafted_", "step_"))}
+    keys = set(STAT_KEYS) | {k for k in after
+                             if k.startswith(("spec_scheduled_len", "spec_gate_drafted_", "step_", "gc_gen"))}
     return {k: after.get(k, 0) - before.get(k, 0) for k in keys}
 
 
@@ -173,6 +178,16 @@ def row_fields(row: str, gamma_cap: dict[str, int]) -> dict:
     spec = ROWS[row]
     gamma = spec["gamma"] if spec["gamma"] is None else min(spec["gamma"], gamma_cap.get(spec["method"], spec["gamma"]))
     return {"speculation": spec["method"], "spec_schedule": spec["schedule"], "num_speculative_tokens": gamma}
+
+
+def gc_line(timed: list[dict], mode: str | None) -> str:
+    """One markdown line: the collector's passes over all timed runs, by generation."""
+    parts = []
+    for g in reversed(GENERATIONS):
+        hit = [r["gc_pauses"][f"gen{g}"] for r in timed if f"gen{g}" in r.get("gc_pauses", {})]
+        parts.append(f"generation {g}: {sum(p[0] for p in hit)} passes in {len(hit)} runs, "
+                     f"{sum(p[1] for p in hit):.1f} ms")
+    return f"Garbage-collector passes in timed runs (--gc {mode}): " + "; ".join(parts) + "."
 
 
 def _graph_state(engine) -> tuple[int, int, int]:
@@ -235,7 +250,13 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
                          "class": int(d["spec_class_explore_steps_total"])},
         gate_rest_again_steps=int(d["spec_rest_again_steps_total"]),
         gate_promptless_requests=int(d["spec_promptless_requests_total"]),
-        phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d))
+        phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d), gc_pauses=gc_split(d))
+
+
+def gc_split(d: dict) -> dict[str, list[float]]:
+    """The collector's passes in a stats delta, by generation: {"gen2": [passes, ms], ...}, passes only."""
+    return {f"gen{g}": [int(d[f"gc_gen{g}_passes_total"]), round(1e3 * d[f"gc_gen{g}_seconds_total"], 3)]
+            for g in GENERATIONS if d.get(f"gc_gen{g}_passes_total")}
 
 
 GATE_SETTINGS = ("beside_prompts", "gate", "verify")   # ROWS keys for the row's own gate (and verify path),
@@ -434,7 +455,8 @@ def render_markdown(result: dict) -> str:
     compiling = sum(1 for r in timed if r.get("triton_compiles"))
     lines += ["", f"Timed runs that captured CUDA graphs: {capturing} of {len(timed)}; that built Triton kernels: "
                   f"{compiling}; eager steps in timed runs: "
-                  f"{sum(r['eager_steps'] for r in timed)} of {sum(r['steps'] for r in timed)}."]
+                  f"{sum(r['eager_steps'] for r in timed)} of {sum(r['steps'] for r in timed)}.",
+              "", gc_line(timed, result.get("gc"))]
     verdicts = [c.get("never_slower") for cells in result["workloads"].values() for c in cells.values()]
     if any(v is not None for v in verdicts):
         lines += ["", f"Scheduled dspark never slower than none in every cell: "
@@ -519,6 +541,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-s", type=float, default=None,
                    help="wall-time budget: no (workload, concurrency) cell starts after it (the cells left are "
                         "listed under 'cut'), so a device call with a hard limit still writes its results")
+    p.add_argument("--gc", choices=("freeze", "default"), default="freeze",
+                   help="freeze: collect and freeze the heap after each cell's warm-ups, as specd does after "
+                   "start-up, so no full collector pass walks the model's and engine's objects inside a timed "
+                   "run; default: Python's collector untouched (what runs before session 18 timed). Every run "
+                   "records its collector passes either way (gc_pauses)")
     p.add_argument("--out", type=Path, required=True, help="directory for speedup.json and speedup.md")
     p.add_argument("--profile", type=Path, default=None,
                    help="also run cProfile over the timed runs and write DIR/profile-<row>-c<N>.txt (host hot "
@@ -612,6 +639,8 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                     run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}")
                     extra[row] = finish_exploring(engine, row, level, lambda tag: run_closed_loop(
                         engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}"))
+            if getattr(args, "gc", "default") == "freeze":    # untimed: the warm-ups' objects too
+                freeze_heap(f"the warm-ups of {name} c={level}")
             for rep in range(args.repeats):
                 for row in repeat_order(rows, rep):
                     with profiles.timed(row, level), torch_profiles.timed(row, level), \
@@ -648,7 +677,7 @@ def run(args: argparse.Namespace) -> int:
     result = {"command": " ".join(["python -m bench speedup", *sys.argv[2:]]), "model": str(args.model),
               "drafters": args.drafters, "concurrency": args.concurrency, "requests": args.requests, "waves": args.waves,
               "repeats": args.repeats, "max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos,
-              "prompt_mode": PROMPT_MODE, "tolerance": args.tolerance,
+              "prompt_mode": PROMPT_MODE, "tolerance": args.tolerance, "gc": args.gc,
               # the one-launch norms and rotary (the default since session 15): which model path the run timed
               "fused_elementwise": kernels.fused_elementwise(engine.device), **measure(engine, args)}
     result["wall_s"] = time.perf_counter() - t0

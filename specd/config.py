@@ -37,6 +37,10 @@ class SpecdConfig(BaseModel):
     request_timeout_s: float = Field(
         60.0, gt=0, description="Gateway: longest wait for the engine's next reply before answering 503.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging threshold.")
+    gc_freeze: bool = Field(
+        True, description="Once the engine and gateway are up, freeze the start-up heap (model, tokenizer, CUDA "
+                          "graphs, imports) out of Python's garbage-collector passes, so a full pass never walks it "
+                          "inside a serving step (specd/engine/gc_pauses.py). Off: the default collector.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Model and engine settings.")
 
     @classmethod

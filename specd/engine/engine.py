@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from kvd.hashing import namespace_root
-from specd.engine import compile_count, sampler
+from specd.engine import compile_count, gc_pauses, sampler
 from specd.engine.block_manager import BlockManager
 from specd.engine.block_source import BlockSource, local_source
 from specd.engine.config import SCHEDULES, EngineConfig
@@ -132,6 +132,7 @@ class SpecEngine(GateSteps):
             for method in dict.fromkeys([config.speculation, *config.drafters]):
                 if method != "none":
                     self._proposer(method)
+        self._gc = gc_pauses.pauses()       # the collector's passes, in stats(): the process owner may freeze
 
     def _attach(self, source: BlockSource) -> None:
         self.source = source
@@ -672,6 +673,7 @@ class SpecEngine(GateSteps):
             **lengths,
             **self.drafts.stats(),
             **self.graph_stats(),
+            **self._gc.stats(),
             **self.source.stats(),
             **self.scheduler.stats(),
             **(self.spec_gate.stats() if self.spec_gate is not None else {}),

@@ -107,7 +107,7 @@ class GateSteps:
         """``group`` minus the requests the measured gate rests this step. Gate cells are per method and
         schedule (``_gate_key``): a confidence-scheduled step and a fixed-γ one cost differently."""
         chain, self._rest_chain = self._rest_chain, None
-        if self._rests_again(batch, group, chain):
+        if self._rests_again(batch, group, chain) or self._carries(batch, group, chain):
             return []
         if chain is not None:
             chain.settle()       # before anything reads the records again
@@ -164,6 +164,37 @@ class GateSteps:
         self._rest_chain = chain
         return True
 
+    def _carries(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], chain: "RestChain | None") -> bool:
+        """A steady rest carried through a step with prompt chunks: the group's decoders rest (such a step
+        drafts for nobody: ``SpecGate.beside_prompts`` is off), and the chain goes on to the next step, where
+        ``_rests_again`` may take the shortcut again, once ``_rest_prompts`` has folded this step's joining
+        requests into the bound (``SpecGate.join_rest``) or ended the chain. The full path would walk the
+        group to rest each decoder and, at the next decode step, ask the gate over every record: ~40 µs at
+        c = 32 on the CPU machine (tests/engine/prompt_gate_probe.py), where prompts arrive every step or
+        two. The decoders of a steady rest capture nothing (no features to keep: ``_keeps``), so resting
+        their key whole (``_resting_keys``) rests each of them as ``_rest`` would."""
+        if (chain is None or self._decode_step or not self._gate_on() or self.spec_gate.beside_prompts
+                or chain.step + 1 != self._counters["steps_total"] or len(group) > chain.count):
+            return False
+        self._counters["spec_paused_steps_total"] += 1
+        self._counters["spec_rest_again_steps_total"] += 1
+        self._resting_keys.add(chain.key)
+        chain.settle()
+        chain.records = [s.seq.gate_acceptance for s in group]   # the members now: those who left age no more
+        chain.count = len(group)
+        chain.step += 1
+        chain.exact = False          # the next decode step's group may differ in size: the bound for any subset
+        self._rest_chain = chain
+        return True
+
+    def _end_carried(self, batch: list[ScheduledSeq], chain: RestChain) -> None:
+        """A chain carried into this step ends in it (a prompt of its key captures, or cannot join): its
+        decoders rest one by one (``_rest``), so its key's capturing prompts capture; the next decode step
+        asks in full."""
+        self._rest_chain = None
+        self._resting_keys.discard(chain.key)
+        self._rest([s.seq for s in batch if s.seq.gate_key == chain.key and s.decodes])
+
     def _resumes(self, batch: list[ScheduledSeq], key: str, records: list[Acceptance]) -> bool:
         """Age the resting requests' records (``Acceptance.rest``) and say whether, aged, they would draft
         at the next step. Then this step captures their features (as before a probe), so they resume from
@@ -195,8 +226,12 @@ class GateSteps:
         only."""
         if self._decode_step or not self._gate_on():
             return                                    # a pure decode step has no prompt chunk
-        if self._rest_chain is not None:
-            self._rest_chain.settle()     # a preempted request of the chain may prefill again: read below
+        chain = self._rest_chain
+        if chain is not None:
+            chain.settle()     # a preempted request of the chain may prefill again: read below
+            if chain.step != self._counters["steps_total"]:
+                chain = None   # not carried through this step (``_carries``): it ends here
+        joining: list[Acceptance] = []       # the carried chain's key's prompts that rest: they join its rest
         for sched in batch:
             seq = sched.seq
             key = seq.gate_key                        # first: an attribute, where ``decodes`` walks two
@@ -217,6 +252,19 @@ class GateSteps:
                 if not seq.gate_acceptance.lacks_prompt:  # rated by its class's prompt-less drafting steps
                     seq.gate_acceptance.lacks_prompt = True
                     self._counters["spec_promptless_requests_total"] += 1
+            if chain is not None and key == chain.key:
+                if captures:                  # it may draft from its first decode step: ask in full then
+                    self._end_carried(batch, chain)
+                    chain = None
+                else:
+                    joining.append(seq.gate_acceptance)
+        if chain is not None and joining:
+            if self.spec_gate.join_rest(chain.key, chain.bucket, joining):
+                chain.records.extend(joining)          # settled above: they owe no aging yet
+                chain.count += len(joining)            # upper bounds: a chunked prompt joins once a chunk
+                chain.size += len(joining)
+            else:
+                self._end_carried(batch, chain)
 
     def _decode_load(self, batch_size: int) -> int:
         """The decode batch a prompt admitted now will join: every running, waiting and parked request,

@@ -501,6 +501,34 @@ class SpecGate:
         cell.clock += 1
         return not self._drafts(cell, "winner", False)
 
+    def join_rest(self, method: str, sequences: int, requests: list[Acceptance]) -> bool:
+        """Requests join a steady rest of this cell (``rests_again``): fold the most their records can reach
+        into the rest's bound, so the shortcut goes on for the group with them; False: it cannot (no rest
+        to join, a probe running, or a joining request explores its class), ask in full.
+
+        Why: at c = 32 under a closed loop a request finishes every step or two and its successor's prompt
+        chunk breaks the steady rest, so most resting steps asked in full (H200, session 17, run BE: 28-148
+        of ~110-200 rested steps took the shortcut; scheduled dspark's schedule phase ran 0.07-0.15 ms a
+        step over `none`'s in resting cells). The folded bound is the larger of the two tops, for the batch
+        and any subset alike: every member's estimate is at most its own top, and a batch's acceptance is
+        at most its largest member's (or the 1 token of a sequence that does not draft), so where drafting
+        at it loses, the full question for the joined group rests too. The caller vouches that every
+        request joining the group comes through here (the engine: each prompt chunk of the rest's key, in
+        ``GateSteps._rest_prompts``); admitted requests that have not joined yet will, so the admission
+        count is taken as folded."""
+        cell = self.cells.get((method, load_bucket(sequences)))
+        if cell is None or cell.rest_bound is None or cell.probe_left or cell.clock == 0:
+            return False
+        if any(self.explores(r) for r in requests):
+            return False
+        _, top = self._acceptance(cell, requests, sequences, highest=True)
+        if top is None:
+            return False
+        top = max(top, cell.rest_bound[1])
+        cell.rest_bound = (top, top)
+        cell.rest_admitted = self.admitted
+        return True
+
     def resumes(self, method: str, sequences: int, requests: list[Acceptance]) -> bool:
         """Did this step rest ``requests`` on the prediction (not in an exploration or a probe), and would
         the prediction now draft for them (their records aged by ``Acceptance.rest``)? The engine then

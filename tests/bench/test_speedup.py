@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main as bench_main
-from bench.speedup import BASELINE, SCHEDULED, RunResult, geomean, repeat_order, requests_for, summarize_cell
+from bench.speedup import (BASELINE, SCHEDULED, RunResult, gc_line, gc_split, geomean, repeat_order, requests_for,
+                           summarize_cell)
 from bench.workloads.format import Message, Sampling, Session, Turn, write_sessions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,6 +90,9 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     assert result["rows"] == ["none", "none-aa", "dspark", "dspark-g7", "ngram", "ngram-gated", "dspark-g7-gated"]
     assert result["skipped_rows"] == ["dflash-g7", "eagle3"]            # no drafter given for them
     assert result["fused_elementwise"] is False                         # the torch norms and rotary (CPU)
+    assert result["gc"] == "freeze"             # the heap frozen after each cell's warm-ups, as specd does
+    md = (out / "speedup.md").read_text()
+    assert "Garbage-collector passes in timed runs (--gc freeze): generation 2: " in md
     assert result["row_settings"]["ngram-gated"]["spec_schedule"] == "gated"
     assert result["row_settings"]["dspark-g7"] == {"speculation": "dspark", "spec_schedule": "fixed",
                                                    "num_speculative_tokens": 7}
@@ -109,6 +113,8 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                     assert sum(k["steps"] for k in kinds.values()) == x["steps"]
                     assert sum(k["tokens"] for k in kinds.values()) == x["tokens"]
                     assert kinds["prompt"]["steps"] >= 1 and all(k["ms"] > 0 for k in kinds.values())
+                    assert set(x["gc_pauses"]) <= {"gen0", "gen1", "gen2"}
+                    assert all(n >= 1 and ms >= 0 for n, ms in x["gc_pauses"].values())
                     if row.startswith("none"):
                         assert "draft" not in kinds
                 if row == "none":
@@ -311,3 +317,13 @@ def test_the_rejection_rows_verify_greedy_drafts_through_the_rejection_sampler(t
         else:
             assert calls["chain"] == 0 and calls["kernel"] > 0
     assert tokens["dspark-g7"] == tokens["dspark-g7-rejection"]
+
+
+def test_collector_passes_are_split_by_generation_and_summed_over_runs():
+    d = {"gc_gen0_passes_total": 3, "gc_gen0_seconds_total": 0.0006, "gc_gen1_passes_total": 0,
+         "gc_gen1_seconds_total": 0.0, "gc_gen2_passes_total": 1, "gc_gen2_seconds_total": 0.15}
+    assert gc_split(d) == {"gen0": [3, 0.6], "gen2": [1, 150.0]}       # generations without a pass are left out
+    timed = [{"gc_pauses": gc_split(d)}, {"gc_pauses": {"gen0": [2, 0.4]}}, {}]
+    assert gc_line(timed, "default") == ("Garbage-collector passes in timed runs (--gc default): generation 2: "
+                                         "1 passes in 1 runs, 150.0 ms; generation 1: 0 passes in 0 runs, 0.0 ms; "
+                                         "generation 0: 5 passes in 2 runs, 1.0 ms.")

@@ -517,6 +517,99 @@ def test_rests_again_rests_only_where_the_full_question_rests(records, plain_spe
     note(f"{shortcut} of {len(plain_speeds)} steps took the shortcut")
 
 
+@settings(max_examples=100, deadline=None)
+@example([(1.0, 6.0, 0)] * 6, [(4.0, 6.0, 1)] * 8, [1.0] * 40, 400.0, [1.0, 3.0, 1.0],
+         [""] * 3 + ["join"] * 7 + [""] * 30)                # good requests join: the rest drafts
+@example([(1.0, 6.0, 0)] * 3, [(1.0, 6.0, 2)] * 4, [1.0] * 40, 300.0, [1.0, 1.0, 1.0],
+         ["", "join"] + [""] * 38)                             # a joining request explores its class
+@given(st.lists(st.tuples(st.floats(1.0, 4.0), st.floats(0.5, 6.0), st.integers(0, 1)), min_size=1, max_size=8),
+       st.lists(st.tuples(st.floats(1.0, 4.0), st.floats(0.0, 6.0), st.integers(0, 2)), min_size=8, max_size=8),
+       st.lists(st.floats(0.7, 1.4), min_size=40, max_size=40), st.floats(150.0, 900.0),
+       st.lists(st.floats(1.0, 5.0), min_size=3, max_size=3),
+       st.lists(st.sampled_from(["", "", "leave", "join"]), min_size=40, max_size=40))
+def test_a_rest_joined_by_new_requests_rests_only_where_the_full_question_rests(records, joiners, plain_speeds,
+                                                                               draft_tok_s, rates, events):
+    """``join_rest`` against the full question: requests join a steady rest (their prompts' steps, in the
+    engine) and leave it (finish), the records age, plain decoding's rate wanders. After a join the
+    shortcut is asked about the joined group as a subset (``rests_again(subset=True)``); wherever it
+    rests, the full question over the group's current records rests too, and the probe clocks stay
+    equal. A join refused (a joiner explores its class: class 2 here; or no rest to join) makes the next
+    step ask in full. A bound that ignored the joiners fails this (the first example)."""
+    import copy
+
+    from specd.engine.spec_gate import CLASS_EXPLORE, Acceptance
+
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=24, probe_max=64, probe_steps=1)
+    n = len(records) + 2                         # two sequences of the batch are not gated
+    for drafted in (True, True, False, False):   # drafting at draft_tok_s and 2 tokens a sequence
+        gate.should_draft("dspark", n)
+        gate.observe("dspark", n, drafted, 2 * n if drafted else n,
+                     2 * n / draft_tok_s if drafted else n / 400.0, Drafters(n, 2 * n, 7 * n) if drafted else None)
+    classes = [gate.record("dspark", [c]) for c in range(3)]
+    for rate, g, explored in zip(rates, classes, (True, True, False)):
+        g.group.tokens, g.group.steps = 4.0 * rate, 4.0
+        g.group.samples = CLASS_EXPLORE if explored else 0    # class 2 still explores: its joiners refused
+
+    def make(per_step, steps, c):
+        r = gate.record("dspark", [c])
+        r.tokens, r.steps = per_step * steps, steps
+        return r
+
+    recs = [make(*r) for r in records]
+    waiting = list(joiners)
+    shortcut, subset, ask_full, joined = 0, False, True, 0
+    for speed, event in zip(plain_speeds, events):
+        if event == "leave" and len(recs) > 1 and load_bucket(n - 1) == load_bucket(n):
+            recs, n, subset = recs[1:], n - 1, True      # the first request finished
+        elif event == "join" and waiting and load_bucket(n + 1) == load_bucket(n):
+            r = make(*waiting.pop(0))
+            if not ask_full and gate.join_rest("dspark", n, [r]):
+                subset, joined = True, joined + 1
+            else:
+                ask_full = True                              # the engine ends the chain: the next step asks in full
+            recs, n = recs + [r], n + 1
+        full_gate, full_recs = copy.deepcopy((gate, recs))
+        fast = not ask_full and gate.rests_again("dspark", n, subset=subset)
+        full = full_gate.should_draft("dspark", n, requests=full_recs)
+        if fast:
+            shortcut += 1
+            assert not full
+            assert gate.cells[("dspark", load_bucket(n))].clock == full_gate.cells[("dspark", load_bucket(n))].clock
+        else:
+            drafted = gate.should_draft("dspark", n, requests=recs)
+            assert drafted == full
+            subset = False                               # the full question took the bound for these
+        rested = not full
+        ask_full = not rested                            # a chain starts only where the prediction rests
+        if rested:
+            Acceptance.rest_all(recs)
+        gate.observe("dspark", n, not rested, n if rested else 2 * n,
+                     (n / (400.0 * speed)) if rested else 2 * n / draft_tok_s,
+                     None if rested else Drafters(n, 2 * n, 7 * n))
+    note(f"{shortcut} of {len(plain_speeds)} steps took the shortcut, {joined} joins folded")
+
+
+def test_join_rest_refuses_without_a_rest_and_for_an_exploring_class():
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=50, probe_max=50, probe_steps=1)
+    drive(gate, 4, draft_tok_s=300.0)                            # explored: plain (1,000 tok/s) wins
+    record = gate.record("dspark", [1])
+    assert not gate.join_rest("dspark", 4, [record])             # no prediction's rest yet
+    assert not gate.should_draft("dspark", 4, requests=[record] * 4)
+    gate.observe("dspark", 4, False, 4, 0.004)
+    assert not gate.should_draft("dspark", 4, requests=[record] * 4)
+    cell = gate.cells[("dspark", 4)]
+    old = cell.rest_bound[1]
+    strong = gate.record("dspark", [2])
+    strong.tokens, strong.steps = 30.0, 10.0                     # 3 tokens a step: above the rest's bound
+    assert not gate.rests_again("dspark", 4, subset=True)        # admitted, not folded: ask in full
+    assert gate.join_rest("dspark", 4, [strong])
+    assert cell.rest_bound[0] == cell.rest_bound[1] > old
+    assert cell.rest_admitted == gate.admitted
+    again = gate.record("dspark", [2])                           # class [2] recurs: its second request explores
+    assert gate.explores(again) and not gate.join_rest("dspark", 4, [again])
+    assert not gate.join_rest("dspark", 8, [record])             # no cell at this load
+
+
 def test_rests_again_takes_the_steady_rest_and_not_a_probe_or_a_new_request():
     """The shortcut's preconditions: a prediction's rest before it (not a probe's), no request admitted
     since, no probe due next, and drafting still losing at the records' highest reach."""
@@ -1414,3 +1507,73 @@ def test_arms_sampled_at_different_batch_sizes_of_one_bucket_are_compared_per_se
     assert not gate.should_draft("dspark", 3, measured=False)
     assert not gate.should_draft("dspark", 2, measured=False)
     assert gate.stats()["spec_gate_dspark_b2_drafting"] == 0
+
+
+def serve_resting(carry: bool, explorer: int | None = None, concurrency: int = 8, requests: int = 24):
+    """A closed loop on the resting probe engine (tests/engine/resting_probe_engine.py: the gate rests every
+    bucket): answers of 4-25 tokens, so requests finish apart and their successors' prompts arrive beside
+    resting decoders. ``carry`` False turns off carrying the steady rest through prompt steps
+    (``GateSteps._carries``); ``explorer``: that request's class explores, so its prompt captures. Returns
+    the outputs, each step's captured layers, and the engine's counters over the loop; with an explorer,
+    the captured layers of the steps that ran its prompt instead of every step's (its drafting steps go
+    through the confidence scheduler, whose lengths follow the measured SPS profile: not repeatable)."""
+    from resting_probe_engine import BASE, resting_engine
+
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    engine = resting_engine(concurrency, num_local_blocks=1024)
+    if not carry:
+        engine._carries = lambda *a: False
+    target = []
+    gate = engine.spec_gate
+    gate.explores = lambda record: bool(target) and record is target[0]
+    observe = gate.observe           # steps timed as the gate was taught (drafting 8x a plain step): the
+    gate.observe = lambda method, n, drafted, tokens, seconds, drafters=None: observe(   # decisions do
+        method, n, drafted, tokens, 0.01 * (8 if drafted else 1), drafters)             # not ride on timing
+    captures = []
+    inner = engine._capture_layers
+
+    def logged(batch):
+        layers = inner(batch)
+        if explorer is None or any(s.seq.request.id == f"r{explorer}" and not s.decodes for s in batch):
+            captures.append(layers)
+        return layers
+    engine._capture_layers = logged
+    queue, inflight, got = list(range(requests)), 0, collections.defaultdict(list)
+    before = engine.stats()
+    while queue or engine.has_work():
+        while queue and inflight < concurrency:
+            i = queue.pop(0)
+            params = SamplingParams(temperature=0.0, max_tokens=4 + (i * 7) % 22, ignore_eos=True)
+            engine.add_request(Request(f"r{i}", engine.tokenizer.encode(BASE[i % len(BASE)]), params,
+                                       speculation="dspark"))
+            if i == explorer:
+                target.append(engine._seqs[f"r{i}"].gate_acceptance)
+            inflight += 1
+        for out in engine.step():
+            got[out.id] += out.token_ids
+            inflight -= out.finished
+    after = engine.stats()
+    return dict(got), captures, {k: after[k] - before.get(k, 0) for k in after if k.startswith("spec_")
+                                 and isinstance(after[k], int) and not k.startswith("spec_gate_")}
+
+
+@pytest.mark.parametrize("explorer", [None, 13])
+def test_a_rest_carried_through_prompt_steps_rests_and_captures_as_the_full_path(explorer):
+    """Carrying a steady rest through steps with prompt chunks (``_carries``, and ``SpecGate.join_rest`` for
+    the prompts that join it) changes no decision of the full path: the same outputs, the same steps
+    capture the same layers, the same rested steps and prompt-less requests; only the count of rested
+    steps decided without a pass over the requests grows. With an exploring request (its prompt of the
+    rest's key captures), the carried rest ends in that step and the prompt's chunk still captures."""
+    full_out, full_caps, full = serve_resting(False, explorer)
+    out, caps, carried = serve_resting(True, explorer)
+    assert out == full_out and caps == full_caps
+    assert carried["spec_promptless_requests_total"] == full["spec_promptless_requests_total"] == 24 - bool(explorer)
+    if explorer is None:
+        assert carried["spec_paused_steps_total"] == full["spec_paused_steps_total"] > 40
+        assert carried["spec_verifications_total"] == full["spec_verifications_total"] == 0
+        assert carried["spec_rest_again_steps_total"] > full["spec_rest_again_steps_total"] + 10
+        assert not any(caps)
+    else:               # the explorer's prompt captured in its one step: the carried rest ended there
+        assert len(caps) == 1 and caps[0]

@@ -102,6 +102,10 @@ def test_metrics_count_real_tokens(specd, oai):
     assert samples["specd_generation_tokens_total"] >= 5
     assert samples["specd_time_to_first_token_seconds_count"] >= 1
     assert samples['specd_engine_stat{name="tokens_generated_total"}'] >= 5
+    # the start-up heap is frozen out of the collector's passes (gc_freeze, on by default), and the passes
+    # since are counted by generation
+    assert samples['specd_engine_stat{name="gc_frozen_objects"}'] > 10_000
+    assert all(f'specd_engine_stat{{name="gc_gen{g}_passes_total"}}' in samples for g in (0, 1, 2))
 
 
 def test_speculation_is_chosen_per_request_and_reported_in_usage(oai):

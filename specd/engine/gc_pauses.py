@@ -1,0 +1,83 @@
+"""The garbage collector's pauses in the serving loop: counted by generation, and the start-up heap frozen
+out of them.
+
+Why: CPython's cyclic collector stops the thread that triggers it, and a full (generation 2) pass walks
+every container object the process holds. With torch, the tokenizer and the engine loaded that is a few
+hundred thousand objects: on the CPU machine a full pass over the bench's heap (~220-330k objects after
+loading stories260K) took 113-182 ms, and a generation 1 pass up to 4 ms (``python -m bench speedup`` on
+stories260K, passes timed with ``gc.callbacks``). A decode step on the H200 is 2-10 ms, so one full pass
+lands in a step as a 10-50x outlier: an ITL p99 spike for users, and for ``bench speedup`` a run of ~1 s
+that one pass slows by 10%, which is the size of the A/A spread the 3% never-slower band could not
+resolve (docs/results/speedup.md, session 17: A/A repeats 0.91-1.16 at c = 32).
+
+``gc.freeze()`` after start-up moves every object alive then (weights' Python wrappers, the tokenizer,
+CUDA-graph pools, module state) to a permanent generation the collector no longer walks; what the loop
+allocates later is collected as before. vLLM's engine core freezes its heap after start-up the same way.
+Cycles among frozen objects are never freed, so the heap is collected first.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import time
+
+log = logging.getLogger("specd.gc")
+
+GENERATIONS = (0, 1, 2)
+
+
+class GcPauses:
+    """Collector passes and the seconds they took, by generation, since ``install`` (process-wide: the
+    collector is one per interpreter, so every engine in the process reads the same counts)."""
+
+    def __init__(self) -> None:
+        self.passes = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.longest_s = 0.0
+        self._started: float | None = None
+
+    def on_gc(self, phase: str, info: dict) -> None:
+        """``gc.callbacks`` hook: a pass is the time between its start and stop callbacks."""
+        now = time.perf_counter()
+        if phase == "start":
+            self._started = now
+            return
+        if self._started is None:        # installed mid-pass
+            return
+        spent, self._started = now - self._started, None
+        gen = info["generation"]
+        self.passes[gen] += 1
+        self.seconds[gen] += spent
+        self.longest_s = max(self.longest_s, spent)
+
+    def stats(self) -> dict[str, float | int]:
+        out: dict[str, float | int] = {}
+        for gen in GENERATIONS:
+            out[f"gc_gen{gen}_passes_total"] = self.passes[gen]
+            out[f"gc_gen{gen}_seconds_total"] = self.seconds[gen]
+        out["gc_longest_pause_seconds"] = self.longest_s
+        out["gc_frozen_objects"] = gc.get_freeze_count()
+        return out
+
+
+_pauses: GcPauses | None = None
+
+
+def pauses() -> GcPauses:
+    """The process's pause counter, installed in ``gc.callbacks`` on first use."""
+    global _pauses
+    if _pauses is None:
+        _pauses = GcPauses()
+        gc.callbacks.append(_pauses.on_gc)
+    return _pauses
+
+
+def freeze_heap(why: str) -> int:
+    """Collect, then freeze every object alive now out of later passes; returns how many are frozen.
+    Call it once start-up work is done (and again after more of it: freezing is cumulative)."""
+    t0 = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    log.info("heap frozen after %s: %d objects, %.0f ms", why, frozen, 1e3 * (time.perf_counter() - t0))
+    return frozen
