@@ -234,9 +234,9 @@ class GateSteps:
         joining: list[Acceptance] = []       # the carried chain's key's prompts that rest: they join its rest
         for sched in batch:
             seq = sched.seq
-            key = seq.gate_key                        # first: an attribute, where ``decodes`` walks two
-            if key is None or sched.decodes:          # properties (the whole batch, every prompt step)
-                continue                              # not gated, or a decoder (gated in _add_drafts)
+            key = seq.gate_key
+            if key is None or sched.decodes:          # not gated, or a decoder (gated in _add_drafts)
+                continue
             if not getattr(self._proposer(self._method(seq)), "capture_layers", ()):
                 continue                              # nothing to capture (ngram)
             captures = seq.prompt_captures
