@@ -119,6 +119,7 @@ class SpecEngine(GateSteps):
         self._resting: set[int] = set()         # this step: id() of the sequences the gate rests (no features)
         self._resting_keys: set[str] = set()    # this step: gate keys whose every gated request rests
         self._gate_drafting: dict[str, list[Sequence]] = {}   # this step: gate key -> its sequences that draft
+        self._gate_capturing: set[str] = set()  # this step: gate keys whose requests did drafter work, no draft
         self._profiled = False                  # this step measured self.sps: its time is no gate sample
         self._rest_absorbed = False             # a rest this step ran the drafter (absorb): no gate sample
         self._decode_step = False               # this step: every sequence decodes one token (set by step)

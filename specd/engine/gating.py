@@ -60,7 +60,9 @@ class GateSteps:
         """Report a finished pure decode step to the gate, under each gated method's arm. A step with
         prompt chunks, one that measured the SPS profile, one that captured a CUDA graph (``timed``
         False), or one where a rest began by absorbing features (``_rest``: a drafter pass in a resting
-        step) says nothing about either arm's cost; the requests' acceptance is still recorded."""
+        step) says nothing about either arm's cost; the requests' acceptance is still recorded. A pure
+        decode step that drafted for nobody but captured or absorbed features for a gate key
+        (``_gate_capturing``) is charged to that key's next drafting sample (``SpecGate.charge``)."""
         arms, self._gate_arms = self._gate_arms, {}
         self._resting = set()
         self._resting_keys = set()
@@ -70,7 +72,13 @@ class GateSteps:
                 seq.gate_acceptance.add(emitted.get(id(seq), 1), pool=self._pools(seq))
         profiled, self._profiled = self._profiled, False
         absorbed, self._rest_absorbed = self._rest_absorbed, False
-        if self.spec_gate is None or profiled or absorbed or not timed or not self._decode_step:
+        capturing, self._gate_capturing = self._gate_capturing, set()
+        if self.spec_gate is None or profiled or not timed or not self._decode_step:
+            return
+        if capturing and not any(arms.values()):      # a ``capture`` step: drafting's cost, not a sample
+            for key in capturing:
+                self.spec_gate.charge(key, len(batch), seconds)
+        if absorbed:
             return
         tokens = sum(emitted.values())
         drafts = {id(s.seq): s.num_draft for s in batch} if any(arms.values()) else {}
@@ -127,8 +135,9 @@ class GateSteps:
                     self._rest_chain = RestChain(key, load_bucket(len(batch)), len(batch), len(group),
                                                  self._counters["steps_total"], records)
             else:                # capture this step's features: the probe (or the resuming requests)
-                self._gate_arms.pop(key, None)      # draft from a fresh context; the capture's time is
-            resting.update(id(s) for s in members)  # no resting sample
+                self._gate_arms.pop(key, None)      # draft from a fresh context; the capture's time is no
+                self._gate_capturing.add(key)       # resting sample, it is charged to the next drafting one
+            resting.update(id(s) for s in members)
         return [s for s in group if id(s) not in resting] if resting else group
 
     def _rests_again(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], chain: "RestChain | None") -> bool:
@@ -157,6 +166,7 @@ class GateSteps:
         chain.owed += 1          # this step's aging (those that left since owe it too: nobody reads them)
         if self.spec_gate.probe_next(chain.key, size):
             chain.settle()       # the probe's features are captured this step: no resting sample (``_gate_arms``)
+            self._gate_capturing.add(chain.key)
             return True
         self._gate_arms[chain.key] = False
         self._resting_keys.add(chain.key)
@@ -411,7 +421,9 @@ class GateSteps:
                 # requests with captured prompts rest from their first decode step: the likely cause,
                 # not isolated), rated plain decoding at 2,328 tok/s where its steps ran ~3,500, and
                 # coding drafted at c = 16 through three of four repeats at 0.86x `none`
-                self._rest_absorbed = absorb(group) or self._rest_absorbed
+                if absorb(group):
+                    self._rest_absorbed = True
+                    self._gate_capturing.update(q.gate_key for q in group if q.gate_key is not None)
         for seq in seqs:
             self._resting.add(id(seq))
             seq.draft_feats = None

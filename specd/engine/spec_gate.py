@@ -287,6 +287,7 @@ class Cell:
     rest_bound: tuple | None = None   # while the prediction rests its requests: the highest acceptance they
                                       # can drift to, for them and for any subset (``SpecGate.rests_again``)
     rest_admitted: int = -1   # ``SpecGate.admitted`` when ``rest_bound`` was taken (a new request may explore)
+    capture_s: float = 0.0    # capture steps' time over plain steps since the last drafting sample (``charge``)
 
     def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:
         """The drafting rate per sequence (``Rate.per_seq_s``) predicted for a batch whose drafting step
@@ -360,6 +361,7 @@ class SpecGate:
         self.admitted = 0          # records made (``record``): a new request can make its class explore
         # measured steps that drafted, by why (DRAFT_REASONS): what a run's drafting steps were for
         self.drafted_by = dict.fromkeys(DRAFT_REASONS, 0)
+        self.charged_s = 0.0       # capture steps' time charged to drafting samples (``charge``), in all
 
     def record(self, method: str, prompt: list[int]) -> Acceptance:
         """A new request's acceptance record, tied to its prompt class's pooled record under ``method``
@@ -660,9 +662,32 @@ class SpecGate:
         cell.plain.age(self.decay)
         if drafted:
             cell.rest_bound = None
+            seconds, cell.capture_s = seconds + cell.capture_s, 0.0     # the captures this drafting took
             cell.draft.add(tokens, seconds, sequences, drafters)
         else:
             cell.plain.add(tokens, seconds, sequences)
+
+    def charge(self, method: str, sequences: int, seconds: float) -> float:
+        """A measured-shape step that drafted for nobody but captured target features or absorbed them
+        for drafting (a probe's announcement, resuming requests, a rest's absorb: the engine's ``capture``
+        steps) lasted ``seconds``: its time over this cell's plain step goes on the next drafting sample,
+        which it served. Returns the seconds charged.
+
+        Why: such steps are no sample of either arm, so the comparison of drafting with plain decoding
+        did not see them, nor did a probe's wait (``_wait``). H200, session 18, run BF: where the arms
+        were near a tie (coding at c = 4, drafting ~5% behind), the gate drafted intermittently and each
+        switch cost capture steps at 1.3-1.5x a plain step, 5-10 a run; scheduled dspark ran 0.93x `none`
+        there. Charged to the next drafting sample, not to the arm's decayed sums: a resting cell's
+        drafting arm is essentially its latest probe (``DECAY``), and the charge belongs with it."""
+        cell = self.cells.get((method, load_bucket(sequences)))
+        if cell is None or not cell.plain.samples or not cell.draft.samples:
+            return 0.0
+        extra = seconds - cell.plain.step_s
+        if extra <= 0:
+            return 0.0
+        cell.capture_s += extra
+        self.charged_s += extra
+        return extra
 
     def exploring(self, method: str) -> list[int]:
         """The load buckets of ``method``'s cells that are still exploring (a new cell measures both arms
@@ -683,7 +708,8 @@ class SpecGate:
     def stats(self) -> dict[str, float | int]:
         """Flat, for engine stats and /metrics: per cell the measured tok/s of each arm, the samples, and
         whether drafting currently wins (1) or the drafter rests (0), at the cell's own acceptance."""
-        out: dict[str, float | int] = {"spec_gate_probes_total": self.probes}
+        out: dict[str, float | int] = {"spec_gate_probes_total": self.probes,
+                                       "spec_gate_capture_charged_seconds_total": self.charged_s}
         for reason, n in self.drafted_by.items():
             out[f"spec_gate_drafted_{reason}_steps_total"] = n
         for (method, bucket), cell in sorted(self.cells.items()):

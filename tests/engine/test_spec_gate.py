@@ -783,6 +783,7 @@ class ScriptedGate:
     def __init__(self, arms, beside_prompts=False):
         self.arms = list(arms)
         self.beside_prompts = beside_prompts
+        self.charged = []          # (method, sequences) of each step charged to drafting (``charge``)
 
     def drafts_beside_prompts(self, method, sequences, requests, verify=None):
         """A step with prompt chunks: the scripted answer, no arm used."""
@@ -814,6 +815,10 @@ class ScriptedGate:
 
     def observe(self, *args):
         pass
+
+    def charge(self, method, sequences, seconds):
+        self.charged.append((method, sequences))
+        return 0.0
 
     def stats(self):
         return {}
@@ -936,7 +941,7 @@ def test_a_probes_announcement_is_a_capture_step(engine):
             self.asked += 1
             return self.asked == self.announce_at
 
-    engine.spec_gate = AnnouncesOnce([False] * 100, announce_at=4)
+    engine.spec_gate = gate = AnnouncesOnce([False] * 100, announce_at=4)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     try:
         engine.add_request(Request("probe", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
@@ -952,6 +957,7 @@ def test_a_probes_announcement_is_a_capture_step(engine):
     first = decode.index("capture")
     assert decode[first:first + 2] == ["capture", "capture"] and decode.count("capture") == 2
     assert decode.count("draft") == 0 and decode.count("plain") == len(decode) - 2 >= 10
+    assert gate.charged == [("dspark", 1), ("dspark", 1)]      # both charged to drafting, nothing else
 
 
 @pytest.mark.parametrize("drafts_first", [True, False])
@@ -1577,3 +1583,24 @@ def test_a_rest_carried_through_prompt_steps_rests_and_captures_as_the_full_path
         assert not any(caps)
     else:               # the explorer's prompt captured in its one step: the carried rest ended there
         assert len(caps) == 1 and caps[0]
+
+
+def test_a_capture_steps_time_over_plain_goes_on_the_next_drafting_sample():
+    """``SpecGate.charge``: a capture step's excess over the cell's plain step is added to the next drafting
+    sample's seconds, once; nothing is charged before both arms have samples, nor for a step no slower
+    than plain. The drafting arm's rate and step time then include it (and so the probe's wait)."""
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=1000, probe_max=1000)
+    assert gate.charge("dspark", 4, 1.0) == 0.0                       # no cell yet
+    drive(gate, 4, draft_tok_s=800.0)                                 # explored: 4 tokens in 5 ms a drafting step
+    cell = gate.cells[("dspark", 4)]
+    plain = cell.plain.step_s                                         # 4 ms
+    assert gate.charge("dspark", 4, plain * 0.5) == 0.0 and cell.capture_s == 0.0
+    assert gate.charge("dspark", 4, plain + 0.002) == pytest.approx(0.002)
+    assert gate.charge("dspark", 5, plain + 0.001) == pytest.approx(0.001)   # same bucket
+    before = (cell.draft.seconds, cell.draft.tokens)
+    gate.observe("dspark", 4, True, 4, 0.005)
+    assert cell.draft.seconds == pytest.approx(before[0] * 0.9 + 0.005 + 0.003)
+    assert cell.draft.tokens == pytest.approx(before[1] * 0.9 + 4) and cell.capture_s == 0.0
+    gate.observe("dspark", 4, True, 4, 0.005)                         # charged once
+    assert cell.draft.seconds == pytest.approx((before[0] * 0.9 + 0.008) * 0.9 + 0.005)
+    assert gate.stats()["spec_gate_capture_charged_seconds_total"] == pytest.approx(0.003)
