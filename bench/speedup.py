@@ -639,7 +639,7 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                     run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}")
                     extra[row] = finish_exploring(engine, row, level, lambda tag: run_closed_loop(
                         engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}"))
-            if getattr(args, "gc", "default") == "freeze":    # untimed: the warm-ups' objects too
+            if args.gc == "freeze":              # untimed: the warm-ups' objects too
                 freeze_heap(f"the warm-ups of {name} c={level}")
             for rep in range(args.repeats):
                 for row in repeat_order(rows, rep):

@@ -6,9 +6,10 @@ every container object the process holds. With torch, the tokenizer and the engi
 hundred thousand objects: on the CPU machine a full pass over the bench's heap (~220-330k objects after
 loading stories260K) took 113-182 ms, and a generation 1 pass up to 4 ms (``python -m bench speedup`` on
 stories260K, passes timed with ``gc.callbacks``). A decode step on the H200 is 2-10 ms, so one full pass
-lands in a step as a 10-50x outlier: an ITL p99 spike for users, and for ``bench speedup`` a run of ~1 s
-that one pass slows by 10%, which is the size of the A/A spread the 3% never-slower band could not
-resolve (docs/results/speedup.md, session 17: A/A repeats 0.91-1.16 at c = 32).
+lands in a step as a 10-50x outlier: an ITL p99 spike for users. Such passes are rare in steady serving
+(most of a step's objects die by reference counting): on the H200 (session 18, runs BF-BI) no timed run
+of ``bench speedup`` held a generation-2 pass, frozen or not, so they are not that bench's run-to-run
+spread; the freeze guards against the rare long pause, it is no measured speed-up.
 
 ``gc.freeze()`` after start-up moves every object alive then (weights' Python wrappers, the tokenizer,
 CUDA-graph pools, module state) to a permanent generation the collector no longer walks; what the loop
@@ -27,8 +28,9 @@ GENERATIONS = (0, 1, 2)
 
 
 class GcPauses:
-    """Collector passes and the seconds they took, by generation, since ``install`` (process-wide: the
-    collector is one per interpreter, so every engine in the process reads the same counts)."""
+    """Collector passes and the seconds they took, by generation, since ``pauses()`` installed it
+    (process-wide: the collector is one per interpreter, so every engine in the process reads the same
+    counts)."""
 
     def __init__(self) -> None:
         self.passes = [0, 0, 0]

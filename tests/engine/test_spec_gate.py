@@ -475,16 +475,8 @@ def test_rests_again_rests_only_where_the_full_question_rests(records, plain_spe
     drafting win. Wherever the shortcut rests, the full question rests too, and the two gates' probe
     clocks stay equal; a shortcut that read the records as they were when the rest began, or the whole
     group's bound for a subset, fails this."""
-    import copy
-
-    from specd.engine.spec_gate import Acceptance
-
-    gate = SpecGate(warmup=0, min_samples=2, probe_every=24, probe_max=64, probe_steps=1)
     n = len(records) + extra                     # some sequences of the batch are not gated
-    for drafted in (True, True, False, False):   # drafting at draft_tok_s and 2 tokens a sequence
-        gate.should_draft("dspark", n)
-        gate.observe("dspark", n, drafted, 2 * n if drafted else n,
-                     2 * n / draft_tok_s if drafted else n / 400.0, Drafters(n, 2 * n, 7 * n) if drafted else None)
+    gate = explored_gate(n, draft_tok_s)
     classes = [gate.record("dspark", [c]) for c in range(3)]
     recs = []
     for per_step, steps, c in records:           # its own record: 1-4 tokens a step over 0.5-6 steps
@@ -497,24 +489,50 @@ def test_rests_again_rests_only_where_the_full_question_rests(records, plain_spe
     for speed, leave in zip(plain_speeds, leaves):
         if leave and len(recs) > 1 and load_bucket(n - 1) == load_bucket(n):
             recs, n, subset = recs[1:], n - 1, True      # the first request finished
-        full_gate, full_recs = copy.deepcopy((gate, recs))
-        fast = gate.rests_again("dspark", n, subset=subset)
-        full = full_gate.should_draft("dspark", n, requests=full_recs)
-        if fast:
-            shortcut += 1
-            assert not full
-            assert gate.cells[("dspark", load_bucket(n))].clock == full_gate.cells[("dspark", load_bucket(n))].clock
-        else:
-            drafted = gate.should_draft("dspark", n, requests=recs)
-            assert drafted == full
-            subset = False                               # the full question took the bound for these
-        rested = not full
-        if rested:
-            Acceptance.rest_all(recs)
-        gate.observe("dspark", n, not rested, n if rested else 2 * n,
-                     (n / (400.0 * speed)) if rested else 2 * n / draft_tok_s,
-                     None if rested else Drafters(n, 2 * n, 7 * n))
+        fast, _ = step_both_ways(gate, recs, n, subset, speed, draft_tok_s)
+        shortcut += fast
+        subset = subset and fast                         # the full question took the bound for these
     note(f"{shortcut} of {len(plain_speeds)} steps took the shortcut")
+
+
+def explored_gate(n: int, draft_tok_s: float) -> SpecGate:
+    """A gate whose ``n``-sequence cell has explored both arms: drafting at ``draft_tok_s`` and 2 tokens a
+    sequence, plain decoding at 400 tok/s."""
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=24, probe_max=64, probe_steps=1)
+    for drafted in (True, True, False, False):
+        gate.should_draft("dspark", n)
+        gate.observe("dspark", n, drafted, 2 * n if drafted else n,
+                     2 * n / draft_tok_s if drafted else n / 400.0, Drafters(n, 2 * n, 7 * n) if drafted else None)
+    return gate
+
+
+def step_both_ways(gate: SpecGate, recs: list, n: int, subset: bool, speed: float, draft_tok_s: float,
+                   shortcut: bool = True) -> tuple[bool, bool]:
+    """One measured step asked both ways, on a copy of the gate and records: the steady rest's shortcut
+    (``rests_again``, unless ``shortcut`` is False) and the full question (``should_draft``). Wherever the
+    shortcut rests, the full question rests too, and the two gates' probe clocks stay equal; where it
+    does not answer, the gate asks in full and agrees. Then the records age if the step rested, and the
+    step is reported (plain decoding at 400 × ``speed`` tok/s). Returns (the shortcut rested, the step
+    rested)."""
+    import copy
+
+    from specd.engine.spec_gate import Acceptance
+
+    full_gate, full_recs = copy.deepcopy((gate, recs))
+    fast = shortcut and gate.rests_again("dspark", n, subset=subset)
+    full = full_gate.should_draft("dspark", n, requests=full_recs)
+    if fast:
+        assert not full
+        assert gate.cells[("dspark", load_bucket(n))].clock == full_gate.cells[("dspark", load_bucket(n))].clock
+    else:
+        assert gate.should_draft("dspark", n, requests=recs) == full
+    rested = not full
+    if rested:
+        Acceptance.rest_all(recs)
+    gate.observe("dspark", n, not rested, n if rested else 2 * n,
+                 (n / (400.0 * speed)) if rested else 2 * n / draft_tok_s,
+                 None if rested else Drafters(n, 2 * n, 7 * n))
+    return fast, rested
 
 
 @settings(max_examples=100, deadline=None)
@@ -535,16 +553,10 @@ def test_a_rest_joined_by_new_requests_rests_only_where_the_full_question_rests(
     rests, the full question over the group's current records rests too, and the probe clocks stay
     equal. A join refused (a joiner explores its class: class 2 here; or no rest to join) makes the next
     step ask in full. A bound that ignored the joiners fails this (the first example)."""
-    import copy
+    from specd.engine.spec_gate import CLASS_EXPLORE
 
-    from specd.engine.spec_gate import CLASS_EXPLORE, Acceptance
-
-    gate = SpecGate(warmup=0, min_samples=2, probe_every=24, probe_max=64, probe_steps=1)
     n = len(records) + 2                         # two sequences of the batch are not gated
-    for drafted in (True, True, False, False):   # drafting at draft_tok_s and 2 tokens a sequence
-        gate.should_draft("dspark", n)
-        gate.observe("dspark", n, drafted, 2 * n if drafted else n,
-                     2 * n / draft_tok_s if drafted else n / 400.0, Drafters(n, 2 * n, 7 * n) if drafted else None)
+    gate = explored_gate(n, draft_tok_s)
     classes = [gate.record("dspark", [c]) for c in range(3)]
     for rate, g, explored in zip(rates, classes, (True, True, False)):
         g.group.tokens, g.group.steps = 4.0 * rate, 4.0
@@ -568,24 +580,10 @@ def test_a_rest_joined_by_new_requests_rests_only_where_the_full_question_rests(
             else:
                 ask_full = True                              # the engine ends the chain: the next step asks in full
             recs, n = recs + [r], n + 1
-        full_gate, full_recs = copy.deepcopy((gate, recs))
-        fast = not ask_full and gate.rests_again("dspark", n, subset=subset)
-        full = full_gate.should_draft("dspark", n, requests=full_recs)
-        if fast:
-            shortcut += 1
-            assert not full
-            assert gate.cells[("dspark", load_bucket(n))].clock == full_gate.cells[("dspark", load_bucket(n))].clock
-        else:
-            drafted = gate.should_draft("dspark", n, requests=recs)
-            assert drafted == full
-            subset = False                               # the full question took the bound for these
-        rested = not full
+        fast, rested = step_both_ways(gate, recs, n, subset, speed, draft_tok_s, shortcut=not ask_full)
+        shortcut += fast
+        subset = subset and fast                         # the full question took the bound for these
         ask_full = not rested                            # a chain starts only where the prediction rests
-        if rested:
-            Acceptance.rest_all(recs)
-        gate.observe("dspark", n, not rested, n if rested else 2 * n,
-                     (n / (400.0 * speed)) if rested else 2 * n / draft_tok_s,
-                     None if rested else Drafters(n, 2 * n, 7 * n))
     note(f"{shortcut} of {len(plain_speeds)} steps took the shortcut, {joined} joins folded")
 
 
