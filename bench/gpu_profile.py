@@ -20,19 +20,16 @@ from pathlib import Path
 import torch
 
 from specd.engine.paged_backend import PagedAttentionBackend, StepMetadata
+from specd.loader.random_weights import SHAPES as MODEL_SHAPES
 from specd.models.config import ModelConfig
 from specd.models.decoder import DecoderModel
 from specd.sampling_params import SamplingParams
 
-SHAPES = {
-    "qwen2.5-0.5b": dict(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
-                          num_heads=14, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6, rope_theta=1e6,
-                          qkv_bias=True, max_position_embeddings=32768),
+SHAPES = {  # the published shapes live with the random-weights loader; "tiny" is this profile's CPU smoke size
+    "qwen2.5-0.5b": MODEL_SHAPES["qwen2.5-0.5b"],
+    "qwen3-8b": MODEL_SHAPES["qwen3-8b"],
     "tiny": dict(arch="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
                  num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=2048),
-    "qwen3-8b": dict(arch="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
-                      num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
-                      qk_norm=True, max_position_embeddings=40960),
 }
 BLOCK = 16
 

@@ -40,6 +40,7 @@ from bench.report import baseline_name, write_report
 from bench.stack import CONFIGS, Stack, StackOptions, StackPool
 from bench.stats import percentile
 from bench.workloads.format import Session, read_sessions, write_sessions
+from specd.loader.random_weights import model_label
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -415,7 +416,7 @@ def run_meta(args: argparse.Namespace) -> dict[str, Any]:
     source = f"trace {args.trace.name} (first {args.trace_limit})" if args.trace else args.workload
     loop = {"closed": "closed loop", "poisson": f"open loop, Poisson {args.rate}/s",
             "recorded": "open loop, recorded arrivals"}[args.arrivals]
-    return {"model": args.model.name, "workload": source, "sessions": args.sessions, "scale": args.scale,
+    return {"model": model_label(args.model), "workload": source, "sessions": args.sessions, "scale": args.scale,
             "device": device_label(args.device), "transport": "HTTP (openai.AsyncOpenAI)" if args.http else "IPC",
             "load": f"{loop}; time scale {args.time_scale}; concurrency caps conversations in flight",
             "max_tokens": args.max_tokens or "per turn", "repeats": args.repeats,

@@ -35,6 +35,7 @@ from typing import Any
 from bench import serve
 from bench.report import check_report, write_report
 from bench.stack import StackError, StackPool
+from specd.loader.random_weights import model_label
 
 PLANS_DIR = Path(__file__).resolve().parent / "plans"
 MAX_OUT_FILES = 8
@@ -241,7 +242,7 @@ def write_outputs(plan: dict, outcomes: list[StepOutcome], args: argparse.Namesp
             shutil.copyfile(o.plot, dest)
             written.append(dest)
     lines = [f"# Plan `{plan['name']}`", "", plan.get("description", ""), "",
-             f"Model {args.model.name}, device {args.device}, budget {args.budget_s:.0f} s, ran {elapsed_s:.0f} s.", "",
+             f"Model {model_label(args.model)}, device {args.device}, budget {args.budget_s:.0f} s, ran {elapsed_s:.0f} s.", "",
              "| step | part | status | consistency |", "|---|---|---|---|"]
     for o in outcomes:
         problems = check_report(o.results) if o.results else ["no finished level"]

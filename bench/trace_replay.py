@@ -21,6 +21,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specd.loader.random_weights import is_random_dir
+
 from bench.loadgen import TurnRequest
 from bench.mooncake import TRACE_BLOCK_TOKENS, TraceRequest, block_tokens, read_trace
 
@@ -77,8 +79,13 @@ def trace_scripts(requests: list[TraceRequest], *, tokens_per_hash: int, vocab: 
 
 
 def model_vocab_size(model: Path) -> int:
-    """The vocabulary of a GGUF file (its token list) or an HF directory (config.json), without loading weights."""
+    """The vocabulary of a GGUF file (its token list), a random-weights directory (its tokenizer's, which is what
+    the GGUF it came from had) or an HF directory (config.json), without loading weights."""
     model = Path(model)
+    if is_random_dir(model):
+        import tokenizers
+
+        return tokenizers.Tokenizer.from_file(str(model / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
     if model.is_dir():
         return int(json.loads((model / "config.json").read_text())["vocab_size"])
     import gguf

