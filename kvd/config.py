@@ -87,6 +87,11 @@ class KvdConfig(BaseModel):
     promote_nvme_gbps: float = Field(
         default=1.5, gt=0, description="Starting estimate of the NVMe->GPU promotion rate (GB/s), as above.",
     )
+    skip_unpaid_nvme: bool = Field(
+        default=True, description="Write a block to NVMe only while promoting it back (the measured NVMe rate) is "
+        "predicted cheaper than the client's recompute price from its lookups; otherwise DRAM's victims are dropped "
+        "(nvme_unpaid_drops). Off: NVMe takes every admitted DRAM victim.",
+    )
     move_workers: int = Field(
         default=1,
         ge=0,

@@ -40,7 +40,7 @@ BATCH_OPS = ("lookup", "allocate", "commit", "release", "heartbeat")
 DEMOTE_COUNTERS = tuple(f"demote_{t}_{what}" for t in ("dram", "nvme") for what in ("blocks", "seconds"))
 # per-group counters of the background cleaner and of the request path under pressure (also summed globally)
 CLEAN_COUNTERS = ("clean_passes", "clean_batches", "clean_seconds", "demote_cancels", "demote_errors",
-                  "pressure_drops", "pressure_waits", "pressure_wait_seconds", "spill_drops")
+                  "pressure_drops", "pressure_waits", "pressure_wait_seconds", "spill_drops", "nvme_unpaid_drops")
 MAX_BATCHES_PER_PASS = 256   # a pass yields (and re-reads the marks) after this many batches per group
 # before each batch the cleaner waits this long at most for queued promotions to finish: promotions sit in
 # a parked request's TTFT, demotions only keep a reserve (docs/design/kvd.md, "Promotions")
@@ -85,7 +85,7 @@ class KvdCore:
                     g = CacheGroup(group, block_bytes, self.config, self._tag, self.clock(), tail_blocks)
                 except ValueError as e:
                     raise KvdError("no_capacity", str(e)) from e
-                g.wake, g.wait_for_room = self.cleaner.wake, self._wait_for_room
+                g.wake, g.wait_for_room, g.promote_s = self.cleaner.wake, self._wait_for_room, self.rates.seconds
                 self.groups[group] = g
             elif g.block_bytes != block_bytes or g.tail_blocks != tail_blocks:
                 raise KvdError("group_mismatch",
@@ -141,6 +141,9 @@ class KvdCore:
         with self._request_lock():
             gs = [self._group(name) for name in groups]
             now = self.clock()
+            if recompute_s is not None:
+                for g in gs:
+                    g.recompute_s = recompute_s     # what an NVMe block must beat (CacheGroup.nvme_pays)
             recs, candidates = self._servable(gs, hashes)
             hit = self._budget(gs, recs, candidates, recompute_s)
             hit, held, jobs = self._hold_hit(client, gs, recs, hit, now, session)
@@ -777,7 +780,8 @@ class KvdCore:
             for name, g in self.groups.items():
                 occ = g.occupancy()
                 groups[name] = {"block_bytes": g.block_bytes, "tail_blocks": g.tail_blocks, "blocks": len(g.index), "tiers": occ,
-                                "nvme_degraded": g.nvme_degraded, **{k: g.counters[k] for k in CLEAN_COUNTERS},
+                                "nvme_degraded": g.nvme_degraded, "nvme_pays": Tier.NVME in g.pools and g.nvme_pays(),
+                                **{k: g.counters[k] for k in CLEAN_COUNTERS},
                                 **dict(g.counters), "watermarks": _marks(g.marks)}
                 agg.update(g.counters)
                 for t, o in occ.items():

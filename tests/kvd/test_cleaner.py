@@ -208,6 +208,36 @@ def test_full_dram_spills_so_the_gpu_reserve_never_waits_for_nvme(make_core, tmp
     core._finish_batch(g, batch, None, 0.0)
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_nvme_is_written_only_while_promoting_from_it_beats_recomputing(make_core, tmp_path, skip):
+    """CacheGroup.nvme_pays: once a lookup names a recompute price below what an NVMe promotion of a block is
+    predicted to cost, DRAM's victims are dropped (nvme_unpaid_drops) instead of written to NVMe; a higher
+    price turns the writes back on. ``skip_unpaid_nvme=False`` writes whatever the price."""
+    core = make_core(policy="lru-offload", gpu_blocks=8, dram_blocks=4, nvme_blocks=32, nvme_dir=tmp_path / "nvme",
+                     clean_low=0.99, clean_high=0.99, clean_batch=2, skip_unpaid_nvme=skip)
+    g = core.groups["full"]
+    nvme_s = core.rates.seconds(Tier.NVME, BB)
+    core.lookup("c", "full", [h(999)], recompute_s=nvme_s / 2)      # recomputing a block is the cheaper way
+    for i in range(16):
+        put(core, [100 + i])
+        settle(core)
+    s = core.stats()["groups"]["full"]
+    assert s["nvme_pays"] is (not skip)
+    if skip:
+        assert s.get("demote_nvme_blocks", 0) == 0 and s["nvme_unpaid_drops"] > 0 and s["spill_drops"] == 0
+        assert g.pools[Tier.NVME].free_count == 32
+    else:
+        assert s["demote_nvme_blocks"] > 0 and s["nvme_unpaid_drops"] == 0
+
+    core.lookup("c", "full", [h(999)], recompute_s=nvme_s * 2)      # now an NVMe block saves time
+    assert core.stats()["groups"]["full"]["nvme_pays"] is True
+    before = core.stats()["groups"]["full"].get("demote_nvme_blocks", 0)
+    for i in range(16):
+        put(core, [300 + i])
+        settle(core)
+    assert core.stats()["groups"]["full"]["demote_nvme_blocks"] > before
+
+
 @pytest.mark.parametrize("policy", ["lru-offload", "reuse"])
 def test_threads_commit_and_look_up_while_the_cleaner_runs(make_core, tmp_path, policy):
     """Every hit's bytes equal what was committed under its hash, whatever tier it came from."""
