@@ -13,7 +13,7 @@ SCHEDULES = ("confidence", "fixed", "gated")
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: Path = Field(DEFAULT_MODEL, description="GGUF file or Hugging Face directory of the target model.")
+    model: Path = Field(DEFAULT_MODEL, description="GGUF file or Hugging Face directory of the target model (or a random-weights directory, for timing only: specd/loader/random_weights.py).")
     dtype: str = Field("auto", description="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 or float16.")
     device: str = Field("auto", description="auto, cpu or cuda.")
     block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV block; must match kvd's namespace.")
