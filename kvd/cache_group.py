@@ -128,7 +128,14 @@ class CacheGroup:
         lower = self._lower(rec.tier)
         if lower is not None:
             self.counters["pressure_drops" if self.policy.admits(rec, lower) else "admission_rejects"] += 1
+        else:
+            self._count_unpaid(rec.tier)
         self.drop(rec)
+
+    def _count_unpaid(self, tier: Tier) -> None:
+        """A victim of ``tier`` dropped because the NVMe tier below it does not pay (``nvme_pays``)."""
+        if self._next(tier) is Tier.NVME and not self.nvme_degraded:
+            self.counters["nvme_unpaid_drops"] += 1
 
     # --- background demotion (kvd/demotion.py has the protocol) -----------------------------------
     def clean_want(self, tier: Tier) -> int:
@@ -180,8 +187,8 @@ class CacheGroup:
                 self.policy.on_removed(victims[0])
                 if self._lower(tier) is not None:
                     self.counters["spill_drops"] += 1
-                elif self._next(tier) is Tier.NVME and not self.nvme_degraded:
-                    self.counters["nvme_unpaid_drops"] += 1
+                else:
+                    self._count_unpaid(tier)
                 self.drop(victims[0])
         return pool.alloc()
 

@@ -1,6 +1,7 @@
 """The prefetch budget end to end (stories260K, real kvd with an NVMe tier): a prompt whose cached blocks
 were demoted to NVMe is recomputed when kvd is told NVMe is absurdly slow, promoted when it is fast, and
-the output is the same as without any cache either way; kvctl stats shows the decisions."""
+the output is the same as without any cache either way; kvctl stats shows the decisions. With the default
+``skip_unpaid_nvme`` a slow NVMe is not even written (the engine's lookups carry its recompute price)."""
 from __future__ import annotations
 
 import json
@@ -26,13 +27,14 @@ def prompts(vocab: int) -> tuple[list[int], list[list[int]]]:
     return first, flood
 
 
-@pytest.mark.parametrize("nvme_gbps,recomputed", [(1e-9, True), (100.0, False)])
-def test_slow_nvme_hit_is_recomputed_with_the_same_output(tmp_path, capsys, nvme_gbps, recomputed):
+@pytest.mark.parametrize("nvme_gbps,recomputed,skip_unpaid", [(1e-9, True, False), (100.0, False, True),
+                                                              (1e-9, True, True)])
+def test_slow_nvme_hit_is_recomputed_with_the_same_output(tmp_path, capsys, nvme_gbps, recomputed, skip_unpaid):
     torch.set_num_threads(1)
     local = SpecEngine.from_config(EngineConfig(cuda_graphs=False))
     with KvdProcess(tmp_path / "kvd", gpu_bytes=28 * BLOCK_BYTES, dram_blocks=0, nvme_blocks=64,
                     nvme_dir=tmp_path / "nvme", policy="lru-offload", max_groups=1,
-                    promote_nvme_gbps=nvme_gbps) as kvd:
+                    promote_nvme_gbps=nvme_gbps, skip_unpaid_nvme=skip_unpaid) as kvd:
         eng = SpecEngine.from_config(EngineConfig(kvd_run_dir=kvd.run_dir, cuda_graphs=False))
         first, flood = prompts(eng.model.config.vocab_size)
         want, _ = run(local, "w", first)
@@ -44,7 +46,13 @@ def test_slow_nvme_hit_is_recomputed_with_the_same_output(tmp_path, capsys, nvme
         assert got == want                                         # the cache never changes the output
         assert kvctl.main(["--run-dir", str(kvd.run_dir), "stats", "--json"]) == 0
         stats = json.loads(capsys.readouterr().out)
-    if recomputed:
+    group = stats["groups"]["full"]
+    if recomputed and skip_unpaid:      # never written: the flood's victims were dropped, not sent to NVMe
+        assert group["nvme_pays"] is False and group["nvme_unpaid_drops"] > 0
+        assert stats["demote_nvme_blocks"] == 0 and stats["prefetch_promoted_blocks"] == 0
+        assert usage.cached_tokens < 9 * 16
+    elif recomputed:
+        assert group["nvme_pays"] is True and stats["demote_nvme_blocks"] > 0
         assert stats["prefetch_recompute_lookups"] >= 1 and stats["prefetch_promoted_blocks"] == 0
         assert usage.cached_tokens < 9 * 16
     else:
