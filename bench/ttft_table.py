@@ -7,7 +7,8 @@ does not print (it has p50/p99 and throughput), and a plan step cut by its time 
 but keeps every finished request (``<part>.json``'s ``steps.<step>.requests``). This reads those records, so
 every figure in docs/results/kv.md can be recomputed from the committed raw data. Ratios are baseline over
 config (higher is better); percentiles interpolate (bench/stats.py). The per-turn table shows where the time
-goes in multi-turn sessions: cached and prompt tokens and mean TTFT of each turn index.
+goes in multi-turn sessions: cached and prompt tokens and mean TTFT of each turn index. ``--throughput``
+prints output throughput against the baseline instead, summed and per repeat (the 0%-hit overhead).
 """
 from __future__ import annotations
 
@@ -25,14 +26,41 @@ class TableError(ValueError):
     """A part file, step or baseline the table cannot be made from."""
 
 
-def load_requests(path: Path, step: str) -> list[dict]:
+def load_step(path: Path, step: str) -> dict:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         part = json.load(f)
     steps = part.get("steps", {})
     if step not in steps:
         raise TableError(f"{path} has no step {step!r} (steps: {', '.join(steps) or 'none'})")
-    return steps[step]["requests"]
+    return steps[step]
+
+
+def load_requests(path: Path, step: str) -> list[dict]:
+    return load_step(path, step)["requests"]
+
+
+def throughput(results: dict, baseline: str) -> str:
+    """Output throughput over the baseline's, per concurrency: the summed ratio and the per-repeat ratios'
+    median and range (a repeat's cells ran back to back, so each pair saw the same machine drift)."""
+    configs = results.get("configs", {})
+    if baseline not in configs:
+        raise TableError(f"no results of baseline {baseline!r} (configs: {', '.join(configs)})")
+    rows = ["| config | concurrency | out tok/s | × baseline | per-repeat × baseline: median (min-max) |",
+            "|---|---|---|---|---|"]
+    for config, levels in configs.items():
+        for level, cell in levels.items():
+            base = configs[baseline].get(level)
+            if base is None:
+                continue
+            mine = [r["output_tok_s"] for r in cell["repeats"]]
+            theirs = [r["output_tok_s"] for r in base["repeats"]]
+            ratios = [a / b for a, b in zip(mine, theirs)]
+            total = cell["completion_tokens"] / cell["wall_time_s"]
+            whole = total / (base["completion_tokens"] / base["wall_time_s"])
+            rows.append(f"| {config} | {level} | {total:,.0f} | {whole:.3f} | {statistics.median(ratios):.3f} "
+                        f"({min(ratios):.3f}-{max(ratios):.3f}) |")
+    return "\n".join(rows)
 
 
 def summary(records: list[dict], baseline: str) -> str:
@@ -118,8 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", action="store_true", help="also print the per-turn table (cached/prompt tokens, TTFT)")
     p.add_argument("--breakdown", action="store_true",
                    help="also print where each turn's mean TTFT went: before the engine, queued (parked), prefill")
+    p.add_argument("--throughput", action="store_true",
+                   help="print output throughput against the baseline instead (summed and per repeat), e.g. for "
+                        "the 0%%-hit overhead with --baseline standard")
     args = p.parse_args(argv)
     try:
+        if args.throughput:
+            print(throughput(load_step(args.part, args.step)["results"], args.baseline))
+            return 0
         records = load_requests(args.part, args.step)
         print(summary(records, args.baseline))
         if args.turns:

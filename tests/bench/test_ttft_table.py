@@ -48,3 +48,19 @@ def test_breakdown_splits_the_mean_ttft():
     table = breakdown(records)
     assert "| ours |  | 50 / 50 (30) / 100 |" in table     # turn 0 empty, turn 1 split
     assert "| old | 50 |  |" in table
+
+
+def test_throughput_pairs_each_repeat_with_the_baselines(tmp_path, capsys):
+    def cell(per_repeat, tokens, wall):
+        return {"32": {"repeats": [{"output_tok_s": v} for v in per_repeat], "completion_tokens": tokens,
+                       "wall_time_s": wall}}
+
+    results = {"configs": {"standard": cell([100.0, 200.0, 100.0], 4000, 20.0),
+                           "ours": cell([99.0, 150.0, 110.0], 3600, 20.0)}}
+    path = tmp_path / "unique.json"
+    path.write_text(json.dumps({"steps": {"unique": {"results": results, "requests": []}}}))
+    assert main([str(path), "--step", "unique", "--baseline", "standard", "--throughput"]) == 0
+    out = capsys.readouterr().out
+    assert "| ours | 32 | 180 | 0.900 | 0.990 (0.750-1.100) |" in out     # summed 180/200; ratios .99 .75 1.1
+    with pytest.raises(SystemExit):
+        main([str(path), "--step", "unique", "--baseline", "prefix-lru", "--throughput"])
