@@ -49,7 +49,7 @@ fi
 
 if [ ! -f .carry/sessions/agentic-coding-8b.jsonl ]; then
   echo "[bootstrap] .carry/sessions: the session files of the serve plans (issue 7)"
-  for plan in gpu-agentic-idle4 gpu-agentic-8b gpu-zero-hit gpu-zero-hit-8b gpu-mooncake; do
+  for plan in gpu-agentic-idle4 gpu-agentic-8b gpu-zero-hit gpu-zero-hit-8b gpu-mooncake; do   # (gpu-agentic-8b-dram: same file as gpu-agentic-8b)
     python -m bench serve-plan --plan "$plan" --build --sessions .carry/sessions
   done
 fi

@@ -30,6 +30,8 @@
 #   bash bench/gpu/session.sh idle         # one GPU: serve-plan ${KV_PLAN:-gpu-agentic-idle} only; with
 #                                          #   KV_MODEL=.carry/q8r.tgz KV_PLAN=gpu-agentic-8b: the Qwen3-8B shape with
 #                                          #   random weights, no GGUF upload (session 19)
+#   bash bench/gpu/session.sh kv8b         # one GPU, no GGUF: serve-plan ${KV_PLAN:-gpu-agentic-8b}, then gpu-zero-hit-8b,
+#                                          #   with KV_MODEL=${KV_MODEL:-.carry/q8r.tgz} (Qwen3-8B shape, random weights)
 #   bash bench/gpu/session.sh closing      # GPU0: bench speedup (none/dspark/dspark-g7/ngram), then serve-plan
 #                                          #   gpu-zero-hit | GPU1: serve-plan gpu-agentic-idle (session 5's last call)
 #   bash bench/gpu/session.sh pair         # GPU0: bench speedup (${SPEED_ROWS}, ${SPEED_REPEATS:-2} repeats) |
@@ -447,6 +449,18 @@ PY
     plan_run 0 "${KV_PLAN:-gpu-agentic-idle}" "$RES/idle/idle" /tmp/sp6 "${SERVE_BUDGET:-480}" serve-plan
     grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
     pack idle
+    ;;
+  kv8b)
+    # one GPU, no GGUF upload (session 19): the agentic-idle load at the Qwen3-8B shape with random weights
+    # (${KV_PLAN:-gpu-agentic-8b}, ~310-330 s), then the 0%-hit overhead at that shape (gpu-zero-hit-8b, ~135 s);
+    # carry .carry/q8r.tgz and .carry/sessions (bootstrap.sh builds both)
+    mkdir -p "$RES/kv8b"
+    export KV_MODEL=${KV_MODEL:-.carry/q8r.tgz}
+    plan_run 0 "${KV_PLAN:-gpu-agentic-8b}" "$RES/kv8b/agentic" /tmp/sp6 "${SERVE_BUDGET:-390}" serve-plan
+    grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 4
+    plan_run 0 gpu-zero-hit-8b "$RES/kv8b/zero-hit" /tmp/sp7 "${ZERO_HIT_BUDGET:-170}" zero-hit
+    grep -v "it/s" /tmp/logs/zero-hit.log | tail -n 4
+    pack kv8b
     ;;
   pair)
     mkdir -p "$RES/pair"
