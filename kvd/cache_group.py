@@ -235,6 +235,8 @@ class CacheGroup:
         cost less than the client recomputing it (the price its lookups carry)? Until a lookup has named a
         price, yes.
 
+        It decides for whichever tier sits above NVMe (DRAM, or the GPU tier where there is no DRAM).
+
         Why: the prefetch budget (kvd/prefetch_budget.py) recomputes rather than promote a block that costs
         more, and the reuse policy demotes chains' leaves first, so such blocks would sit on NVMe unread while
         their writes take the cleaner's time. On the H200 with a Qwen3-8B-shaped model (2.36 MB blocks, run

@@ -89,8 +89,8 @@ class KvdConfig(BaseModel):
     )
     skip_unpaid_nvme: bool = Field(
         default=True, description="Write a block to NVMe only while promoting it back (the measured NVMe rate) is "
-        "predicted cheaper than the client's recompute price from its lookups; otherwise DRAM's victims are dropped "
-        "(nvme_unpaid_drops). Off: NVMe takes every admitted DRAM victim.",
+        "predicted cheaper than the client's recompute price from its lookups; otherwise the victims of the tier above "
+        "NVMe are dropped (nvme_unpaid_drops). Off: NVMe takes every admitted victim.",
     )
     move_workers: int = Field(
         default=1,

@@ -41,9 +41,10 @@ def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "auto", devic
     dt = resolve_dtype(dtype, dev)
     if path.is_file() and path.suffix == ".gguf":
         return load_gguf(path, dt, dev)
-    if path.is_dir() and (path / "random_weights.json").is_file():
-        from specd.loader.random_weights import load_random   # lazy: `python -m` runs that module as a script
-        return load_random(path, dt, dev)
+    if path.is_dir():
+        from specd.loader.random_weights import is_random_dir, load_random   # lazy: `python -m` runs it as a script
+        if is_random_dir(path):
+            return load_random(path, dt, dev)
     if path.is_dir() and (path / "config.json").exists():
         return load_hf(path, dt, dev)
     raise CheckpointError(f"{path} is neither a .gguf file nor a directory with config.json (or random_weights.json)")

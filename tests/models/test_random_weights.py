@@ -60,14 +60,10 @@ def test_a_directory_without_marker_or_weights_is_an_error_not_a_random_model(ra
         load_model(random_dir, device="cpu")
 
 
-def test_a_tokenizer_larger_than_the_shapes_embedding_is_refused(tmp_path, stories):
-    small = dict(SHAPES["tiny-qwen3"], vocab_size=100)
-    SHAPES["too-small"] = small
-    try:
-        with pytest.raises(ValueError, match="embeds 100"):
-            write_random_dir("too-small", stories[1], tmp_path / "x")
-    finally:
-        del SHAPES["too-small"]
+def test_a_tokenizer_larger_than_the_shapes_embedding_is_refused(tmp_path, stories, monkeypatch):
+    monkeypatch.setitem(SHAPES, "too-small", dict(SHAPES["tiny-qwen3"], vocab_size=100))
+    with pytest.raises(ValueError, match="embeds 100"):
+        write_random_dir("too-small", stories[1], tmp_path / "x")
     with pytest.raises(ValueError, match="unknown shape"):
         write_random_dir("no-such-shape", stories[1], tmp_path / "y")
 
