@@ -9,6 +9,7 @@ The configurations compared by ``bench serve`` differ only in the KV cache behin
 | `lru-offload` | `lru-offload`| GPU + DRAM            | LMCache's default CPU offload              |
 | `ours`        | `reuse`      | GPU + DRAM + NVMe     | reuse-aware eviction over every tier       |
 | `ours-dram`   | `reuse`      | GPU + DRAM            | `ours` without NVMe: the NVMe tier's effect |
+| `ours-arrival`| `reuse`      | GPU + DRAM + NVMe     | `ours` with first-come prefills: the effect of shortest-first |
 
 Every configuration gets the same GPU capacity (``gpu_blocks``: kvd's per-group GPU pool, or specd's
 private pool for ``standard``), so a difference comes from what is kept, not from more room. The extra
@@ -64,6 +65,7 @@ class Tiering:
     policy: str | None
     dram: bool = False
     nvme: bool = False
+    specd_args: tuple[str, ...] = ()     # engine flags of this configuration alone (an ablation's switch)
 
 
 CONFIGS: dict[str, Tiering] = {
@@ -72,6 +74,7 @@ CONFIGS: dict[str, Tiering] = {
     "lru-offload": Tiering("lru-offload", dram=True),
     "ours": Tiering("reuse", dram=True, nvme=True),
     "ours-dram": Tiering("reuse", dram=True),
+    "ours-arrival": Tiering("reuse", dram=True, nvme=True, specd_args=("--prefill-order=arrival",)),
 }
 
 
@@ -109,12 +112,15 @@ def kvd_fields(tiering: Tiering, opts: StackOptions, run_dir: Path) -> dict[str,
             "nvme_blocks": opts.nvme_blocks if tiering.nvme else 0, "half_life_s": opts.half_life_s}
 
 
-def specd_argv(opts: StackOptions, run_dir: Path, port: int, kvd_run_dir: Path | None) -> list[str]:
+def specd_argv(opts: StackOptions, run_dir: Path, port: int, kvd_run_dir: Path | None,
+               tiering: Tiering | None = None) -> list[str]:
+    """specd's command line: the run's shared settings, its extra flags, then the configuration's own."""
     fields: dict[str, Any] = {"model": opts.model, "device": opts.device, "run_dir": run_dir, "http_port": port,
                               "log_level": "warning", "max_model_len": opts.max_model_len,
                               "max_num_seqs": opts.max_num_seqs, "block_size": opts.block_size,
                               "kvd_run_dir": kvd_run_dir, "num_local_blocks": opts.gpu_blocks}
-    return [sys.executable, "-m", "specd", *config_flags(**fields), *opts.specd_args]
+    own = tiering.specd_args if tiering is not None else ()
+    return [sys.executable, "-m", "specd", *config_flags(**fields), *opts.specd_args, *own]
 
 
 @dataclass
@@ -145,7 +151,7 @@ class Stack:
         tiering = CONFIGS[self.name]
         try:
             kvd_dir = self._start_kvd(tiering) if tiering.policy else None
-            self._start_specd(kvd_dir)
+            self._start_specd(kvd_dir, tiering)
         except BaseException:
             self.stop()
             raise
@@ -159,12 +165,13 @@ class Stack:
             raise StackError(f"{self.name}: kvd did not start: {exc}") from None
         return self.kvd.run_dir
 
-    def _start_specd(self, kvd_dir: Path | None) -> None:
+    def _start_specd(self, kvd_dir: Path | None, tiering: Tiering) -> None:
         self.run_dir.mkdir(parents=True)
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
         with open(self.root / "specd.log", "wb") as log:
-            self.specd = subprocess.Popen(specd_argv(self.opts, self.run_dir, self.port, kvd_dir), cwd=REPO,
+            self.specd = subprocess.Popen(specd_argv(self.opts, self.run_dir, self.port, kvd_dir, tiering),
+                                          cwd=REPO,
                                           env=env, stdout=log, stderr=subprocess.STDOUT)
         self._wait_specd(kvd_dir is not None)
 

@@ -73,7 +73,8 @@ def _pool_info(d: dict[str, Any]) -> PoolInfo:
 
 def _lookup_result(d: dict[str, Any]) -> LookupResult:
     return LookupResult(LeaseId(d["lease"]), [BlockId(b) for b in d["hits"]],
-                        [Tier(t) for t in d["tiers"]], bool(d["ready"]), int(d["first"]))
+                        [Tier(t) for t in d["tiers"]], bool(d["ready"]), int(d["first"]),
+                        int(d.get("room_cut", 0)))   # absent from a kvd older than session 20
 
 
 def _outcome(op_type: str, reply: Optional[dict[str, Any]]) -> Any:

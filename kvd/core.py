@@ -146,7 +146,7 @@ class KvdCore:
                     g.recompute_s = recompute_s     # what an NVMe block must beat (CacheGroup.nvme_pays)
             recs, candidates = self._servable(gs, hashes)
             hit = self._budget(gs, recs, candidates, recompute_s)
-            hit, held, jobs = self._hold_hit(client, gs, recs, hit, now, session)
+            hit, held, jobs, room_cut = self._hold_hit(client, gs, recs, hit, now, session)
             self._count_lookup(len(hashes), hit, tokens, block_tokens)
             for g in gs:
                 self._count_group_lookup(g, len(hashes), hit, tokens, block_tokens)
@@ -159,6 +159,7 @@ class KvdCore:
                     [r.tier for r in held[g.name][0]],
                     not any(r.moving for r in held[g.name][0]),
                     hit - len(held[g.name][0]),
+                    room_cut,
                 )
                 for g in gs
             }
@@ -214,9 +215,11 @@ class KvdCore:
         return hit
 
     def _hold_hit(self, client: str, gs: list[CacheGroup], recs: dict[str, list[BlockRecord | None]], hit: int,
-                  now: float, session: str | None = None) -> tuple[int, dict[str, tuple[list[BlockRecord], LeaseId]], list[PromotionBatch]]:
+                  now: float, session: str | None = None
+                  ) -> tuple[int, dict[str, tuple[list[BlockRecord], LeaseId]], list[PromotionBatch], int]:
         """Lease, per group, the blocks a hit of ``hit`` blocks needs, and start their promotions;
-        returns the hit actually leased.
+        returns the hit actually leased, and how many blocks of ``hit`` were cut for want of a GPU slot
+        (``LookupResult.room_cut``).
 
         Where no GPU slot can be had (every GPU block leased) a lone full group keeps the prefix before
         it (a shorter hit is correct); with several groups or a tail group the whole hit is given up
@@ -224,7 +227,7 @@ class KvdCore:
         out: dict[str, tuple[list[BlockRecord], LeaseId]] = {}
         jobs: list[PromotionBatch] = []
         leases: list[tuple[CacheGroup, Lease]] = []
-        short = False
+        short = no_room = False
         for g in gs:
             need = [r for r in recs[g.name][needed_from(hit, g.tail_blocks):hit] if r is not None]
             if not need:
@@ -234,7 +237,8 @@ class KvdCore:
             leases.append((g, lease))
             for rec in need:
                 self._hold(g, lease, rec, now, session)
-            promotions = self._promote(g, lease, now)
+            promotions, cut_for_room = self._promote(g, lease, now)
+            no_room = no_room or cut_for_room
             if promotions:   # one batch per lease and group: one copy pass, one wait, one lock trip
                 pair_slots(promotions)
                 batch = PromotionBatch(g.name, g.gpu, promotions, predicted_s=sum(
@@ -243,22 +247,29 @@ class KvdCore:
                 jobs.append(batch)
             short = short or len(lease.held) < len(need)
             out[g.name] = (lease.held, lease.id)
-        if short and (len(gs) > 1 or gs[0].tail_blocks is not None):
+        if no_room:
             self.counters["promotion_no_slot"] += 1
+        if short and (len(gs) > 1 or gs[0].tail_blocks is not None):
             for g, lease in leases:   # queued jobs still land; their blocks stay published, unleased
                 for rec in reversed(lease.held):
                     self._unhold(g, rec, now)
                 self._leases.close(lease)
             self._submit_orphaned(jobs)
-            return 0, {g.name: ([], LeaseId(0)) for g in gs}, []
+            if no_room:
+                self.counters["promotion_no_slot_blocks"] += hit
+            return 0, {g.name: ([], LeaseId(0)) for g in gs}, [], hit if no_room else 0
+        room_cut = 0
         if short:
-            hit = len(leases[0][1].held)
+            kept = len(leases[0][1].held)
+            room_cut = hit - kept if no_room else 0
+            self.counters["promotion_no_slot_blocks"] += room_cut
+            hit = kept
         for g, lease in leases:
             if not lease.held:
                 self._leases.close(lease)
                 out[g.name] = ([], LeaseId(0))
         self.counters["prefetch_promoted_blocks"] += sum(len(b.items) for b in jobs)
-        return hit, out, jobs
+        return hit, out, jobs, room_cut
 
     def _submit_orphaned(self, jobs: list[PromotionBatch]) -> None:
         """Promotions started for a hit that was then given up: they still run (their GPU slots are
@@ -266,9 +277,10 @@ class KvdCore:
         for batch in jobs:
             self.mover.submit(batch)
 
-    def _promote(self, g: CacheGroup, lease: Lease, now: float) -> list[Promotion]:
+    def _promote(self, g: CacheGroup, lease: Lease, now: float) -> tuple[list[Promotion], bool]:
         """Start promotions of the lease's lower-tier hits; cut the prefix where no GPU slot can be
-        had (every GPU block leased): a shorter hit is correct, a block never served is not."""
+        had (every GPU block leased): a shorter hit is correct, a block never served is not. Returns
+        the promotions and whether the lease was cut for want of a GPU slot."""
         jobs: list[Promotion] = []
         for i, rec in enumerate(lease.held):
             if rec.tier == Tier.GPU or rec.moving:
@@ -280,9 +292,9 @@ class KvdCore:
                 for r in reversed(lease.held[i:]):
                     self._unhold(g, r, now)
                 del lease.held[i:]
-                break
+                return jobs, not rec.demoting
             jobs.append(job)
-        return jobs
+        return jobs, False
 
     def allocate(self, client: str, group: str, n: int) -> tuple[LeaseId, list[BlockId]]:
         """A write lease on ``n`` free GPU blocks (evicting/demoting unleased blocks as needed)."""
@@ -815,6 +827,7 @@ class KvdCore:
                 "prefetch_recompute_lookups": c["prefetch_recompute_lookups"],
                 "prefetch_recompute_blocks": c["prefetch_recompute_blocks"],
                 "promotion_no_slot": c["promotion_no_slot"],
+                "promotion_no_slot_blocks": c["promotion_no_slot_blocks"],
                 "promotion_backlog_s": self._backlog_s,
                 **self.rates.to_dict(),
             }

@@ -81,6 +81,10 @@ class LookupResult:
     tiers: list[Tier]
     ready: bool
     first: int = 0  # index in the prefix of hits[0]: > 0 for a tail group, whose older blocks are not needed
+    # blocks of the prefix, past the hit, that a lower tier holds but no GPU slot could take (every GPU block
+    # leased): the hit was cut for want of room, not for want of data. Recomputing them needs as many GPU
+    # blocks, so a client whose own requests will release room soon does better to ask again then.
+    room_cut: int = 0
 
     @property
     def num_hits(self) -> int:
@@ -93,6 +97,7 @@ class LookupResult:
             "tiers": [int(t) for t in self.tiers],
             "ready": self.ready,
             "first": self.first,
+            "room_cut": self.room_cut,
         }
 
 

@@ -62,6 +62,7 @@ class BlockManager:
         At least one prompt token is always left to compute: its logits give the first sample."""
         self.extend_hashes(seq)
         usable = (len(seq.prompt_ids) - 1) // self.block_size
+        seq.room_cut_blocks = 0
         if usable == 0 or not self.source.connected:
             return 0
         self._take_hit(seq, *self.source.lookup(seq.hashes[:usable], seq.request.session))
@@ -73,16 +74,20 @@ class BlockManager:
         many = getattr(self.source, "lookup_many", None)
         for seq in seqs:
             self.extend_hashes(seq)
+            seq.room_cut_blocks = 0
         asking = [s for s in seqs if (len(s.prompt_ids) - 1) // self.block_size > 0]
         if many is None or len(asking) < 2 or not self.source.connected:
             for seq in asking:
                 self.match_prefix(seq)
             return
         answers = many([(s.hashes[:(len(s.prompt_ids) - 1) // self.block_size], s.request.session) for s in asking])
-        for seq, (lease, hits) in zip(asking, answers):
-            self._take_hit(seq, lease, hits)
+        for seq, answer in zip(asking, answers):
+            self._take_hit(seq, *answer)
 
-    def _take_hit(self, seq: Sequence, lease: LeaseId | None, hits: list[BlockId]) -> None:
+    def _take_hit(self, seq: Sequence, lease: LeaseId | None, hits: list[BlockId], room_cut: int = 0) -> None:
+        """Take a lookup's answer; ``room_cut`` (a source that can tell) counts the blocks past the hit that
+        the cache holds but had no GPU room for (the scheduler may wait for room rather than recompute)."""
+        seq.room_cut_blocks = room_cut
         if lease is not None:
             seq.leases.append(lease)
         seq.block_table.extend(hits)

@@ -28,7 +28,10 @@ class BlockSource(Protocol):
 
     @property
     def connected(self) -> bool: ...
-    def lookup(self, hashes: Sequence[BlockHash], session: str | None = None) -> tuple[LeaseId | None, list[BlockId]]: ...
+    def lookup(self, hashes: Sequence[BlockHash], session: str | None = None
+               ) -> tuple[LeaseId | None, list[BlockId]] | tuple[LeaseId | None, list[BlockId], int]:
+        """The leased cached prefix: (lease, block ids), plus, where the source can tell, how many more
+        blocks it holds that no GPU slot could take (kvd's ``room_cut``: ask again once room is freed)."""
     def lookup_groups(self, hashes: Sequence[BlockHash], session: str | None = None
                       ) -> tuple[int, dict[str, tuple[LeaseId | None, int, list[BlockId]]]]:
         """A joint hit across groups: (hit blocks, {group: (lease, index of its first hit, ids)})."""

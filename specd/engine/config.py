@@ -21,6 +21,16 @@ class EngineConfig(BaseModel):
     max_num_batched_tokens: int = Field(
         2048, ge=16, description="Token budget of one step; long prompts are prefilled in chunks of this size."
     )
+    prefill_order: str = Field(
+        "shortest", pattern="^(shortest|arrival)$",
+        description="Which prompts fill a step's token budget first (after the decoders): shortest (fewest "
+                    "tokens left to compute once cache hits are known: a turn served from the cache does "
+                    "not queue behind long recomputes) or arrival (first come, first served).",
+    )
+    prefill_starve_s: float = Field(
+        1.0, ge=0.0, description="With prefill_order=shortest: a prompt queued this long goes in arrival "
+                                 "order, so a long prompt is never starved by a stream of short ones.",
+    )
     max_model_len: int | None = Field(None, ge=1, description="Context limit; defaults to the model's.")
     kvd_run_dir: Path | None = Field(
         None, description="Where kvd's sockets live; None disables the shared cache (local blocks only)."

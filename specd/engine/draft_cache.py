@@ -110,7 +110,7 @@ class DraftCache:
         if not self.enabled or first % bs or n == 0 or len(seq.hashes) < n:
             return None
         self.counters["draft_lookups_total"] += 1
-        lease, hits = self.source.lookup([self.key(h) for h in seq.hashes[:n]], None, group=GROUP)
+        lease, hits = self.source.lookup([self.key(h) for h in seq.hashes[:n]], None, group=GROUP)[:2]
         short = len(hits) < n
         if short or not self._landed(lease):
             self.counters["draft_short_hits_total" if short else "draft_not_ready_total"] += 1

@@ -145,7 +145,8 @@ class SpecEngine(GateSteps):
             self.blocks, self.scheduler, self.runner = hybrid_engine_parts(self, source)
             return
         self.blocks = BlockManager(source, self.layout.block_size, self.root)
-        self.scheduler = Scheduler(self.blocks, self.config.max_num_seqs, self.config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.blocks, self.config.max_num_seqs, self.config.max_num_batched_tokens,
+                                   prefill_order=self.config.prefill_order, starve_s=self.config.prefill_starve_s)
         self.runner = ModelRunner(self.model, self.layout, source.pool, self.device,
                                   max_batch=self.config.max_num_seqs, max_model_len=self.max_model_len,
                                   cuda_graphs=self.config.cuda_graphs,

@@ -99,4 +99,6 @@ def hybrid_engine_parts(engine, source) -> tuple:
     blocks = HybridBlockManager(source, engine.layout, engine.root)
     runner = HybridRunner(engine.model, engine.layout, source.pools, blocks, engine.device,
                           max_batch=cfg.max_num_seqs, max_model_len=engine.max_model_len)
-    return blocks, Scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens), runner
+    scheduler = Scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                          prefill_order=cfg.prefill_order, starve_s=cfg.prefill_starve_s)
+    return blocks, scheduler, runner

@@ -111,12 +111,12 @@ class KvdBlockSource:
         return pool
 
     def lookup(self, hashes: Sequence[BlockHash], session: str | None = None,
-               group: str | None = None) -> tuple[LeaseId | None, list[BlockId]]:
+               group: str | None = None) -> tuple[LeaseId | None, list[BlockId], int]:
         """The longest cached prefix of ``group`` (default: the primary). A side group's lookup sends no
         recompute time: its hit is only taken after the primary's, so kvd promotes all of it. Never waits
         for promotions: ``landed`` says when the hit may be read."""
         if not self._connected:
-            return None, []
+            return None, [], 0
         group = group or self.primary
         side = group != self.primary
         recompute_s = None if side else self.prefill.block_seconds()
@@ -125,17 +125,17 @@ class KvdBlockSource:
                                      recompute_s=recompute_s)
         except KvdClientError as exc:
             self._degrade(exc)
-            return None, []
+            return None, [], 0
         return self._take_lookup(res, group)
 
     def lookup_many(self, requests: Sequence[tuple[Sequence[BlockHash], str | None]]
-                    ) -> list[tuple[LeaseId | None, list[BlockId]]]:
+                    ) -> list[tuple[LeaseId | None, list[BlockId], int]]:
         """Primary-group lookups of several prompts in one round trip (kvd's ``batch``): what ``lookup``
         answers for each, in order. The scheduler's admissions of one step look up together. The ops go as
         wire maps (``P.lookup_fields``): the hashes are the engine's own, and validating 32 prompts' worth on
         the way out cost ~0.1 ms of the round trip (docs/design/kvd.md "Session 5"); kvd validates them."""
         if not self._connected:
-            return [(None, [])] * len(requests)
+            return [(None, [], 0)] * len(requests)
         recompute_s = self.prefill.block_seconds()
         ops = [P.lookup_fields(self.primary, list(hashes), session, recompute_s=recompute_s)
                for hashes, session in requests]
@@ -143,24 +143,25 @@ class KvdBlockSource:
             results = self.client.batch_fields(ops)
         except KvdClientError as exc:
             self._degrade(exc)
-            return [(None, [])] * len(requests)
+            return [(None, [], 0)] * len(requests)
         return [self._take_lookup(res, self.primary) for res in results]
 
-    def _take_lookup(self, res, group: str) -> tuple[LeaseId | None, list[BlockId]]:
+    def _take_lookup(self, res, group: str) -> tuple[LeaseId | None, list[BlockId], int]:
         """Hold a lookup's hit (watching its promotions) or release an empty lease; a refused lookup
-        in a batch is a miss."""
+        in a batch is a miss. The third value is kvd's ``room_cut``: blocks past the hit that kvd holds
+        but had no GPU slot to promote into."""
         if isinstance(res, KvdClientError):
             self.lookup_errors += 1
             log.warning("kvd refused a lookup: %s", res)
-            return None, []
+            return None, [], 0
         if not res.hits:
             if res.lease:
                 self._release_remote(res.lease)
-            return None, []
+            return None, [], res.room_cut
         self._held[res.lease] = (group, list(res.hits))
         if not res.ready:
             self._watch(res.lease)
-        return res.lease, list(res.hits)
+        return res.lease, list(res.hits), res.room_cut
 
     def lookup_groups(self, hashes: Sequence[BlockHash], session: str | None = None
                       ) -> tuple[int, dict[str, tuple[LeaseId | None, int, list[BlockId]]]]:

@@ -2,13 +2,20 @@
 
 Decoding sequences go first (one token each, so latency stays flat), then prompt chunks fill the rest
 of the token budget (chunked prefill: a long prompt never stalls the decoders for a whole prefill).
-When blocks run out, the newest running sequence is preempted: its blocks are freed and it is
-recomputed later, usually from the cache, since its full blocks were published.
+Prompts, running and waiting alike, go fewest tokens left to compute first once the waiting ones' cache
+hits are known, so a turn whose history came from the cache does not queue behind long recomputes; a
+prompt that has waited ``starve_s`` goes in arrival order (``_rank``). When blocks run out, the newest
+running sequence is preempted: its blocks are freed and it is recomputed later, usually from the cache,
+since its full blocks were published.
+
+A hit that kvd cut short for want of GPU room (every GPU block leased) is given back and asked for again
+at the next step while running sequences will free room, rather than recomputed: recomputing needs the
+same room (``_waits_for_room``).
 
 Promotions never stop the engine: a prompt whose cache hit is still being copied up from DRAM/NVMe
 is *parked* (it keeps its lookup lease, nothing more) while everything else steps on. Each step
 takes the readiness answers that have arrived without waiting; a parked sequence whose promotion
-landed goes back to the head of the queue (its place in FCFS order; later arrivals ran meanwhile),
+landed goes back to the head of the queue (later arrivals ran meanwhile),
 one whose promotion failed, or that waited ``park_limit_s``, gives up its hit and recomputes.
 """
 from __future__ import annotations
@@ -50,15 +57,21 @@ class ScheduledSeq:
 
 
 PARK_LIMIT_S = 2.0   # past this a promotion is slower than recomputing all but the longest prompts
+STARVE_S = 1.0       # a prompt waiting this long since arrival is served in arrival order, whatever its length
+PREFILL_ORDERS = ("shortest", "arrival")
 
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 park_limit_s: float = PARK_LIMIT_S):
+                 park_limit_s: float = PARK_LIMIT_S, prefill_order: str = "shortest", starve_s: float = STARVE_S):
+        if prefill_order not in PREFILL_ORDERS:
+            raise ValueError(f"prefill_order must be one of {PREFILL_ORDERS}, got {prefill_order!r}")
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.park_limit_s = park_limit_s
+        self.prefill_order = prefill_order
+        self.starve_s = starve_s
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.parked: list[Sequence] = []        # hits whose promotions are in flight, in arrival order
@@ -67,6 +80,8 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
+        if seq.queued_s is None:
+            seq.queued_s = time.monotonic()
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
@@ -89,61 +104,113 @@ class Scheduler:
         self._unpark()
         budget = self.max_num_batched_tokens
         out: list[ScheduledSeq] = []
-        for seq in sorted(self.running, key=lambda s: s.num_pending):   # decoders (1 pending) first
+        now = time.monotonic()
+        running = list(self.running)
+        waiting = self._look_up_admissions(budget - sum(s.num_pending == 1 for s in running), now)
+        ranked = sorted([(s, True) for s in running] + [(s, False) for s in waiting],
+                        key=lambda pair: self._rank(pair[0], now))
+        admitting = True
+        for seq, was_running in ranked:
             if budget == 0:
                 break
-            if seq not in self.running:
-                continue                                  # preempted by an earlier iteration
-            chunk = min(seq.num_pending, budget)
-            if not self._grow(seq, chunk, out):
-                continue
-            out.append(ScheduledSeq(seq, chunk))
-            budget -= chunk
-        looked = self._look_up_admissions(budget)
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            if self._needs_lookup(seq, looked):        # past the batched lookup's estimate
-                self.blocks.match_prefix(seq)
-                if self._parked_on_lookup(seq):
+            if was_running:
+                if seq not in self.running:
+                    continue                              # preempted by an earlier iteration
+                chunk = min(seq.num_pending, budget)
+                if not self._grow(seq, chunk, out):
                     continue
-            chunk = min(seq.num_pending, budget)
-            try:
-                self.blocks.ensure_slots(seq, chunk)
-            except OutOfBlocks:
-                break
-            self.waiting.popleft()
-            seq.status = SeqStatus.RUNNING
-            if seq.admitted_s is None:
-                seq.admitted_s = time.monotonic()
-            self.running.append(seq)
+            else:
+                if not admitting or len(self.running) >= self.max_num_seqs:
+                    continue
+                chunk = min(seq.num_pending, budget)
+                try:
+                    self.blocks.ensure_slots(seq, chunk)
+                except OutOfBlocks:
+                    admitting = False                     # no room left: admit nobody else this step
+                    continue
+                self.waiting.remove(seq)
+                seq.status = SeqStatus.RUNNING
+                if seq.admitted_s is None:
+                    seq.admitted_s = time.monotonic()
+                self.running.append(seq)
             out.append(ScheduledSeq(seq, chunk))
             budget -= chunk
         return out
 
-    def _look_up_admissions(self, budget: int) -> set[int]:
-        """Look up, in one kvd round trip, the waiting prompts this step will likely admit: the head of
-        the queue, up to the free seats and until their uncached tokens fill ``budget`` (an estimate:
-        hits leave room for more, which then look up one by one). Each hit's promotion state is handled
-        at once, so no sequence keeps a hit that was never checked to have landed. Returns the ids of
-        the sequences looked up (a miss has an empty table too, and must not ask again this step)."""
+    def _rank(self, seq: Sequence, now: float) -> tuple[int, float]:
+        """Step order: decoders first (one token each, so inter-token latency stays flat); then prompts
+        that have waited ``starve_s`` since arrival, oldest first, so no prompt waits for ever; then the
+        rest, fewest tokens left to compute first (``prefill_order`` "shortest"), or oldest first
+        ("arrival"). Shortest first is where a cache hit pays twice: a turn whose history came from the
+        cache is a short prefill, served ahead of the long recomputes it used to queue behind."""
+        if seq.num_pending <= 1:
+            return (0, 0.0)
+        arrived = seq.queued_s if seq.queued_s is not None else now
+        if self.prefill_order == "arrival" or now - arrived >= self.starve_s:
+            return (1, arrived)
+        return (2, float(seq.num_pending))
+
+    def _look_up_admissions(self, budget: int, now: float) -> list[Sequence]:
+        """Look up the waiting prompts this step may admit; returns them (in queue order) once their
+        cached prefixes are known, so they can be ranked by what is left to compute.
+
+        The head of the queue goes in one kvd round trip: up to the free seats and until the prompts'
+        tokens fill ``budget`` (an estimate before the lookup: hits leave room for more). Then, while
+        the prompts known so far leave the budget unfilled, more are looked up one at a time. Each hit's
+        promotion state is handled at once (parked while in flight, dropped if it never lands), so no
+        sequence keeps a hit that was never checked to have landed; a hit cut for want of GPU room may
+        be given back to wait for room (``_waits_for_room``)."""
         seats = self.max_num_seqs - len(self.running)
+        queue = list(self.waiting)[:max(seats, 0)]
         asking, tokens = [], 0
-        for seq in self.waiting:
-            if len(asking) >= seats or tokens >= budget:
+        for seq in queue:
+            if tokens >= budget:
                 break
-            if self._needs_lookup(seq, set()):
+            if self._needs_lookup(seq):
                 asking.append(seq)
             tokens += seq.num_pending
-        if len(asking) < 2:
-            return set()
-        self.blocks.match_prefixes(asking)
-        for seq in asking:
-            self._parked_on_lookup(seq, self.waiting.index(seq))
-        return {id(seq) for seq in asking}
+        if len(asking) >= 2:
+            self.blocks.match_prefixes(asking)
+        else:
+            asking = []
+        known, tokens = [], 0
+        for seq in queue:
+            if tokens >= budget:
+                break
+            if seq not in asking and self._needs_lookup(seq):
+                self.blocks.match_prefix(seq)
+            elif seq not in asking:
+                known.append(seq)                         # looked up in an earlier step (or skips it)
+                tokens += seq.num_pending
+                continue
+            if self._waits_for_room(seq, now) or self._parked_on_lookup(seq, self.waiting.index(seq)):
+                continue
+            known.append(seq)
+            tokens += seq.num_pending
+        return known
+
+    def _waits_for_room(self, seq: Sequence, now: float) -> bool:
+        """A hit cut short because kvd had no free GPU slot to promote the rest into (every GPU block
+        leased): recomputing the rest would need as many GPU blocks, and a compute queue besides. While
+        running sequences will release blocks, give the hit back and ask again next step, up to
+        ``park_limit_s``; then (or with nothing running) keep the short hit and recompute the rest."""
+        if not seq.room_cut_blocks:
+            return False
+        if seq.room_wait_s is None:
+            seq.room_wait_s = now
+            self.counters["room_waits_total"] += 1
+        if not self.running or now - seq.room_wait_s >= self.park_limit_s:
+            self.counters["room_waits_given_up_total"] += 1
+            seq.room_cut_blocks = 0                       # keeps the short hit from now on
+            return False
+        self.blocks.drop_hit(seq)                         # no skip_lookup: the next step asks again
+        seq.room_cut_blocks = 0
+        self.counters["room_retries_total"] += 1
+        return True
 
     @staticmethod
-    def _needs_lookup(seq: Sequence, looked: set[int]) -> bool:
-        return not seq.block_table and not seq.skip_lookup and id(seq) not in looked
+    def _needs_lookup(seq: Sequence) -> bool:
+        return not seq.block_table and not seq.skip_lookup
 
     def _parked_on_lookup(self, seq: Sequence, at: int = 0) -> bool:
         """After a lookup: park ``seq`` (at queue position ``at``) if its hit is still being promoted,
@@ -209,7 +276,7 @@ class Scheduler:
     def stats(self) -> dict[str, float]:
         """Parked admissions: how many, how they ended, how long they waited (seconds)."""
         keys = ("parked_total", "parked_admitted_total", "parked_giveups_total", "parked_seconds_total",
-                "parked_seconds_max")
+                "parked_seconds_max", "room_waits_total", "room_retries_total", "room_waits_given_up_total")
         return {**{k: self.counters[k] for k in keys}, "requests_parked": len(self.parked)}
 
     def _grow(self, seq: Sequence, chunk: int, scheduled: list[ScheduledSeq]) -> bool:

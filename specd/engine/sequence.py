@@ -55,6 +55,9 @@ class Sequence:
     finish_reason: str | None = None
     parked_s: float | None = None               # when its hit's promotion was found still in flight
     skip_lookup: bool = False                   # gave up a hit that did not land: recompute the prompt
+    queued_s: float | None = None               # when the scheduler first queued it (its prompts' aging clock)
+    room_cut_blocks: int = 0                    # its last lookup's blocks kvd holds but had no GPU room for
+    room_wait_s: float | None = None            # when it first waited for GPU room to take its whole hit
 
     @property
     def id(self) -> str:

@@ -53,8 +53,10 @@ def test_a_parked_hit_lets_later_arrivals_run_then_takes_its_place_back():
     src.state[hit.leases[0]] = True
     sched.add(last)
     out = sched.schedule()
-    assert [s.seq.id for s in out][-2:] == ["hit", "last"]        # back ahead of the later arrival
-    assert out[-2].num_tokens == 1 and hit.num_cached_tokens == 12
+    # back in the queue, and ranked by what is left to compute: the landed hit's one token, then the
+    # newest arrival's 5, then the running prompt's 10 (shortest first: Scheduler._rank)
+    assert [s.seq.id for s in out] == ["hit", "last", "later"]
+    assert out[0].num_tokens == 1 and hit.num_cached_tokens == 12
     assert sched.stats()["parked_admitted_total"] == 1
 
 
