@@ -108,6 +108,14 @@ class KvdConfig(BaseModel):
         description="High watermark: the cleaner stops once this fraction of the tier is free (the reserve that "
         "absorbs a burst of allocations without any request waiting for a copy).",
     )
+    clean_min_blocks: int = Field(
+        default=512, ge=0,
+        description="The GPU tier's reserve (high watermark) holds at least this many blocks, at most a quarter of "
+        "the tier (the low mark is then half of it). A promotion needs one free GPU slot per block, and a long "
+        "turn's hit is ~600 blocks of 16 tokens whatever the model; a 0.06 share of a small pool of big blocks (an 8B "
+        "model's 2,750 blocks of 2.36 MB) is 165, so lookups waited on the cleaner with the engine blocked "
+        "behind them (docs/design/kvd.md, \"A GPU reserve in blocks\").",
+    )
     clean_batch: int = Field(
         default=32, ge=1,
         description="Blocks the cleaner copies per batch (one lock round trip, one NVMe index append per batch).",

@@ -11,12 +11,17 @@ import math
 
 
 class Watermarks:
-    """Marks in blocks: ``low`` = max(1, ceil(clean_low * blocks)), ``high`` likewise and >= low.
+    """Marks in blocks: ``low`` = max(1, ceil(clean_low * blocks)), ``high`` likewise and >= low; where that
+    ``high`` is below ``min_high`` (capped at a quarter of the tier), ``high`` is raised to it and ``low``
+    to at least half of it.
     Only the cleaner (under kvd's lock) calls ``want``; it alone mutates ``cleaning``."""
 
-    def __init__(self, blocks: int, low: float, high: float) -> None:
+    def __init__(self, blocks: int, low: float, high: float, min_high: int = 0) -> None:
         self.low = max(1, math.ceil(low * blocks))
         self.high = max(self.low, math.ceil(high * blocks))
+        floor = min(min_high, blocks // 4)   # a reserve in blocks (KvdConfig.clean_min_blocks), capped
+        if self.high < floor:
+            self.low, self.high = max(self.low, floor // 2), floor
         self.cleaning = False  # below low since the last time the reserve reached high
 
     def want(self, free: int) -> int:

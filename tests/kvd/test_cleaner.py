@@ -61,6 +61,16 @@ def test_watermarks_hysteresis():
     assert Watermarks(2, 0.03, 0.06).low == 1  # at least one block
 
 
+def test_the_gpu_reserve_holds_a_long_turns_promotion_in_blocks_but_at_most_a_quarter_of_the_tier(make_core, tmp_path):
+    # an 8B model's pool: 6% of 2,750 big blocks is 165 slots, fewer than one long turn's ~600-block hit
+    assert (Watermarks(2750, 0.03, 0.06, 512).low, Watermarks(2750, 0.03, 0.06, 512).high) == (256, 512)
+    assert (Watermarks(11776, 0.03, 0.06, 512).low, Watermarks(11776, 0.03, 0.06, 512).high) == (354, 707)
+    assert (Watermarks(64, 0.03, 0.06, 512).low, Watermarks(64, 0.03, 0.06, 512).high) == (8, 16)
+    g = make_core(policy="reuse", gpu_blocks=400, dram_blocks=400, nvme_blocks=8, nvme_dir=tmp_path / "n",
+                  clean_min_blocks=80).groups["full"]
+    assert (g.marks[Tier.GPU].high, g.marks[Tier.DRAM].high) == (80, 24)    # the floor is the GPU's alone
+
+
 def test_request_path_drops_instead_of_copying(make_core, monkeypatch):
     core = make_core(policy="lru-offload", gpu_blocks=4, dram_blocks=8)
     copies = spy_copies(monkeypatch)
