@@ -72,6 +72,7 @@ class Scheduler:
         self.park_limit_s = park_limit_s
         self.prefill_order = prefill_order
         self.starve_s = starve_s
+        self._releases = 0      # running sequences finished or preempted so far: when GPU room can come back
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.parked: list[Sequence] = []        # hits whose promotions are in flight, in arrival order
@@ -87,6 +88,7 @@ class Scheduler:
     def remove(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
+            self._releases += 1                           # its blocks are freed: room may have come
         elif seq in self.waiting:
             self.waiting.remove(seq)
         elif seq in self.parked:
@@ -173,21 +175,34 @@ class Scheduler:
             self.blocks.match_prefixes(asking)
         else:
             asking = []
-        known, tokens = [], 0
+        known, tokens, full = [], 0, False
         for seq in queue:
-            if tokens >= budget:
-                break
-            if seq not in asking and self._needs_lookup(seq):
+            batched = seq in asking           # looked up above: its answer must be handled, whatever follows
+            if tokens >= budget and not batched:
+                continue
+            if not batched and self._needs_lookup(seq):
+                if full or self._room_pending(seq, now):
+                    continue                  # the GPU is full: this lookup would be cut for room too
                 self.blocks.match_prefix(seq)
-            elif seq not in asking:
+            elif not batched:
                 known.append(seq)                         # looked up in an earlier step (or skips it)
                 tokens += seq.num_pending
                 continue
-            if self._waits_for_room(seq, now) or self._parked_on_lookup(seq, self.waiting.index(seq)):
+            if self._waits_for_room(seq, now):
+                full = True
+                continue
+            if self._parked_on_lookup(seq, self.waiting.index(seq)):
                 continue
             known.append(seq)
             tokens += seq.num_pending
         return known
+
+    def _room_pending(self, seq: Sequence, now: float) -> bool:
+        """Waiting for GPU room, and no running sequence has released blocks since its last lookup: asking
+        again would only be cut again (session 20, run BP: retrying every step cost 104 lookups, each
+        promoting part of a hit and giving it back, in one burst)."""
+        return (seq.room_wait_s is not None and not seq.block_table and seq.room_tried_at == self._releases
+                and now - seq.room_wait_s < self.park_limit_s and bool(self.running))
 
     def _waits_for_room(self, seq: Sequence, now: float) -> bool:
         """A hit cut short because kvd had no free GPU slot to promote the rest into (every GPU block
@@ -203,8 +218,8 @@ class Scheduler:
             self.counters["room_waits_given_up_total"] += 1
             seq.room_cut_blocks = 0                       # keeps the short hit from now on
             return False
-        self.blocks.drop_hit(seq)                         # no skip_lookup: the next step asks again
-        seq.room_cut_blocks = 0
+        self.blocks.drop_hit(seq)                         # no skip_lookup: asked again once room may be back
+        seq.room_cut_blocks, seq.room_tried_at = 0, self._releases
         self.counters["room_retries_total"] += 1
         return True
 
@@ -233,6 +248,8 @@ class Scheduler:
         for seq in (*self.running, *self.waiting):
             if tokens >= self.max_num_batched_tokens:
                 break
+            if seq.room_wait_s is not None and not seq.block_table:
+                continue            # held back for GPU room: reserving blocks for it would take that room
             tokens += seq.num_pending
         return -(-min(tokens, self.max_num_batched_tokens) // bs) + -(-len(self.running) // bs)
 
@@ -304,6 +321,7 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._releases += 1
         self.blocks.free(seq)
         seq.reset_computed()
         seq.status, seq.skip_lookup = SeqStatus.WAITING, False

@@ -58,6 +58,7 @@ class Sequence:
     queued_s: float | None = None               # when the scheduler first queued it (its prompts' aging clock)
     room_cut_blocks: int = 0                    # its last lookup's blocks kvd holds but had no GPU room for
     room_wait_s: float | None = None            # when it first waited for GPU room to take its whole hit
+    room_tried_at: int = -1                     # the scheduler's release count at its last cut lookup
 
     @property
     def id(self) -> str:

@@ -2,8 +2,8 @@
 
 Shortest first: once the waiting prompts' cache hits are known, the prompt with the fewest tokens left
 to compute fills the step's budget first, running or waiting; a prompt queued ``starve_s`` goes in
-arrival order. A hit that kvd cut for want of GPU room is given back and asked for again while running
-sequences will free room, never kept short and recomputed unless the wait is over."""
+arrival order. A hit that kvd cut for want of GPU room is given back and asked for again once a running sequence
+has released its blocks, never kept short and recomputed unless the wait is over."""
 import pytest
 
 from specd.engine.block_manager import BlockManager
@@ -82,9 +82,10 @@ class RoomSource(CachingSource):
 
     def __init__(self, n):
         super().__init__(n)
-        self.short_of_room, self.keep = False, 1
+        self.short_of_room, self.keep, self.lookups = False, 1, 0
 
     def lookup(self, hashes, session=None):
+        self.lookups += 1
         lease, hits = super().lookup(hashes, session)
         if self.short_of_room and len(hits) > self.keep:
             return lease, hits[:self.keep], len(hits) - self.keep
@@ -112,6 +113,12 @@ def test_a_hit_cut_for_room_waits_while_others_run_then_takes_the_whole_hit():
     assert turn.block_table == [] and turn.leases == []      # the short hit was given back
     assert sched.stats()["room_retries_total"] == 1
     src.short_of_room = False
+    asked = src.lookups
+    other.output_ids.append(1)
+    step(sched.schedule())                                    # nobody released blocks: not asked again
+    assert src.lookups == asked and turn.status is SeqStatus.WAITING
+    sched.remove(other)                                       # it finishes: room may be back
+    sched.blocks.free(other)
     out = sched.schedule()
     assert ("turn", 1) in served(out) and turn.num_cached_tokens == 20
     assert sched.stats()["room_waits_total"] == 1 and sched.stats()["room_waits_given_up_total"] == 0
@@ -132,3 +139,22 @@ def test_with_nothing_running_or_past_the_limit_the_short_hit_is_kept():
     sched.add(turn)
     assert ("turn", 17) in served(sched.schedule())           # no time to wait
     assert sched.stats()["room_retries_total"] == 0
+
+
+def test_after_a_room_cut_no_further_prompt_is_looked_up_in_that_step_but_batched_hits_are_all_checked():
+    src, sched, turn = room_setup()
+    other = seq_of(range(50, 53), "other")
+    sched.add(other)
+    step(sched.schedule())
+    src.short_of_room = True
+    second = seq_of(list(range(100, 120)) + [8, 9], "second")       # the same history: cut too
+    third = seq_of(list(range(100, 104)) + [5], "third")             # a one-block hit: nothing to cut
+    for s in (turn, second, third):
+        sched.add(s)
+    sched.schedule()                                                 # one batched lookup for all three
+    assert turn.block_table == [] and second.block_table == []       # both gave their short hits back
+    assert third.status is SeqStatus.RUNNING and third.num_cached_tokens == 4   # checked and admitted
+    assert sched.stats()["room_retries_total"] == 2
+    # the reserve is sized for the running two alone (1 token, 2 sequences: 1 + 1 blocks); counting the
+    # held-back prompts' 43 tokens would have asked for 12 blocks, room their own hits are waiting for
+    assert sched.expected_blocks() == 2
