@@ -9,7 +9,7 @@ The configurations compared by ``bench serve`` differ only in the KV cache behin
 | `lru-offload` | `lru-offload`| GPU + DRAM            | LMCache's default CPU offload              |
 | `ours`        | `reuse`      | GPU + DRAM + NVMe     | reuse-aware eviction over every tier       |
 | `ours-dram`   | `reuse`      | GPU + DRAM            | `ours` without NVMe: the NVMe tier's effect |
-| `ours-arrival`| `reuse`      | GPU + DRAM + NVMe     | `ours` with first-come prefills: the effect of shortest-first |
+| `ours-shortest`| `reuse`     | GPU + DRAM + NVMe     | `ours` with shortest prefills first: that order's effect |
 
 Every configuration gets the same GPU capacity (``gpu_blocks``: kvd's per-group GPU pool, or specd's
 private pool for ``standard``), so a difference comes from what is kept, not from more room. The extra
@@ -74,7 +74,7 @@ CONFIGS: dict[str, Tiering] = {
     "lru-offload": Tiering("lru-offload", dram=True),
     "ours": Tiering("reuse", dram=True, nvme=True),
     "ours-dram": Tiering("reuse", dram=True),
-    "ours-arrival": Tiering("reuse", dram=True, nvme=True, specd_args=("--prefill-order=arrival",)),
+    "ours-shortest": Tiering("reuse", dram=True, nvme=True, specd_args=("--prefill-order=shortest",)),
 }
 
 

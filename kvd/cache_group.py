@@ -59,9 +59,10 @@ class CacheGroup:
         if Tier.NVME in tiers:
             self.pools[Tier.NVME] = NvmePool(Path(cfg.nvme_dir), name, nvme_n, block_bytes)
         # free-slot reserves of the tiers that have a tier below them (kvd/watermarks.py)
-        # (the GPU's in blocks too: requests wait for its free slots; a lower tier's only feed the cleaner)
-        self.marks = {t: Watermarks(self.pools[t].blocks, cfg.clean_low, cfg.clean_high,
-                                    cfg.clean_min_blocks if t == Tier.GPU else 0) for t in list(self.pools)[:-1]}
+        # (with a floor in blocks: requests wait for the GPU's free slots, and the tier below must take a GPU
+        # refill's demotions without spilling, so it gets the same floor)
+        self.marks = {t: Watermarks(self.pools[t].blocks, cfg.clean_low, cfg.clean_high, cfg.clean_min_blocks)
+                      for t in list(self.pools)[:-1]}
         self.inflight: Counter[Tier] = Counter()   # per source tier: demotions planned, not yet finished
         self.wake: Callable[[], None] = lambda: None                     # the core's cleaner.wake
         self.wait_for_room: Callable[[CacheGroup, Tier], None] = lambda g, t: None   # the core's pressure wait

@@ -110,8 +110,9 @@ class KvdConfig(BaseModel):
     )
     clean_min_blocks: int = Field(
         default=512, ge=0,
-        description="The GPU tier's reserve (high watermark) holds at least this many blocks, at most a quarter of "
-        "the tier (the low mark is then half of it). A promotion needs one free GPU slot per block, and a long "
+        description="Each tier's cleaner reserve (high watermark) holds at least this many blocks, at most a quarter "
+        "of the tier (the low mark is then half of it); the tier below the GPU gets it too, so that it takes a GPU "
+        "refill's demotions without spilling. A promotion needs one free GPU slot per block, and a long "
         "turn's hit is ~600 blocks of 16 tokens whatever the model; a 0.06 share of a small pool of big blocks (an 8B "
         "model's 2,750 blocks of 2.36 MB) is 165, so lookups waited on the cleaner with the engine blocked "
         "behind them (docs/design/kvd.md, \"A GPU reserve in blocks\").",

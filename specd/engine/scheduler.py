@@ -2,9 +2,9 @@
 
 Decoding sequences go first (one token each, so latency stays flat), then prompt chunks fill the rest
 of the token budget (chunked prefill: a long prompt never stalls the decoders for a whole prefill).
-Prompts, running and waiting alike, go fewest tokens left to compute first once the waiting ones' cache
-hits are known, so a turn whose history came from the cache does not queue behind long recomputes; a
-prompt that has waited ``starve_s`` goes in arrival order (``_rank``). When blocks run out, the newest
+Prompts, running and waiting alike, go in arrival order, or (``prefill_order="shortest"``) fewest tokens
+left to compute first once the waiting ones' cache hits are known, with prompts that waited ``starve_s``
+in arrival order ahead of them (``_rank``). When blocks run out, the newest
 running sequence is preempted: its blocks are freed and it is recomputed later, usually from the cache,
 since its full blocks were published.
 
@@ -58,12 +58,12 @@ class ScheduledSeq:
 
 PARK_LIMIT_S = 2.0   # past this a promotion is slower than recomputing all but the longest prompts
 STARVE_S = 1.0       # a prompt waiting this long since arrival is served in arrival order, whatever its length
-PREFILL_ORDERS = ("shortest", "arrival")
+PREFILL_ORDERS = ("arrival", "shortest")
 
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 park_limit_s: float = PARK_LIMIT_S, prefill_order: str = "shortest", starve_s: float = STARVE_S):
+                 park_limit_s: float = PARK_LIMIT_S, prefill_order: str = "arrival", starve_s: float = STARVE_S):
         if prefill_order not in PREFILL_ORDERS:
             raise ValueError(f"prefill_order must be one of {PREFILL_ORDERS}, got {prefill_order!r}")
         self.blocks = blocks
@@ -141,10 +141,11 @@ class Scheduler:
 
     def _rank(self, seq: Sequence, now: float) -> tuple[int, float]:
         """Step order: decoders first (one token each, so inter-token latency stays flat); then prompts
-        that have waited ``starve_s`` since arrival, oldest first, so no prompt waits for ever; then the
-        rest, fewest tokens left to compute first (``prefill_order`` "shortest"), or oldest first
-        ("arrival"). Shortest first is where a cache hit pays twice: a turn whose history came from the
-        cache is a short prefill, served ahead of the long recomputes it used to queue behind."""
+        oldest first ("arrival", the default). With "shortest": prompts that waited ``starve_s`` since
+        arrival, oldest first, so no prompt waits for ever; then the rest, fewest tokens left to compute
+        first, so a turn whose history came from the cache is not queued behind long recomputes. On the
+        8B agentic load that did not lower mean TTFT beyond run-to-run noise and raised p95 (runs BP, BQ:
+        docs/results/kv.md), which is why it is not the default."""
         if seq.num_pending <= 1:
             return (0, 0.0)
         arrived = seq.queued_s if seq.queued_s is not None else now

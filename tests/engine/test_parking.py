@@ -53,9 +53,9 @@ def test_a_parked_hit_lets_later_arrivals_run_then_takes_its_place_back():
     src.state[hit.leases[0]] = True
     sched.add(last)
     out = sched.schedule()
-    # back in the queue, and ranked by what is left to compute: the landed hit's one token, then the
-    # newest arrival's 5, then the running prompt's 10 (shortest first: Scheduler._rank)
-    assert [s.seq.id for s in out] == ["hit", "last", "later"]
+    # back in the queue: the landed hit has one token left, so it goes with the decoders, ahead of the
+    # later arrival; the other prompts follow in arrival order (Scheduler._rank)
+    assert [s.seq.id for s in out] == ["hit", "later", "last"]
     assert out[0].num_tokens == 1 and hit.num_cached_tokens == 12
     assert sched.stats()["parked_admitted_total"] == 1
 

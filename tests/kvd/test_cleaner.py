@@ -68,7 +68,9 @@ def test_the_gpu_reserve_holds_a_long_turns_promotion_in_blocks_but_at_most_a_qu
     assert (Watermarks(64, 0.03, 0.06, 512).low, Watermarks(64, 0.03, 0.06, 512).high) == (8, 16)
     g = make_core(policy="reuse", gpu_blocks=400, dram_blocks=400, nvme_blocks=8, nvme_dir=tmp_path / "n",
                   clean_min_blocks=80).groups["full"]
-    assert (g.marks[Tier.GPU].high, g.marks[Tier.DRAM].high) == (80, 24)    # the floor is the GPU's alone
+    # DRAM gets the same floor: it must take a GPU refill's demotions without spilling (an 8-block DRAM with
+    # a 1-block reserve under a 2-block GPU reserve spilled 73 of 300 blocks: tests/kvd_io/test_faults.py)
+    assert (g.marks[Tier.GPU].high, g.marks[Tier.DRAM].high) == (80, 80)
 
 
 def test_request_path_drops_instead_of_copying(make_core, monkeypatch):
