@@ -208,8 +208,8 @@ class Scheduler:
     def _waits_for_room(self, seq: Sequence, now: float) -> bool:
         """A hit cut short because kvd had no free GPU slot to promote the rest into (every GPU block
         leased): recomputing the rest would need as many GPU blocks, and a compute queue besides. While
-        running sequences will release blocks, give the hit back and ask again next step, up to
-        ``park_limit_s``; then (or with nothing running) keep the short hit and recompute the rest."""
+        running sequences will release blocks, give the hit back and ask again once one has (``_room_pending``),
+        up to ``park_limit_s``; then (or with nothing running) keep the short hit and recompute the rest."""
         if not seq.room_cut_blocks:
             return False
         if seq.room_wait_s is None:
