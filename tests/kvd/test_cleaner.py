@@ -93,12 +93,14 @@ def test_cleaner_thread_does_every_copy(make_core, monkeypatch):
     settle(core)
     g = core.groups["full"]
     marks = g.marks[Tier.GPU]
-    assert g.gpu.free_count >= marks.high and copies and set(copies) <= {"kvd-cleaner", "MainThread"}
+    # hysteresis: after the last pass the reserve is anywhere from the low mark to the high one (with
+    # session 20's floor the marks are 4 and 8 here, and the last puts can leave 6 free without a new pass)
+    assert g.gpu.free_count >= marks.low and copies and set(copies) <= {"kvd-cleaner", "MainThread"}
     for rec in g.index:                           # demoted blocks carry their bytes
         pool = g.pools[rec.tier]
         assert torch.equal(pool.tensor[rec.slot], pattern(rec.hash))
     s = core.stats()["groups"]["full"]
-    assert s["demote_dram_blocks"] == g.pools[Tier.DRAM].used_count >= marks.high
+    assert s["demote_dram_blocks"] == g.pools[Tier.DRAM].used_count >= marks.low   # as many as the free GPU slots
     assert s["clean_passes"] >= 1 and s["clean_seconds"] > 0 and s["watermarks"]["gpu"]["high_blocks"] == marks.high
 
 
