@@ -74,7 +74,6 @@ class BlockManager:
         many = getattr(self.source, "lookup_many", None)
         for seq in seqs:
             self.extend_hashes(seq)
-            seq.room_cut_blocks = 0
         asking = [s for s in seqs if (len(s.prompt_ids) - 1) // self.block_size > 0]
         if many is None or len(asking) < 2 or not self.source.connected:
             for seq in asking:

@@ -9,8 +9,8 @@ running sequence is preempted: its blocks are freed and it is recomputed later, 
 since its full blocks were published.
 
 A hit that kvd cut short for want of GPU room (every GPU block leased) is given back and asked for again
-at the next step while running sequences will free room, rather than recomputed: recomputing needs the
-same room (``_waits_for_room``).
+once a running sequence has released its blocks, rather than recomputed: recomputing needs the same
+room (``_waits_for_room``).
 
 Promotions never stop the engine: a prompt whose cache hit is still being copied up from DRAM/NVMe
 is *parked* (it keeps its lookup lease, nothing more) while everything else steps on. Each step
@@ -202,8 +202,13 @@ class Scheduler:
         """Waiting for GPU room, and no running sequence has released blocks since its last lookup: asking
         again would only be cut again (session 20, run BP: retrying every step cost 104 lookups, each
         promoting part of a hit and giving it back, in one burst)."""
-        return (seq.room_wait_s is not None and not seq.block_table and seq.room_tried_at == self._releases
+        return (self._held_for_room(seq) and seq.room_tried_at == self._releases
                 and now - seq.room_wait_s < self.park_limit_s and bool(self.running))
+
+    @staticmethod
+    def _held_for_room(seq: Sequence) -> bool:
+        """It gave a hit back to wait for GPU room and has not taken one since."""
+        return seq.room_wait_s is not None and not seq.block_table
 
     def _waits_for_room(self, seq: Sequence, now: float) -> bool:
         """A hit cut short because kvd had no free GPU slot to promote the rest into (every GPU block
@@ -249,8 +254,8 @@ class Scheduler:
         for seq in (*self.running, *self.waiting):
             if tokens >= self.max_num_batched_tokens:
                 break
-            if seq.room_wait_s is not None and not seq.block_table:
-                continue            # held back for GPU room: reserving blocks for it would take that room
+            if self._held_for_room(seq):
+                continue            # reserving blocks for it would take the room its hit waits for
             tokens += seq.num_pending
         return -(-min(tokens, self.max_num_batched_tokens) // bs) + -(-len(self.running) // bs)
 

@@ -22,13 +22,17 @@ def step(out):
         s.seq.num_computed_tokens += s.num_tokens
 
 
+def scheduler_on(src, **kw):
+    """A 4-seat scheduler over ``src`` with 4-token blocks and no reserve."""
+    return Scheduler(BlockManager(src, 4, ROOT, reserve=0), max_num_seqs=4, **kw)
+
+
 def running_long_and_a_cached_arrival(order):
     """A 40-token prompt running (10 of it computed), then a 43-token arrival whose first 40 are cached."""
     src = CachingSource(64)
-    bm = BlockManager(src, 4, ROOT, reserve=0)
+    sched = scheduler_on(src, max_num_batched_tokens=10, prefill_order=order)
     history = list(range(100, 140))
-    cached(src, bm, history)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=10, prefill_order=order)
+    cached(src, sched.blocks, history)
     long = seq_of(range(40), "long")
     sched.add(long)
     step(sched.schedule())
@@ -59,10 +63,9 @@ def test_a_prompt_queued_past_starve_s_goes_first_whatever_its_length():
     assert served(sched.schedule())[0] == ("turn", 3)          # not overdue any more: shortest again
 
 
-def test_decoders_always_go_before_any_prompt():
-    src = CachingSource(64)
-    bm = BlockManager(src, 4, ROOT, reserve=0)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=8)
+def test_decoders_go_before_any_prompt_even_an_overdue_one():
+    # shortest order with starve_s = 0: every prompt is overdue, the rank just below the decoders'
+    sched = scheduler_on(CachingSource(64), max_num_batched_tokens=8, prefill_order="shortest", starve_s=0.0)
     dec, long = seq_of(range(3), "dec"), seq_of(range(50, 70), "long")
     sched.add(dec)
     step(sched.schedule())
@@ -73,7 +76,7 @@ def test_decoders_always_go_before_any_prompt():
 
 def test_unknown_order_is_refused():
     with pytest.raises(ValueError, match="prefill_order"):
-        Scheduler(BlockManager(CachingSource(4), 4, ROOT, reserve=0), 4, 8, prefill_order="lifo")
+        scheduler_on(CachingSource(4), max_num_batched_tokens=8, prefill_order="lifo")
 
 
 class RoomSource(CachingSource):
@@ -94,10 +97,9 @@ class RoomSource(CachingSource):
 
 def room_setup(park_limit_s=2.0):
     src = RoomSource(64)
-    bm = BlockManager(src, 4, ROOT, reserve=0)
+    sched = scheduler_on(src, max_num_batched_tokens=64, park_limit_s=park_limit_s)
     history = list(range(100, 120))
-    cached(src, bm, history)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, park_limit_s=park_limit_s)
+    cached(src, sched.blocks, history)
     return src, sched, seq_of(history + [7], "turn")
 
 
