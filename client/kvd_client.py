@@ -485,6 +485,11 @@ class KvdClient:
     def leases(self) -> Any:
         return self.call(P.Leases())["leases"]
 
+    def roots(self, group: str, known: Optional[int] = None, recompute_s: Optional[float] = None) -> dict[str, Any]:
+        """The first-block hashes ``group`` holds (KvdCore.roots): ``{version, filterable, roots}``, or
+        against a ``known`` version ``{version, filterable, since, added, removed}``."""
+        return self.call(P.Roots(group=group, known=known, recompute_s=recompute_s))
+
     def sessions(self) -> Any:
         return self.call(P.Sessions())["sessions"]
 

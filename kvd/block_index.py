@@ -9,10 +9,13 @@ to the cleaner's job until it lands (kvd/demotion.py). Only the core
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from kvd.types import BlockHash, BlockKind, Tier
+
+ROOT_LOG = 4096     # root changes kept for delta answers: ~80 s of a zero-hit stream at 50 new prompts/s
 
 
 @dataclass(slots=True, eq=False)
@@ -55,6 +58,10 @@ class BlockIndex:
     def __init__(self) -> None:
         self._recs: dict[BlockHash, BlockRecord] = {}
         self._orphans: dict[BlockHash, int] = {}  # absent parent hash -> present children
+        self._roots: set[BlockHash] = set()   # first blocks (no parent): a prompt whose block 0 is absent cannot hit
+        self.roots_version = 0                # bumped whenever ``_roots`` changes (KvdCore.roots)
+        # the last changes, (version after it, hash, added): a client one refresh behind gets these, not the set
+        self._root_log: deque[tuple[int, BlockHash, bool]] = deque(maxlen=ROOT_LOG)
 
     def __len__(self) -> int:
         return len(self._recs)
@@ -67,6 +74,32 @@ class BlockIndex:
 
     def get(self, h: BlockHash) -> BlockRecord | None:
         return self._recs.get(h)
+
+    def roots(self) -> list[BlockHash]:
+        """Hashes of the first blocks present (any tier): every prefix hit starts at one of them."""
+        return list(self._roots)
+
+    def root_changes(self, since: int) -> tuple[list[BlockHash], list[BlockHash]] | None:
+        """(added, removed) first blocks between version ``since`` and now, or None when the log no longer
+        reaches back that far (or ``since`` is not a version of this index): send the whole set then."""
+        if since == self.roots_version:
+            return [], []
+        if since > self.roots_version or not self._root_log or self._root_log[0][0] > since + 1:
+            return None
+        net: dict[BlockHash, bool] = {}
+        for version, h, added in reversed(self._root_log):
+            if version <= since:
+                break
+            net.setdefault(h, added)       # the latest change of each hash wins
+        return [h for h, a in net.items() if a], [h for h, a in net.items() if not a]
+
+    def _root_changed(self, h: BlockHash, added: bool) -> None:
+        if added:
+            self._roots.add(h)
+        else:
+            self._roots.discard(h)
+        self.roots_version += 1
+        self._root_log.append((self.roots_version, h, added))
 
     def prefix(self, hashes: Iterable[BlockHash]) -> list[BlockRecord]:
         """Records of the longest contiguous present prefix of ``hashes``; stops at the first gap.
@@ -87,6 +120,7 @@ class BlockIndex:
         self._recs[rec.hash] = rec
         rec.children = self._orphans.pop(rec.hash, 0)
         if rec.parent is None:
+            self._root_changed(rec.hash, True)
             return
         parent = self._recs.get(rec.parent)
         if parent is not None:
@@ -100,7 +134,9 @@ class BlockIndex:
         rec = self._recs.pop(h)
         if rec.children:
             self._orphans[h] = rec.children
-        if rec.parent is not None:
+        if rec.parent is None:
+            self._root_changed(h, False)
+        else:
             parent = self._recs.get(rec.parent)
             if parent is not None:
                 parent.children -= 1

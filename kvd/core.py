@@ -54,6 +54,8 @@ class KvdCore:
         self.groups: dict[str, CacheGroup] = {}
         self._leases = LeaseTable(config.lease_ttl_s)
         self._sessions: dict[str, SessionHint] = {}
+        # roots() versions: random per start, so a client's ``known`` from an earlier kvd never matches
+        self._roots_epoch = int.from_bytes(os.urandom(5), "little") << 20   # < 2**60: room to count up
         self.counters: Counter[str] = Counter()
         self._tag = f"kvd-{os.getpid()}-{id(self):x}"
         pool_files.reap_stale(shm_dir(config.run_dir))   # pools of kvd processes that died without cleaning up
@@ -804,6 +806,7 @@ class KvdCore:
                 "tiers": {t: dict(v) for t, v in totals.items()},
                 "groups": groups,
                 "lookups": c["lookups"],
+                "lookups_skipped": c["lookups_skipped"],     # of them, skipped by a client's RootFilter
                 "lookup_blocks": c["lookup_blocks"],
                 "hit_blocks": c["hit_blocks"],
                 "hit_rate": c["hit_blocks"] / c["lookup_blocks"] if c["lookup_blocks"] else 0.0,
@@ -854,6 +857,36 @@ class KvdCore:
                  "expires_in_s": (self._leases.deadline(l.client) or now) - now}
                 for l in self._leases
             ]
+
+    def roots(self, client: str, group: str, known: int | None = None, recompute_s: float | None = None,
+              skipped: int = 0, skipped_blocks: int = 0) -> dict[str, Any]:
+        """The first-block hashes ``group`` holds, so a client can skip the lookup round trip for a prompt
+        whose block 0 is not among them (it cannot hit: hits are prefixes). ``version`` changes whenever the
+        set does, and differs across restarts. Against a ``known`` version the answer is the change since
+        (``added``, ``removed``; both empty when nothing changed), while the index's log reaches back to it;
+        otherwise the whole set (``roots``). A tail group (sliding window) serves hits without their first
+        blocks: ``filterable`` False, and no set. What the lookups the client skipped would have said comes
+        with the ask: ``recompute_s``, its price of a block, and ``skipped`` lookups of ``skipped_blocks``
+        blocks, counted as the misses they were (``lookups_skipped`` says how many)."""
+        with self._request_lock():
+            g = self._group(group)
+            if recompute_s is not None:
+                g.recompute_s = recompute_s     # what an NVMe block must beat (CacheGroup.nvme_pays)
+            if skipped:
+                for c in (self.counters, g.counters):
+                    c["lookups"] += skipped
+                    c["lookup_blocks"] += skipped_blocks
+                self.counters["lookups_skipped"] += skipped
+            if g.tail_blocks is not None:
+                return {"version": 0, "filterable": False}
+            version = self._roots_epoch + g.index.roots_version
+            since = None if known is None else known - self._roots_epoch
+            changes = None if since is None or since < 0 else g.index.root_changes(since)
+            if changes is None:
+                return {"version": version, "filterable": True, "roots": [bytes(h) for h in g.index.roots()]}
+            added, removed = changes
+            return {"version": version, "filterable": True, "since": known,
+                    "added": [bytes(h) for h in added], "removed": [bytes(h) for h in removed]}
 
     def sessions(self, client: str = "") -> list[dict[str, Any]]:
         with self._lock:

@@ -42,7 +42,7 @@ MAX_TOP = 10_000
 MAX_WAIT_S = 3600.0
 
 ADMIN_TYPES = frozenset({"pin", "unpin", "evict", "flush"})
-BATCHABLE_TYPES = frozenset({"lookup", "lookup_groups", "allocate", "commit", "release", "heartbeat"})
+BATCHABLE_TYPES = frozenset({"lookup", "lookup_groups", "allocate", "commit", "release", "heartbeat", "roots"})
 
 
 class ErrorCode:
@@ -193,6 +193,20 @@ class Leases(Op):
     type: Literal["leases"] = "leases"
 
 
+class Roots(Op):
+    """The first-block hashes a group holds (KvdCore.roots); ``known``: the version the client has.
+    A client that skips the lookups of prompts that cannot hit still tells kvd what they would have said:
+    ``recompute_s`` as in ``Lookup`` (what an NVMe block must beat), and ``skipped`` lookups of
+    ``skipped_blocks`` blocks in all since its last ask, counted as misses in kvd's hit rate."""
+
+    type: Literal["roots"] = "roots"
+    group: Name
+    known: Optional[Annotated[int, Strict(), Field(ge=0, lt=2**64)]] = None
+    recompute_s: Optional[RecomputeS] = None
+    skipped: Annotated[int, Strict(), Field(ge=0, le=2**31)] = 0
+    skipped_blocks: Annotated[int, Strict(), Field(ge=0, le=2**40)] = 0
+
+
 class Sessions(Op):
     type: Literal["sessions"] = "sessions"
 
@@ -237,7 +251,7 @@ class Flush(Op):
 OP_MODELS: dict[str, type[Op]] = {
     "attach": Attach, "lookup": Lookup, "lookup_groups": LookupGroups, "allocate": Allocate, "commit": Commit, "release": Release,
     "heartbeat": Heartbeat, "wait_ready": WaitReady, "batch": Batch, "stats": Stats, "top": Top,
-    "leases": Leases, "sessions": Sessions, "hash": HashTokens, "pin": Pin, "unpin": Unpin,
+    "leases": Leases, "sessions": Sessions, "roots": Roots, "hash": HashTokens, "pin": Pin, "unpin": Unpin,
     "evict": Evict, "flush": Flush,
 }
 

@@ -107,6 +107,7 @@ HANDLERS: dict[str, Callable[[Any, str, Any], dict[str, Any]]] = {
     "top": lambda core, c, op: {"top": core.top(c, op.n)},
     "leases": lambda core, c, op: {"leases": core.leases(c)},
     "sessions": lambda core, c, op: {"sessions": core.sessions(c)},
+    "roots": lambda core, c, op: core.roots(c, op.group, op.known, op.recompute_s, op.skipped, op.skipped_blocks),
     "hash": lambda core, c, op: _hash_tokens(op),
     "pin": lambda core, c, op: {"result": core.pin(c, op.hashes)},
     "unpin": lambda core, c, op: {"result": core.unpin(c, op.hashes)},

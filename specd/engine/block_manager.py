@@ -11,6 +11,8 @@ someone else on the next allocation.
 """
 from __future__ import annotations
 
+import time
+
 from collections import defaultdict
 from contextlib import AbstractContextManager, nullcontext
 from typing import Callable
@@ -108,6 +110,13 @@ class BlockManager:
         """Take the promotion answers that have arrived (never waits)."""
         if hasattr(self.source, "poll"):
             self.source.poll()
+
+    def refresh_roots(self) -> None:
+        """Post a refresh of the source's mirror of kvd's first blocks when one is due (kvd: ``RootFilter``,
+        which skips the lookups that cannot hit); a source without one has nothing to do."""
+        refresh = getattr(self.source, "refresh_roots", None)
+        if refresh is not None:
+            refresh(time.monotonic())
 
     def take_arrived(self) -> None:
         """Take the answers of posted ops that have arrived (a refill's blocks), never waiting; the

@@ -30,6 +30,7 @@ from kvd.types import BlockHash, BlockId, LeaseId
 from specd.engine.block_source import OutOfBlocks
 from specd.engine.kv_layout import KVLayout
 from specd.engine.prefill_rate import PrefillRate
+from specd.engine.root_filter import RootFilter
 
 log = logging.getLogger("specd.kvd")
 
@@ -68,6 +69,8 @@ class KvdBlockSource:
         self._ahead_ids = itertools.count(1)
         self.promotion_failures = 0
         self.lookup_errors = 0
+        self.roots = RootFilter()       # the primary group's first blocks: a prompt outside them cannot hit
+        self._price_sent = False        # has a roots ask carried the recompute price yet (refresh_roots)
 
     @classmethod
     def connect(cls, run_dir: Path, layout: KVLayout, device: torch.device,
@@ -119,6 +122,8 @@ class KvdBlockSource:
             return None, [], 0
         group = group or self.primary
         side = group != self.primary
+        if not side and not self.roots.may_hit(hashes):
+            return None, [], 0
         recompute_s = None if side else self.prefill.block_seconds()
         try:     # a side lookup names its block size, for kvd's per-group hit-token counter
             res = self.client.lookup(group, list(hashes), session, block_tokens=self.layout.block_size if side else None,
@@ -136,15 +141,21 @@ class KvdBlockSource:
         the way out cost ~0.1 ms of the round trip (docs/design/kvd.md "Session 5"); kvd validates them."""
         if not self._connected:
             return [(None, [], 0)] * len(requests)
+        asking = [i for i, (hashes, _) in enumerate(requests) if self.roots.may_hit(hashes)]
+        out: list[tuple[LeaseId | None, list[BlockId], int]] = [(None, [], 0)] * len(requests)
+        if not asking:
+            return out
         recompute_s = self.prefill.block_seconds()
-        ops = [P.lookup_fields(self.primary, list(hashes), session, recompute_s=recompute_s)
-               for hashes, session in requests]
+        ops = [P.lookup_fields(self.primary, list(requests[i][0]), requests[i][1], recompute_s=recompute_s)
+               for i in asking]
         try:
             results = self.client.batch_fields(ops)
         except KvdClientError as exc:
             self._degrade(exc)
-            return [(None, [], 0)] * len(requests)
-        return [self._take_lookup(res, self.primary) for res in results]
+            return out
+        for i, res in zip(asking, results):
+            out[i] = self._take_lookup(res, self.primary)
+        return out
 
     def _take_lookup(self, res, group: str) -> tuple[LeaseId | None, list[BlockId], int]:
         """Hold a lookup's hit (watching its promotions) or release an empty lease; a refused lookup
@@ -167,7 +178,7 @@ class KvdBlockSource:
                       ) -> tuple[int, dict[str, tuple[LeaseId | None, int, list[BlockId]]]]:
         """One joint hit across every group (kvd's ``lookup_groups``); like ``lookup``, never waits."""
         miss = {g: (None, 0, []) for g in self.layout_groups}
-        if not self._connected:
+        if not self._connected or not self.roots.may_hit(hashes):
             return 0, miss
         try:
             res = self.client.lookup_groups(self.layout_groups, list(hashes), session,
@@ -256,6 +267,23 @@ class KvdBlockSource:
         with self._degrading():
             self.client.post(P.Allocate(group=self.primary, n=n), answered)
 
+    def refresh_roots(self, now: float) -> None:
+        """Post a ``roots`` ask when the mirror is due (``RootFilter.refresh_s``); its answer is taken with
+        the other posted answers (``drain``/``settle``), during the forward."""
+        price = self.prefill.block_seconds()
+        if not self._connected or not self.roots.due(now, urgent=price is not None and not self._price_sent):
+            return
+        self._price_sent = price is not None
+        def answered(out) -> None:
+            self.roots.answered(out)
+            if isinstance(out, _ClientUnavailable):
+                self._degrade(out)
+        skipped, skipped_blocks = self.roots.unreported
+        known = self.roots.asked(now)
+        with self._degrading():
+            self.client.post(P.Roots(group=self.primary, known=known, recompute_s=price, skipped=skipped,
+                                     skipped_blocks=skipped_blocks), answered, needed=False)
+
     def drain(self) -> None:
         """Take the answers of posted ops that have arrived (a refill allocate's blocks), never waiting."""
         if not self._connected or not self.client.unsettled:
@@ -274,6 +302,10 @@ class KvdBlockSource:
         if not self._connected or lease < 0:
             return None
         wire = [(int(b), bytes(h), None if p is None else bytes(p)) for b, h, p in entries]
+        if self.pools.get(self.primary) is not None and self._held.get(lease, (self.primary,))[0] == self.primary:
+            for _, h, p in wire:
+                if p is None:
+                    self.roots.committed(h)
         if on_done is not None:
             def answered(out) -> None:
                 canonical = self._committed(lease, entries, out)
@@ -413,6 +445,7 @@ class KvdBlockSource:
         out["kvd_posted_total"] = sum(n for op, (n, _) in self.client.posts.items() if op != "batch")   # ops
         out["kvd_post_frames_total"] = self.client.frames_posted    # frames those ops went in (and watches)
         out["kvd_promotion_failures_total"] = self.promotion_failures
+        out["kvd_lookups_skipped_total"] = self.roots.skipped      # prompts whose first block kvd does not hold
         block = self.prefill.block_seconds()     # what each lookup prices recomputing a block at
         if block is not None:
             out["kvd_recompute_block_seconds"] = block

@@ -73,10 +73,12 @@ def test_concurrent_identical_prompts_deduplicate_without_corruption(tmp_path):
         for rid in ("a", "b"):
             first.add_request(Request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=24)))
         got = {"a": [], "b": []}
-        for out in first.step():                     # both prefill and commit; b's commit is a duplicate
+        for out in first.step():                     # both prefill
             got[out.id] += out.token_ids
         seq_a, seq_b = first._seqs["a"], first._seqs["b"]
         own_b = list(seq_b.block_table)
+        for out in first.step():                     # and commit, in the next step's forward: b's is a duplicate
+            got[out.id] += out.token_ids
         full = len(prompt) // 16
         source = first.blocks.source
         source.settle()        # b's commit answer: its table switches to a's blocks, its own go back (posted)
