@@ -377,6 +377,14 @@ def commit_fields(lease: int, blocks: list[tuple[int, bytes, Optional[bytes]]]) 
     return {"type": "commit", "lease": lease, "blocks": blocks}
 
 
+def roots_fields(group: str, known: Optional[int] = None, recompute_s: Optional[float] = None, skipped: int = 0,
+                 skipped_blocks: int = 0) -> dict[str, Any]:
+    """``Roots(...).model_dump()``, unvalidated (the engine's posted refresh: building the validated op cost
+    ~0.1 ms a step on the CPU probe, tests/kvd/host_phase_probe.py)."""
+    return {"type": "roots", "group": group, "known": known, "recompute_s": recompute_s, "skipped": skipped,
+            "skipped_blocks": skipped_blocks}
+
+
 def lookup_fields(group: str, hashes: list[bytes], session: Optional[str] = None, tokens: Optional[int] = None,
                   block_tokens: Optional[int] = None, recompute_s: Optional[float] = None) -> dict[str, Any]:
     """``Lookup(...).model_dump()`` for the same arguments, unvalidated (the admissions' lookups)."""

@@ -281,8 +281,8 @@ class KvdBlockSource:
         skipped, skipped_blocks = self.roots.unreported
         known = self.roots.asked(now)
         with self._degrading():
-            self.client.post(P.Roots(group=self.primary, known=known, recompute_s=price, skipped=skipped,
-                                     skipped_blocks=skipped_blocks), answered, needed=False)
+            self.client.post_fields(P.roots_fields(self.primary, known, price, skipped, skipped_blocks), answered,
+                                    needed=False)
 
     def drain(self) -> None:
         """Take the answers of posted ops that have arrived (a refill allocate's blocks), never waiting."""

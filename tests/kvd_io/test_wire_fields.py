@@ -44,6 +44,14 @@ def test_lookup_fields_is_the_built_lookups_frame(kw):
     assert P.encode_fields(3, P.lookup_fields(**kw)) == P.encode_op(3, ref)
 
 
+@pytest.mark.parametrize("kw", [dict(group="full"), dict(group="full", known=2**63, recompute_s=0.002, skipped=3,
+                                                            skipped_blocks=200)])
+def test_roots_fields_is_the_built_roots_frame(kw):
+    ref = P.Roots(**kw)
+    assert list(P.roots_fields(**kw).items()) == list(P.op_fields(ref).items())   # same keys, order, values
+    assert P.encode_fields(5, P.roots_fields(**kw)) == P.encode_op(5, ref)
+
+
 def test_batch_fields_is_the_built_batchs_frame():
     maps = [P.commit_fields(lease, blocks) for lease, blocks in COMMITS] + [P.lookup_fields(**kw) for kw in LOOKUPS]
     maps.append(P.op_fields(P.Release(lease=5, blocks=[1, 2])))
