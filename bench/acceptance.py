@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from bench.batch_kv import BatchKV, token_chunks
-from kernels.rejection_sample import rejection_sample
+from kvspec_kernels.rejection_sample import rejection_sample
 from specd.drafter.base import DraftOutput
 from specd.sampling_params import SamplingParams
 from specd.engine.speculation import target_probs  # the one definition of "what the target samples from"

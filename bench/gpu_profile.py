@@ -136,7 +136,7 @@ def main() -> int:
     for _ in range(2000):
         x.view(2, 4)
     res["aten_view_us"] = (time.perf_counter() - t0) / 2000 * 1e6
-    import kernels
+    import kvspec_kernels as kernels
     k = torch.zeros(1, cfg.num_kv_heads, cfg.head_dim, device=dev, dtype=torch.bfloat16)
     kp = pool[:, 0, 0]
     vp = pool[:, 0, 1]
@@ -339,7 +339,7 @@ def _drafts_of(out) -> list:
 def verify_per_sequence(logits, drafts, params, generators):
     """The verification this repository had before the vectorized one (the baseline of the timing):
     per sequence a target_probs call, a draft-row copy and a token upload, then one kernel."""
-    import kernels
+    import kvspec_kernels as kernels
     from specd.engine.sampler import draw_uniforms
     from specd.engine.speculation import target_probs
 

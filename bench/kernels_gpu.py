@@ -20,12 +20,12 @@ import sys
 
 import torch
 
-from kernels.block_copy import gather_blocks_ref, gather_blocks_triton, scatter_blocks_ref, scatter_blocks_triton
-from kernels.kv_append import append_kv_ref, append_kv_triton
-from kernels.paged_attention import paged_attention_ref, paged_attention_triton
-from kernels.rejection_sample import rejection_sample_ref, rejection_sample_triton
-from kernels.rms_norm import rms_norm_ref, rms_norm_triton
-from kernels.rotary import rotary_ref, rotary_triton
+from kvspec_kernels.block_copy import gather_blocks_ref, gather_blocks_triton, scatter_blocks_ref, scatter_blocks_triton
+from kvspec_kernels.kv_append import append_kv_ref, append_kv_triton
+from kvspec_kernels.paged_attention import paged_attention_ref, paged_attention_triton
+from kvspec_kernels.rejection_sample import rejection_sample_ref, rejection_sample_triton
+from kvspec_kernels.rms_norm import rms_norm_ref, rms_norm_triton
+from kvspec_kernels.rotary import rotary_ref, rotary_triton
 
 HBM_BYTES_PER_S = 4.3e12  # device-to-device copy on the benchmark H200 (DESIGN.md section 10)
 BLOCK_SIZE = 16

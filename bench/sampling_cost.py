@@ -1,6 +1,6 @@
 """What the sampling transform costs on the GPU, by rows: the sorted top-p reference against the
-exact and the rounded (draft) kernels of kernels/nucleus.py, and the cumsum draw against
-kernels/inverse_cdf.py, eager and replayed from a CUDA graph, beside softmax and torch.topk.
+exact and the rounded (draft) kernels of kvspec_kernels/nucleus.py, and the cumsum draw against
+kvspec_kernels/inverse_cdf.py, eager and replayed from a CUDA graph, beside softmax and torch.topk.
 
     python -m bench.sampling_cost --out sampling_cost.json            # CUDA
     python -m bench.sampling_cost --tiny --out /tmp/s.json            # CPU smoke test (reference only)
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from kernels.inverse_cdf import draw_ref, draw_triton
-from kernels.nucleus import (bucket_nucleus_probs_ref, bucket_nucleus_probs_triton, nucleus_probs_ref,
+from kvspec_kernels.inverse_cdf import draw_ref, draw_triton
+from kvspec_kernels.nucleus import (bucket_nucleus_probs_ref, bucket_nucleus_probs_triton, nucleus_probs_ref,
                              nucleus_probs_triton)
 from specd.engine.keyed_graphs import capture_graph
 

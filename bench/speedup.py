@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import kernels
+import kvspec_kernels as kernels
 from bench.arg_types import positive_int, positive_ints
 from bench.row_profiles import RowProfiles, TorchProfiles
 from specd.engine.gating import gate_key_name

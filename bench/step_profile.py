@@ -19,7 +19,7 @@ parts shows apart:
 Then the engine-key step runs eagerly under ``torch.profiler`` and its CUDA kernel time is summed by
 kernel name, so the kernels that grow with the prompt tokens are named.
 Weights are random: timing does not depend on their values, so no upload is needed. The model's norms and
-rotary embedding run as one-launch kernels (kernels/rms_norm.py, kernels/rotary.py) unless ``KVSPEC_FUSED=0``:
+rotary embedding run as one-launch kernels (kvspec_kernels/rms_norm.py, kvspec_kernels/rotary.py) unless ``KVSPEC_FUSED=0``:
 run it both ways to time them (``bash bench/gpu/session.sh step-profile`` does).
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from bench.gpu_profile import pool_for, random_model, rows_step
-from kernels import fused_elementwise
+from kvspec_kernels import fused_elementwise
 from specd.engine.cuda_graphs import GraphKey, HostStep, StepGraphs, decode_keys, prefill_keys
 from specd.engine.model_runner import device_inputs
 from specd.engine.paged_backend import PagedAttentionBackend

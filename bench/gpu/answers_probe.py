@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> None:
         import functools
         import importlib
 
-        pa = importlib.import_module("kernels.paged_attention")   # kernels/__init__ shadows the module name
+        pa = importlib.import_module("kvspec_kernels.paged_attention")   # kvspec_kernels/__init__ shadows the module name
         pa.paged_attention_triton = functools.partial(pa.paged_attention_triton, max_block_m=args.max_block_m)
     device = torch.device(args.device)
     model = random_model(QWEN05, device, getattr(torch, args.dtype))

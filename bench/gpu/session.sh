@@ -286,7 +286,7 @@ PY
     # session 14: prompt steps against decode steps, random Qwen-0.5B weights, no GGUF (bench/step_profile.py):
     # 110-token prompts (session 13's estimate of coding's; tokenized, its median is 696) beside 4, 16 and 32
     # decoders, then 400-token prompts beside 16; the last two cases again with KVSPEC_FUSED=1 (one-launch norms
-    # and rotary, kernels/rms_norm.py and kernels/rotary.py: the default since session 15)
+    # and rotary, kvspec_kernels/rms_norm.py and kvspec_kernels/rotary.py: the default since session 15)
     mkdir -p "$RES/step-profile"
     for case in "110 4,16,32 0" "400 16 0" "110 4,16,32 1" "400 16 1"; do
       set -- $case
@@ -426,7 +426,7 @@ PY
     # session 16's measurements in one call (~480 s with the upload and stash done): (1) a fresh engine on
     # extraction, the argmax chain against the rejection sampler for greedy drafts, scheduled and fixed
     # (dspark(-g7) against dspark(-g7)-rejection, rows alternated; its "built Triton kernels" count checks
-    # kernels/alignment.py), (2) the full table (issue 6's verdict), (3) the draft-round profile, both verify
+    # kvspec_kernels/alignment.py), (2) the full table (issue 6's verdict), (3) the draft-round profile, both verify
     # paths. TRAIN_DATA defaults to .carry/qs1000.tgz (carry it); the drafter must be stashed.
     mkdir -p "$RES/verdict"
     export TRAIN_DATA=${TRAIN_DATA:-.carry/qs1000.tgz} SPEED_WAVES=${SPEED_WAVES:-4} SPEED_REPEATS=${SPEED_REPEATS:-3}

@@ -109,7 +109,7 @@ def heldout_survival(target, drafter, seqs, temperature: float, seed: int, max_b
     prefix; a live chain would condition on the accepted drafts instead (identical at T = 0 when the data
     is greedy). Cheap and batched: no generation loop.
     """
-    from kernels.rejection_sample import rejection_sample
+    from kvspec_kernels.rejection_sample import rejection_sample
     from specd.drafter.train import make_blocks, sample_anchors, target_pass
     from specd.engine.sampler import inverse_cdf
 

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-import kernels
+import kvspec_kernels as kernels
 from specd.engine.kv_layout import KVLayout
 from specd.engine.model_runner import ModelRunner
 from specd.engine.paged_backend import PagedAttentionBackend

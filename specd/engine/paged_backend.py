@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-import kernels
+import kvspec_kernels as kernels
 
 
 @dataclass

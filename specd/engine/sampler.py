@@ -11,8 +11,8 @@ from typing import Sequence
 
 import torch
 
-from kernels.inverse_cdf import draw
-from kernels.nucleus import bucket_nucleus_probs, nucleus_probs
+from kvspec_kernels.inverse_cdf import draw
+from kvspec_kernels.nucleus import bucket_nucleus_probs, nucleus_probs
 from specd.sampling_params import SamplingParams
 
 

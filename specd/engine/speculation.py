@@ -18,7 +18,7 @@ from typing import Protocol, Sequence as Seq
 
 import torch
 
-import kernels
+import kvspec_kernels as kernels
 from specd.engine.greedy_verify import GreedyVerify
 from specd.engine.sampler import RowSettings, draw_uniforms, rows_probs
 from specd.sampling_params import SamplingParams

@@ -2,7 +2,7 @@
 
 Used by the tests, the transformers comparison and as a CPU fallback. It supports several sequences
 in one flat step (a ragged batch) so tests can check that batching does not change any logit; the
-engine's paged backend (kernels/paged_attention.py) must reproduce exactly what this one computes.
+engine's paged backend (kvspec_kernels/paged_attention.py) must reproduce exactly what this one computes.
 
 Sliding-window layers (`windows[layer] = W`) mask keys older than W positions; the cache still keeps
 every key, because this backend is for correctness, not memory.

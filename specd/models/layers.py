@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import kernels
-from kernels.rms_norm import MAX_DIM
+import kvspec_kernels as kernels
+from kvspec_kernels.rms_norm import MAX_DIM
 from specd.models.config import ModelConfig
 
 
@@ -39,7 +39,7 @@ def _no_gradient(*tensors: Tensor) -> bool:
 
 class RMSNorm(nn.Module):
     """y = x / rms(x) * w, computed in fp32 and cast back (as transformers does, so bf16 matches).
-    On CUDA, for inference, one Triton launch with the same rounding (kernels/rms_norm.py; ``KVSPEC_FUSED=0``
+    On CUDA, for inference, one Triton launch with the same rounding (kvspec_kernels/rms_norm.py; ``KVSPEC_FUSED=0``
     turns it off)."""
 
     def __init__(self, dim: int, eps: float):
@@ -80,7 +80,7 @@ class Rotary(nn.Module):
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x: [T, H, D]; cos, sin: [T, 1, D] (the drafters pass batched shapes, which take the torch formula).
-    On CUDA, for inference, one Triton launch with the same rounding (kernels/rotary.py; ``KVSPEC_FUSED=0``
+    On CUDA, for inference, one Triton launch with the same rounding (kvspec_kernels/rotary.py; ``KVSPEC_FUSED=0``
     turns it off)."""
     if (x.dim() == 3 and cos.shape == (x.shape[0], 1, x.shape[2]) and x.stride(-1) == 1
             and cos.stride(-1) == 1 and sin.stride(-1) == 1 and _no_gradient(x)):

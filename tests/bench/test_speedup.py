@@ -289,7 +289,7 @@ def test_the_rejection_rows_verify_greedy_drafts_through_the_rejection_sampler(t
     """dspark-g7-rejection: the same greedy drafts verified by the rejection sampler instead of the argmax
     chain (specd/engine/greedy_verify.py), the engine's default restored after the row; the same tokens;
     no default row."""
-    import kernels
+    import kvspec_kernels as kernels
     from bench.speedup import DEFAULT_ROWS
     from specd.engine.greedy_verify import GreedyVerify
 

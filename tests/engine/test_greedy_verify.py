@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
+import kvspec_kernels as kernels
 from specd.engine.greedy_verify import GreedyVerify, accept_greedy
 from specd.engine.speculation import Draft, MixedVerify, VerifyInputs, prepare_verify, verify_prepared
 from specd.sampling_params import SamplingParams

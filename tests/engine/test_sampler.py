@@ -3,7 +3,7 @@ import torch
 
 from specd.drafter.base import SlotSampler
 from specd.engine.sampler import RowKinds, inverse_cdf, sample, sampling_probs
-from kernels.nucleus import bucket_nucleus_probs_ref
+from kvspec_kernels.nucleus import bucket_nucleus_probs_ref
 from specd.sampling_params import SamplingParams
 
 

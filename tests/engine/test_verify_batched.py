@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
+import kvspec_kernels as kernels
 import specd.engine.speculation as speculation
 from specd.engine.sampler import draw_uniforms, sampling_probs
 from specd.engine.speculation import Draft, verify

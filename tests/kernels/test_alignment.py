@@ -1,4 +1,4 @@
-"""kernels/alignment.py: misaligned views reach the Triton kernels as aligned copies (one kernel build,
+"""kvspec_kernels/alignment.py: misaligned views reach the Triton kernels as aligned copies (one kernel build,
 not one per alignment), and the launchers give the same results on them as on aligned inputs."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import importlib
 import pytest
 import torch
 
-from kernels.alignment import ALIGN, aligned
+from kvspec_kernels.alignment import ALIGN, aligned
 
 # the modules, not the functions ``kernels`` re-exports under the same names
-inverse_cdf = importlib.import_module("kernels.inverse_cdf")
-nucleus = importlib.import_module("kernels.nucleus")
-rejection_sample = importlib.import_module("kernels.rejection_sample")
+inverse_cdf = importlib.import_module("kvspec_kernels.inverse_cdf")
+nucleus = importlib.import_module("kvspec_kernels.nucleus")
+rejection_sample = importlib.import_module("kvspec_kernels.rejection_sample")
 
 
 def misaligned(t: torch.Tensor) -> torch.Tensor:

@@ -4,15 +4,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.block_copy import (
+from kvspec_kernels.block_copy import (
     gather_blocks,
     gather_blocks_ref,
     gather_blocks_triton,
     scatter_blocks_ref,
     scatter_blocks_triton,
 )
-from kernels.dispatch import use_triton
-from kernels.errors import KernelArgumentError
+from kvspec_kernels.dispatch import use_triton
+from kvspec_kernels.errors import KernelArgumentError
 
 # 3000 bytes: 8-byte words, and rows wider than one program's 1024 words; 1001: single bytes.
 SHAPES = [(9, 3000, torch.uint8), (6, 1001, torch.uint8), (5, 2 * 1030, torch.bfloat16), (4, 33, torch.float32)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.errors import KernelArgumentError
-from kernels.inverse_cdf import CHUNK, draw_ref, draw_triton
+from kvspec_kernels.errors import KernelArgumentError
+from kvspec_kernels.inverse_cdf import CHUNK, draw_ref, draw_triton
 
 ALPHA = 1e-3
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 from kv_pools import make_pool
 
-from kernels.errors import KernelArgumentError
-from kernels.kv_append import append_kv_ref, append_kv_triton
+from kvspec_kernels.errors import KernelArgumentError
+from kvspec_kernels.kv_append import append_kv_ref, append_kv_triton
 
 
 def _inputs(num_tokens, block_size, num_kv_heads, head_dim, dtype, num_blocks=7):

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from bench.sampling_cost import zipf_logits
-from kernels.errors import KernelArgumentError
-from kernels.nucleus import (CHUNK, SEARCH_BLOCK, STEP, bucket_nucleus_probs_ref, bucket_nucleus_probs_triton,
+from kvspec_kernels.errors import KernelArgumentError
+from kvspec_kernels.nucleus import (CHUNK, SEARCH_BLOCK, STEP, bucket_nucleus_probs_ref, bucket_nucleus_probs_triton,
                              nucleus_probs_ref, nucleus_probs_triton)
 
 

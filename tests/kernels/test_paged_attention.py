@@ -5,8 +5,8 @@ import pytest
 import torch
 from kv_pools import cu_lens, make_pool, random_block_tables
 
-from kernels.errors import KernelArgumentError
-from kernels.paged_attention import paged_attention, paged_attention_ref, paged_attention_triton
+from kvspec_kernels.errors import KernelArgumentError
+from kvspec_kernels.paged_attention import paged_attention, paged_attention_ref, paged_attention_triton
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 NUM_LAYERS, LAYER = 3, 1
@@ -117,7 +117,7 @@ def test_prefill_tile_size_hook_matches(max_block_m):
 def test_prefill_tile_is_smaller_in_fp32():
     """fp32's IEEE dots spill a 128-row tile's registers (3.3x slower data stage on the H200, session 8):
     fp32 keeps 64 rows, 16-bit types the sweep's 128, and both are valid tiles."""
-    from kernels.paged_attention import MIN_BLOCK_M, prefill_tile_rows
+    from kvspec_kernels.paged_attention import MIN_BLOCK_M, prefill_tile_rows
 
     assert prefill_tile_rows(torch.float32) == 64
     assert prefill_tile_rows(torch.bfloat16) == prefill_tile_rows(torch.float16) == 128
@@ -129,7 +129,7 @@ def test_split_counts_are_few_powers_of_two():
     """NUM_SPLITS is a compile-time constant: each distinct value is another kernel compile. Over every
     decode batch up to 256 sequences and every block-table width up to 32k tokens, the H200's 132 SMs
     (Qwen-0.5B: 2 KV heads) give six counts; unrounded, the heuristic took all 32 values in 1..32."""
-    from kernels.paged_attention import MAX_SPLITS, PROGRAMS_PER_SM, split_count
+    from kvspec_kernels.paged_attention import MAX_SPLITS, PROGRAMS_PER_SM, split_count
 
     counts = {split_count(132, 2 * b, t) for b in range(1, 257) for t in range(1, 2049)}
     assert counts == {1, 2, 4, 8, 16, 32}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.errors import KernelArgumentError
-from kernels.rejection_sample import rejection_sample_ref, rejection_sample_triton
+from kvspec_kernels.errors import KernelArgumentError
+from kvspec_kernels.rejection_sample import rejection_sample_ref, rejection_sample_triton
 
 # Significance level of the chi-square tests. With fixed seeds the outcome is deterministic; the
 # level bounds how likely a correct sampler would have failed on the seed that was chosen.

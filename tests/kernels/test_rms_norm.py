@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.errors import KernelArgumentError
-from kernels.rms_norm import rms_norm_ref, rms_norm_triton
+from kvspec_kernels.errors import KernelArgumentError
+from kvspec_kernels.rms_norm import rms_norm_ref, rms_norm_triton
 
 
 def _ulps(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -60,7 +60,7 @@ def test_the_model_takes_the_kernels_only_for_inference_where_triton_runs(monkey
 
     calls = []
     for name in ("rms_norm", "rotary"):         # the one-launch kernels, behind the modules' dispatchers
-        module = sys.modules[f"kernels.{name}"]
+        module = sys.modules[f"kvspec_kernels.{name}"]
         real = getattr(module, f"{name}_triton")
         monkeypatch.setattr(module, f"{name}_triton",
                             lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
@@ -97,7 +97,7 @@ def test_a_tiny_model_forward_fused_and_unfused(monkeypatch):
     """A tiny Qwen-shaped model (fp32) gives the same hidden states through the kernels as through the
     torch formulas, and the kernels did run."""
     from bench.gpu_profile import random_model, rows_step
-    from kernels.paged_attention import paged_attention_ref
+    from kvspec_kernels.paged_attention import paged_attention_ref
     from specd.engine.model_runner import device_inputs
     from specd.engine.paged_backend import PagedAttentionBackend
 
@@ -108,14 +108,14 @@ def test_a_tiny_model_forward_fused_and_unfused(monkeypatch):
     backend = PagedAttentionBackend(pool, cfg.attn_scale)
     step = rows_step([(0, 9), (0, 5)])
     inputs = device_inputs(step, [], torch.device("cpu"))
-    monkeypatch.setattr("kernels.paged_attention", lambda q, k, v, bt, cu, sl, scale, **kw:
+    monkeypatch.setattr("kvspec_kernels.paged_attention", lambda q, k, v, bt, cu, sl, scale, **kw:
                         paged_attention_ref(q, k, v, bt, cu, sl, scale, kw.get("sliding_window")))
-    monkeypatch.setattr("kernels.append_kv", __import__("kernels").append_kv_ref)
+    monkeypatch.setattr("kvspec_kernels.append_kv", __import__("kvspec_kernels").append_kv_ref)
     import sys
 
     launches = []
     for name in ("rms_norm_triton", "rotary_triton"):
-        module = sys.modules[f"kernels.{name.removesuffix('_triton')}"]
+        module = sys.modules[f"kvspec_kernels.{name.removesuffix('_triton')}"]
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: launches.append(_name) or _real(*a))
     out = {}

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.errors import KernelArgumentError
-from kernels.rotary import rotary_ref, rotary_triton
+from kvspec_kernels.errors import KernelArgumentError
+from kvspec_kernels.rotary import rotary_ref, rotary_triton
 
 
 def _tables(t: int, dim: int, dtype):

@@ -2,7 +2,7 @@
 
 Why: the torch reference (specd.models.layers.apply_rotary's formula) is five launches per tensor (the
 negated half, the concatenation, two products and a sum), ten a layer for q and k, 240 a Qwen2.5-0.5B
-step, where a replayed decode step is bound by its ~1,000 launches (kernels/rms_norm.py says more).
+step, where a replayed decode step is bound by its ~1,000 launches (kvspec_kernels/rms_norm.py says more).
 
 Rounding follows the reference: each product is rounded to the input dtype, then their sum (bf16 tensors
 multiply as fp32 products rounded to bf16 in torch). In fp32 the compiler may contract a product and the
@@ -15,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dispatch import fused_elementwise
-from kernels.errors import KernelArgumentError
-from kernels.rounding import downcast
+from kvspec_kernels.dispatch import fused_elementwise
+from kvspec_kernels.errors import KernelArgumentError
+from kvspec_kernels.rounding import downcast
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -40,9 +40,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.alignment import aligned
-from kernels.dispatch import use_triton
-from kernels.errors import KernelArgumentError
+from kvspec_kernels.alignment import aligned
+from kvspec_kernels.dispatch import use_triton
+from kvspec_kernels.errors import KernelArgumentError
 
 CHUNK = 4096           # tokens per program of the chunked kernels (38 chunks at V = 151,936)
 SUB = 128              # tokens per bucketing step inside a chunk ([SUB, NB] one-hot tiles)
@@ -101,7 +101,7 @@ def _ladder_pass(logits: torch.Tensor, top_p: torch.Tensor, counts: bool
                  ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """Check the arguments, allocate the output and run ``_ladder``: (out, scratch, chunks); scratch is
     None for an empty input (nothing to launch). The callers pass aligned inputs (a plain
-    step's top-p values are a view 4·s bytes into its upload; kernels/alignment.py)."""
+    step's top-p values are a view 4·s bytes into its upload; kvspec_kernels/alignment.py)."""
     _check_args(logits, top_p)
     rows, vocab = logits.shape
     out = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
@@ -116,7 +116,7 @@ def _ladder_pass(logits: torch.Tensor, top_p: torch.Tensor, counts: bool
 
 def nucleus_probs_triton(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Four launches, no host synchronisation (capturable in a CUDA graph)."""
-    logits, top_p = aligned(logits), aligned(top_p)      # kernels/alignment.py: one build per kernel
+    logits, top_p = aligned(logits), aligned(top_p)      # kvspec_kernels/alignment.py: one build per kernel
     out, scratch, chunks = _ladder_pass(logits, top_p, counts=True)
     if scratch is None:
         return out
@@ -134,7 +134,7 @@ def nucleus_probs_triton(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Ten
 
 def bucket_nucleus_probs_triton(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Two launches, no host synchronisation."""
-    logits, top_p = aligned(logits), aligned(top_p)      # kernels/alignment.py: one build per kernel
+    logits, top_p = aligned(logits), aligned(top_p)      # kvspec_kernels/alignment.py: one build per kernel
     out, scratch, chunks = _ladder_pass(logits, top_p, counts=False)
     if scratch is None:
         return out

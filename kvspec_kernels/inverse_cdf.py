@@ -1,11 +1,11 @@
 """Draw one token per row from unnormalised probabilities by inverse CDF, without a full-row cumsum.
 
-Why: after the top-p transform stopped sorting (kernels/nucleus.py), the draw itself was the largest
+Why: after the top-p transform stopped sorting (kvspec_kernels/nucleus.py), the draw itself was the largest
 piece of a sampled draft round: torch's ``cumsum`` + ``searchsorted`` over [rows, 151,936] cost 0.07 ms
 at 1 row and 0.22-0.35 ms at 4-256 rows on the H200 (`python -m bench.sampling_cost`), once per draft
 position, seven positions a round.
 
-The rule (shared with the reference and kernels/rejection_sample.py): the token is the number of CDF
+The rule (shared with the reference and kvspec_kernels/rejection_sample.py): the token is the number of CDF
 entries ``<= u * total``, capped at the last token with mass, so a zero-probability token is never
 drawn, whatever the rounding when u is close to 1.
 
@@ -21,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.alignment import aligned
-from kernels.dispatch import use_triton
-from kernels.errors import KernelArgumentError
+from kvspec_kernels.alignment import aligned
+from kvspec_kernels.dispatch import use_triton
+from kvspec_kernels.errors import KernelArgumentError
 
 CHUNK = 4096
 
@@ -45,7 +45,7 @@ def draw_ref(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 def draw_triton(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Two launches, no host synchronisation (capturable in a CUDA graph); misaligned inputs are copied
-    first (kernels/alignment.py)."""
+    first (kvspec_kernels/alignment.py)."""
     _check_args(probs, uniforms)
     probs, uniforms = aligned(probs), aligned(uniforms)
     rows, vocab = probs.shape

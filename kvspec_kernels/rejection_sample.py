@@ -21,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.alignment import aligned
-from kernels.dispatch import use_triton
-from kernels.errors import KernelArgumentError
+from kvspec_kernels.alignment import aligned
+from kvspec_kernels.dispatch import use_triton
+from kvspec_kernels.errors import KernelArgumentError
 
 # Vocabulary chunk per pass; Qwen's 151,936 tokens take 75 chunks per pass.
 BLOCK_V = 2048
@@ -82,7 +82,7 @@ def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 def rejection_sample_triton(target_probs, draft_probs, draft_tokens, num_draft, uniforms, bonus_uniform):
     """Launch the Triton kernel; no host synchronisation. Misaligned inputs are copied first
-    (kernels/alignment.py: one kernel build, not one per alignment)."""
+    (kvspec_kernels/alignment.py: one kernel build, not one per alignment)."""
     _check_args(target_probs, draft_probs, draft_tokens, num_draft, uniforms, bonus_uniform)
     target_probs, draft_probs, draft_tokens, num_draft, uniforms, bonus_uniform = (
         aligned(t) for t in (target_probs, draft_probs, draft_tokens, num_draft, uniforms, bonus_uniform))

@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dispatch import use_triton
-from kernels.errors import KernelArgumentError
+from kvspec_kernels.dispatch import use_triton
+from kvspec_kernels.errors import KernelArgumentError
 
 
 def append_kv(

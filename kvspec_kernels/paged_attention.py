@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dispatch import use_triton
-from kernels.errors import KernelArgumentError
+from kvspec_kernels.dispatch import use_triton
+from kvspec_kernels.errors import KernelArgumentError
 
 LOG2E = 1.4426950408889634
 # KV tokens per inner iteration; 32 for wide heads keeps the [BLOCK_M, D] fp32 accumulator and

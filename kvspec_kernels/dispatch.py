@@ -33,5 +33,5 @@ def use_triton(device: torch.device | str) -> bool:
 
 def fused_elementwise(device: torch.device | str) -> bool:
     """True when the model's RMSNorm and rotary embedding should run as one-launch Triton kernels
-    (kernels/rms_norm.py, kernels/rotary.py): wherever Triton runs, unless ``KVSPEC_FUSED=0``."""
+    (kvspec_kernels/rms_norm.py, kvspec_kernels/rotary.py): wherever Triton runs, unless ``KVSPEC_FUSED=0``."""
     return os.environ.get(FUSED_ENV, "1") != "0" and use_triton(device)

@@ -22,9 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dispatch import fused_elementwise
-from kernels.errors import KernelArgumentError
-from kernels.rounding import downcast
+from kvspec_kernels.dispatch import fused_elementwise
+from kvspec_kernels.errors import KernelArgumentError
+from kvspec_kernels.rounding import downcast
 
 MAX_DIM = 16384
 

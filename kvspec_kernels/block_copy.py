@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dispatch import use_triton
-from kernels.errors import KernelArgumentError
+from kvspec_kernels.dispatch import use_triton
+from kvspec_kernels.errors import KernelArgumentError
 
 # 1024 words of 8 bytes = 8 KB per program: enough bytes in flight per program to approach copy
 # bandwidth, small enough that a 0.5 MB block still spreads over 64 programs.
