@@ -118,6 +118,18 @@ class BlockManager:
         if refresh is not None:
             refresh(time.monotonic())
 
+    def drain_in_forward(self) -> None:
+        """Take the answers that have come while the launched forward runs (kvd: ``drain_in_forward``);
+        ``after_forward`` must follow once the forward has been waited for."""
+        drain = getattr(self.source, "drain_in_forward", None)
+        if drain is not None:
+            drain()
+
+    def after_forward(self) -> None:
+        done = getattr(self.source, "after_forward", None)
+        if done is not None:
+            done()
+
     def take_arrived(self) -> None:
         """Take the answers of posted ops that have arrived (a refill's blocks), never waiting; the
         scheduler calls this at the start of a step."""

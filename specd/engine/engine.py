@@ -283,6 +283,7 @@ class SpecEngine(GateSteps):
         logits, captured = self.runner.run(batch, capture)
         tc = time.perf_counter()
         self._commit_held()          # the last step's full blocks, while the GPU runs this forward
+        self.blocks.drain_in_forward()   # and kvd's answers that have come (duplicates' slots: after it)
         committing = time.perf_counter() - tc
         emitted = self._sample(logits, plan)
         t2 = time.perf_counter()
@@ -302,6 +303,7 @@ class SpecEngine(GateSteps):
         if captured is not None:
             self._keep_features(batch, capture, captured, valid)
         with self.blocks.posting():  # the finished sequences' releases: one frame
+            self.blocks.after_forward()      # the forward is over: duplicates' slots drained in it go back
             for sched, toks in emitted:
                 outputs.append(self._emit(sched.seq, toks, now))
         t5 = time.perf_counter()

@@ -1,9 +1,16 @@
-"""Promotion latency of one lease: N blocks of 192 KiB in DRAM promoted back to the GPU tier, timed from the
-lookup to wait_ready answering (docs/design/kvd.md, "Batched promotions"). On this CPU machine the "GPU"
-tier is a CPU tensor, so the time is mostly the memory copy; the jobs and lock trips at finish are the
-part that carries over to a GPU.
+"""Promotion latency of one lease: N blocks in DRAM promoted back to the GPU tier, timed from the lookup to
+wait_ready answering (docs/design/kvd.md, "Batched promotions"). On this CPU machine the "GPU" tier is a CPU
+tensor, so the time is mostly the memory copy; the jobs and lock trips at finish are the part that carries
+over to a GPU.
+
+With ``--device cuda`` it also times the bare copies the promotion is made of (``--raw``): a kvd DRAM pool
+(/dev/shm, cudaHostRegister'ed) against ``pin_memory`` and pageable tensors, as one copy and as one copy per
+block, alone and beside a device-to-host copy of the same size on another stream (a demotion). Why: served
+promotions at the 8B shape ran at 22-32 GB/s (docs/results/kv.md, session 20) against the 55 GB/s measured
+for pinned copies; this says whether the copy path or the load around it costs the difference.
 
     python -m tests.kvd.promotion_probe --blocks 512 --workers 1 --repeats 7
+    python -m tests.kvd.promotion_probe --device cuda --block-bytes 2359296 --blocks 313 --raw   # 8B shape
 """
 from __future__ import annotations
 
@@ -25,12 +32,12 @@ from tests.kvd.conftest import h
 BLOCK_BYTES = 196_608   # Qwen2.5-0.5B, bf16, 16-token blocks
 
 
-def one(n: int, workers: int) -> tuple[float, dict[str, int]]:
+def one(n: int, workers: int, device: str = "cpu", block_bytes: int = BLOCK_BYTES) -> tuple[float, dict[str, int]]:
     """One cold promotion of an n-block chain; returns (seconds, jobs submitted and finished)."""
     core = KvdCore(KvdConfig(run_dir=Path(tempfile.mkdtemp()) / "run", policy="lru-offload", admission="none",
-                             gpu_blocks=n + 64, dram_blocks=n + 64, move_workers=workers, device="cpu",
+                             gpu_blocks=n + 64, dram_blocks=n + 64, move_workers=workers, device=device,
                              clean_low=0.0, clean_high=0.0))
-    core.attach("c", "full", BLOCK_BYTES)
+    core.attach("c", "full", block_bytes)
     g = core.groups["full"]
     lease, blocks = core.allocate("c", "full", n)
     for k, b in enumerate(blocks):
@@ -62,17 +69,81 @@ def one(n: int, workers: int) -> tuple[float, dict[str, int]]:
     return seconds, ops
 
 
+def _gbps(nbytes: int, seconds: list[float]) -> dict[str, float]:
+    return {"p50_gbps": round(nbytes / statistics.median(seconds) / 1e9, 2),
+            "min_gbps": round(nbytes / max(seconds) / 1e9, 2), "max_gbps": round(nbytes / min(seconds) / 1e9, 2)}
+
+
+def raw_rates(n: int, block_bytes: int, repeats: int) -> dict[str, object]:
+    """Host-to-GPU copy rates of n blocks by source kind and copy shape, on a side stream as kvd's mover
+    copies; 'beside_d2h' runs a device-to-host copy of the same bytes on a second stream at the same time."""
+    from kvd.tiers.dram import DramPool
+    dev = torch.device("cuda")
+    run_dir = Path(tempfile.mkdtemp())
+    dram = DramPool("probe", n, block_bytes, "cuda", run_dir)
+    sources = {"dram_pool": dram.tensor, "pin_memory": torch.empty((n, block_bytes), dtype=torch.uint8, pin_memory=True),
+               "pageable": torch.empty((n, block_bytes), dtype=torch.uint8)}
+    gpu = torch.empty((n, block_bytes), dtype=torch.uint8, device=dev)
+    back = torch.empty((n, block_bytes), dtype=torch.uint8, pin_memory=True)
+    gpu2 = torch.empty((n, block_bytes), dtype=torch.uint8, device=dev)
+    s1, s2 = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+    order = list(range(n))[::-1]                 # no two adjacent: one copy per block
+    out: dict[str, object] = {"blocks": n, "block_bytes": block_bytes, "dram_pool_pinned": dram.pinned,
+                              "dram_pool_is_pinned": bool(dram.tensor.is_pinned())}
+
+    def time_it(src: torch.Tensor, per_block: bool, beside_d2h: bool) -> list[float]:
+        secs = []
+        for _ in range(repeats + 1):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            if beside_d2h:
+                with torch.cuda.stream(s2):
+                    back.copy_(gpu2, non_blocking=True)
+            with torch.cuda.stream(s1):
+                if per_block:
+                    for i, j in enumerate(order):
+                        gpu[i].copy_(src[j], non_blocking=True)
+                else:
+                    gpu.copy_(src, non_blocking=True)
+            s1.synchronize()
+            secs.append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+        return secs[1:]                           # the first warms the path
+    for name, src in sources.items():
+        for per_block in (False, True):
+            for beside in (False, True):
+                key = f"{name}/{'per_block' if per_block else 'one_copy'}{'/beside_d2h' if beside else ''}"
+                out[key] = _gbps(n * block_bytes, time_it(src, per_block, beside))
+    dram.close()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--blocks", type=int, default=512)
     p.add_argument("--workers", type=int, default=1, help="kvd move_workers (0: inline)")
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--device", default="cpu", help="kvd's device: cpu (the GPU tier is a CPU tensor) or cuda")
+    p.add_argument("--block-bytes", type=int, default=BLOCK_BYTES,
+                   help="bytes per block (196608: Qwen2.5-0.5B; 2359296: the Qwen3-8B shape)")
+    p.add_argument("--raw", action="store_true", help="also time the bare copies (needs --device cuda)")
+    p.add_argument("--out", type=Path, help="also write the JSON here")
     args = p.parse_args()
+    if args.raw and args.device != "cuda":
+        p.error("--raw times host-to-GPU copies: it needs --device cuda")
     torch.set_num_threads(1)
-    runs = [one(args.blocks, args.workers) for _ in range(args.repeats)]
+    runs = [one(args.blocks, args.workers, args.device, args.block_bytes) for _ in range(args.repeats)]
     times = [t for t, _ in runs]
-    print(json.dumps({"blocks": args.blocks, "workers": args.workers, "median_s": round(statistics.median(times), 4),
-                      "all_s": [round(t, 4) for t in times], "jobs_at_finish": runs[-1][1]}))
+    res: dict[str, object] = {"blocks": args.blocks, "workers": args.workers, "device": args.device,
+                              "block_bytes": args.block_bytes, "median_s": round(statistics.median(times), 4),
+                              "all_s": [round(t, 4) for t in times], "jobs_at_finish": runs[-1][1],
+                              "promotion": _gbps(args.blocks * args.block_bytes, times)}
+    if args.raw:
+        res["raw"] = raw_rates(args.blocks, args.block_bytes, args.repeats)
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
 
 
 if __name__ == "__main__":
