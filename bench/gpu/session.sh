@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The GPU measurements of issues 4-7 on one device machine, as a few consecutive calls (each <= 10 min).
 #
+# Provenance: run from .carry/clean (bench/gpu/export.sh writes its COMMIT), or, run from the repository root,
+# write `git rev-parse HEAD > COMMIT` first and remove it after: the device's copy of a checkout carries the last
+# landed commit's git metadata, so without the marker the reports name that commit (session 23, run BT).
+#
 #   bash bench/gpu/session.sh piece N      # upload: append .carry/q.NN to /tmp/m/q.gguf (N=0 truncates first)
 #   bash bench/gpu/session.sh train-serve  # GPU0: drafter pipeline (issue 5) | GPU1: tier-bandwidth (issue 7: kvd's
 #                                          #   tier copies, side-stream overlap), then serve-plan gpu-all (issues 4, 7)
