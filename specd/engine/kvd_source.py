@@ -359,8 +359,6 @@ class KvdBlockSource:
         `standard` on the H200, tests/kvd/host_phase_probe.py). A duplicate's own slot is not given back
         now: the launched forward was built on the table before the switch and may read it; it goes back
         at ``after_forward``."""
-        if not self._connected or not self.client.unsettled:
-            return
         self._in_forward = True
         try:
             self.drain()

@@ -87,7 +87,7 @@ def raw_rates(n: int, block_bytes: int, repeats: int) -> dict[str, object]:
     back = torch.empty((n, block_bytes), dtype=torch.uint8, pin_memory=True)
     gpu2 = torch.empty((n, block_bytes), dtype=torch.uint8, device=dev)
     s1, s2 = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
-    order = list(range(n))[::-1]                 # no two adjacent: one copy per block
+    order = list(range(n))[::-1]                 # per block: sources read out of order, as scattered slots are
     out: dict[str, object] = {"blocks": n, "block_bytes": block_bytes, "dram_pool_pinned": dram.pinned,
                               "dram_pool_is_pinned": bool(dram.tensor.is_pinned())}
 
