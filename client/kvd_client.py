@@ -446,6 +446,11 @@ class KvdClient:
         return self.call(P.LookupGroups(groups=list(groups), hashes=list(hashes), session=session, tokens=tokens,
                                         block_tokens=block_tokens, recompute_s=recompute_s))
 
+    def warm(self, groups: Sequence[str], hashes: Sequence[bytes], recompute_s: Optional[float] = None) -> int:
+        """Prefetch on arrival: start promoting what a lookup of ``hashes`` would hit (no lease); returns
+        the blocks queued. The engine posts it instead (``P.warm_fields``) while a forward runs."""
+        return int(self.call(P.Warm(groups=list(groups), hashes=list(hashes), recompute_s=recompute_s))["blocks"])
+
     def allocate(self, group: str, n: int) -> tuple[LeaseId, list[BlockId]]:
         return self.call(P.Allocate(group=group, n=n))
 

@@ -36,7 +36,7 @@ from kvd.types import HASH_BYTES, BlockHash, BlockId, BlockKind, LeaseId, Tier
 from kvd.watermarks import Watermarks
 
 log = logging.getLogger(__name__)
-BATCH_OPS = ("lookup", "allocate", "commit", "release", "heartbeat")
+BATCH_OPS = ("lookup", "warm", "allocate", "commit", "release", "heartbeat")
 DEMOTE_COUNTERS = tuple(f"demote_{t}_{what}" for t in ("dram", "nvme") for what in ("blocks", "seconds"))
 # per-group counters of the background cleaner and of the request path under pressure (also summed globally)
 CLEAN_COUNTERS = ("clean_passes", "clean_batches", "clean_seconds", "demote_cancels", "demote_errors",
@@ -169,6 +169,82 @@ class KvdCore:
             self.mover.submit(batch)
         return JointLookup(hit, results)
 
+    def warm(self, client: str, groups: Sequence[str], hashes: Sequence[BlockHash],
+             recompute_s: float | None = None) -> int:
+        """Prefetch on arrival: start promoting the lower-tier blocks that a lookup of ``hashes`` across
+        ``groups`` would hit, and return how many were queued. The engine sends it while a forward runs,
+        as soon as a request arrives; its lookup comes at the next step and finds the blocks landed or in
+        flight (``moving``: leased and waited for as its own). Why: a hit's promotion started by the lookup
+        parked the request for the whole step that followed; on the 8B agentic load a late turn parked 50-65
+        ms against ~20 ms for its copy (docs/design/kvd.md, "Prefetch on arrival").
+
+        Nothing is leased and no access is counted (the lookup counts it). Only free GPU slots are taken:
+        no wait for the cleaner, no victim dropped, so a warm never costs a request its room; it stops at
+        the first block it cannot move (one the cleaner is copying down, or no free slot), since the
+        lookup's hit ends there too. A promoted block lands unleased, like any promotion whose hit was
+        given up, and stays evictable by the policy."""
+        _check_hashes(hashes)
+        if not isinstance(groups, (list, tuple)) or not groups or len(set(groups)) != len(groups):
+            raise KvdError("bad_request", "groups must be a non-empty list of distinct names")
+        if recompute_s is not None and not (isinstance(recompute_s, (int, float)) and recompute_s >= 0):
+            raise KvdError("bad_request", f"recompute_s must be a non-negative number, got {recompute_s!r}")
+        jobs: list[PromotionBatch] = []
+        with self._request_lock():
+            gs = [self._group(name) for name in groups]
+            recs, candidates = self._servable(gs, hashes)
+            hit = self._budget(gs, recs, candidates, recompute_s, count=False)
+            now = self.clock()
+            for g in gs:
+                promotions = self._warm_group(g, recs[g.name][needed_from(hit, g.tail_blocks):hit], now)
+                if promotions:
+                    pair_slots(promotions)
+                    batch = PromotionBatch(g.name, g.gpu, promotions, predicted_s=sum(
+                        self.rates.seconds(p.src.tier, g.block_bytes) for p in promotions))
+                    self._backlog_s += batch.predicted_s
+                    jobs.append(batch)
+            queued = sum(len(b.items) for b in jobs)
+            self.counters["warm_ops"] += 1
+            self.counters["warm_blocks"] += queued
+        for batch in jobs:
+            self.mover.submit(batch)
+        return queued
+
+    def _warm_group(self, g: CacheGroup, need: Sequence[BlockRecord | None], now: float) -> list[Promotion]:
+        """``warm``'s promotions in one group: its unleased lower-tier blocks of the hit, in order, up to the
+        first that cannot move now. Every block of the hit, on the GPU already or promoted, is made as recent
+        as now without counting an access: the promotions take free slots, the cleaner refills them by
+        demoting its oldest victims, and a hit block already on the GPU was often one of those (tested)."""
+        out: list[Promotion] = []
+        for rec in need:
+            if rec is None or rec.moving:
+                continue
+            if rec.tier == Tier.GPU:
+                self._refresh(g, rec, now)
+                continue
+            if rec.demoting or rec.refs or g.gpu.free_count == 0:
+                break
+            if rec.evictable:
+                g.policy.on_removed(rec)      # moving: no victim until it lands (``_on_promoted`` adds it back)
+            job = g.start_promotion(rec, now)
+            if job is None:                   # cannot happen with a free slot; never leave it out of the policy
+                if rec.evictable:
+                    g.policy.on_created(rec, now)
+                break
+            self._refresh(g, rec, now)        # not queued in the policy while moving: only the temperature
+            out.append(job)
+        return out
+
+    def _refresh(self, g: CacheGroup, rec: BlockRecord, now: float) -> None:
+        """Make ``rec`` at least as hot as a block seen once now, no hotter (as a session's own lookup does
+        with ``frequency_per_session``), and re-queue it in the policy (recency-only policies order by
+        insertion). No sighting is added: the lookup that follows counts the access."""
+        queued = rec.evictable
+        if queued:
+            g.policy.on_removed(rec)
+        rec.count, rec.t_last = max(decayed(rec.count, rec.t_last, now, self.config.half_life_s), 1.0), now
+        if queued:
+            g.policy.on_created(rec, now)
+
     def _servable(self, gs: list[CacheGroup], hashes: Sequence[BlockHash]
                   ) -> tuple[dict[str, list[BlockRecord | None]], list[int]]:
         """Each group's records for the prefix, and the hit lengths every group can serve (ascending).
@@ -191,8 +267,8 @@ class KvdCore:
         return recs, [h for h, v in enumerate(ok) if v]
 
     def _budget(self, gs: list[CacheGroup], recs: dict[str, list[BlockRecord | None]], candidates: list[int],
-                recompute_s: float | None) -> int:
-        """The hit length after the prefetch budget; counts the decisions."""
+                recompute_s: float | None, count: bool = True) -> int:
+        """The hit length after the prefetch budget; counts the decisions (``count``: a lookup's, not a warm's)."""
         longest = candidates[-1]
         if recompute_s is None or longest == 0:
             return longest
@@ -211,7 +287,7 @@ class KvdCore:
         # their own copies took (docs/design/kvd.md, "Queue-aware prefetch budget")
         cost = [c + self._backlog_s if c > 0 else c for c in cost]
         hit = best_cut(candidates, cost, recompute_s)
-        if hit < longest:
+        if hit < longest and count:
             self.counters["prefetch_recompute_lookups"] += 1
             self.counters["prefetch_recompute_blocks"] += longest - hit
         return hit
@@ -678,6 +754,11 @@ class KvdCore:
             if g is None:
                 return   # closed meanwhile (shutdown): its pools are gone
             now = self.clock()
+            c = self.counters
+            c["promotion_batches"] += 1
+            c["promotion_queue_seconds"] += batch.queue_s
+            c["promotion_queue_seconds_max"] = max(c["promotion_queue_seconds_max"], batch.queue_s)
+            c["promotion_copy_seconds"] += batch.copy_s
             for tier, seconds in batch.seconds.items():
                 self.rates.observe(tier, batch.landed_bytes(tier), seconds)
             for p in batch.items:
@@ -832,6 +913,9 @@ class KvdCore:
                 "promotion_no_slot": c["promotion_no_slot"],
                 "promotion_no_slot_blocks": c["promotion_no_slot_blocks"],
                 "promotion_backlog_s": self._backlog_s,
+                # where a promotion's time goes: waiting in the mover's queue, then copying (kvd/mover.py)
+                **{k: c[k] for k in ("promotion_batches", "promotion_queue_seconds", "promotion_queue_seconds_max",
+                                     "promotion_copy_seconds", "warm_ops", "warm_blocks")},
                 **self.rates.to_dict(),
             }
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Callable
 
 import torch
@@ -41,6 +42,7 @@ class Mover:
             t.start()
 
     def submit(self, batch: PromotionBatch) -> None:
+        batch.submitted_at = time.perf_counter()
         with self._idle:
             self._pending += 1
         self._q.put(batch)
@@ -65,11 +67,16 @@ class Mover:
             n += 1
 
     def _run(self, batch: PromotionBatch) -> None:
+        """Run one batch, timing its wait in the queue and its copy apart (kvd stats: a parked request's
+        wait is queue + copy + the engine's pick-up at its next step)."""
+        t0 = time.perf_counter()
+        batch.queue_s = t0 - batch.submitted_at if batch.submitted_at else 0.0
         try:
             try:
                 batch.run()
             except BaseException as e:  # reported, never lost: the core drops the blocks
                 batch.fail_unfinished(e)
+            batch.copy_s = time.perf_counter() - t0
             self._on_done(batch)
         finally:
             with self._idle:

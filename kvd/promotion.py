@@ -45,6 +45,9 @@ class PromotionBatch:
     items: list[Promotion]
     seconds: dict[Tier, float] = field(default_factory=dict)   # per source tier, for kvd/tier_rates.py
     predicted_s: float = 0.0              # the copy time priced when queued (the core's promotion backlog)
+    submitted_at: float = 0.0             # perf_counter when queued (Mover.submit)
+    queue_s: float = 0.0                  # from queued to started: waiting behind other batches
+    copy_s: float = 0.0                   # ``run`` itself: reads, transfers and the stream wait
 
     def run(self) -> None:
         """Copy every block; never raises (each failure lands in its items' ``error``)."""

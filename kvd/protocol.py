@@ -42,7 +42,7 @@ MAX_TOP = 10_000
 MAX_WAIT_S = 3600.0
 
 ADMIN_TYPES = frozenset({"pin", "unpin", "evict", "flush"})
-BATCHABLE_TYPES = frozenset({"lookup", "lookup_groups", "allocate", "commit", "release", "heartbeat", "roots"})
+BATCHABLE_TYPES = frozenset({"lookup", "lookup_groups", "warm", "allocate", "commit", "release", "heartbeat", "roots"})
 
 
 class ErrorCode:
@@ -126,6 +126,17 @@ class LookupGroups(Op):
     session: Optional[OptName] = None
     tokens: Optional[Annotated[int, Strict(), Field(ge=0, le=2**40)]] = None
     block_tokens: Optional[Annotated[int, Strict(), Field(ge=1, le=1 << 16)]] = None
+    recompute_s: Optional[RecomputeS] = None
+
+
+class Warm(Op):
+    """Prefetch on arrival (KvdCore.warm): start promoting the lower-tier blocks a later lookup of
+    ``hashes`` across ``groups`` would hit, without a lease; the reply is ``{blocks}`` (how many were queued).
+    ``recompute_s`` as in ``Lookup``: the prefetch budget applies."""
+
+    type: Literal["warm"] = "warm"
+    groups: Annotated[list[Name], Field(min_length=1, max_length=8)]
+    hashes: Hashes
     recompute_s: Optional[RecomputeS] = None
 
 
@@ -249,7 +260,7 @@ class Flush(Op):
 
 
 OP_MODELS: dict[str, type[Op]] = {
-    "attach": Attach, "lookup": Lookup, "lookup_groups": LookupGroups, "allocate": Allocate, "commit": Commit, "release": Release,
+    "attach": Attach, "lookup": Lookup, "lookup_groups": LookupGroups, "warm": Warm, "allocate": Allocate, "commit": Commit, "release": Release,
     "heartbeat": Heartbeat, "wait_ready": WaitReady, "batch": Batch, "stats": Stats, "top": Top,
     "leases": Leases, "sessions": Sessions, "roots": Roots, "hash": HashTokens, "pin": Pin, "unpin": Unpin,
     "evict": Evict, "flush": Flush,
@@ -390,6 +401,11 @@ def lookup_fields(group: str, hashes: list[bytes], session: Optional[str] = None
     """``Lookup(...).model_dump()`` for the same arguments, unvalidated (the admissions' lookups)."""
     return {"type": "lookup", "group": group, "hashes": hashes, "session": session, "tokens": tokens,
             "block_tokens": block_tokens, "recompute_s": recompute_s}
+
+
+def warm_fields(groups: list[str], hashes: list[bytes], recompute_s: Optional[float] = None) -> dict[str, Any]:
+    """``Warm(...).model_dump()``, unvalidated (posted by the engine while a forward runs)."""
+    return {"type": "warm", "groups": groups, "hashes": hashes, "recompute_s": recompute_s}
 
 
 def batch_fields(ops: list[dict[str, Any]]) -> dict[str, Any]:

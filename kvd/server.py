@@ -99,6 +99,7 @@ HANDLERS: dict[str, Callable[[Any, str, Any], dict[str, Any]]] = {
     "lookup_groups": lambda core, c, op: core.lookup_groups(
         c, op.groups, op.hashes, session=op.session, tokens=op.tokens, block_tokens=op.block_tokens,
         recompute_s=op.recompute_s).to_dict(),
+    "warm": lambda core, c, op: {"blocks": core.warm(c, op.groups, op.hashes, op.recompute_s)},
     "allocate": _allocate,
     "commit": _commit,
     "release": _release,

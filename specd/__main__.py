@@ -60,7 +60,7 @@ def serve(cfg: SpecdConfig, engine_factory: EngineFactory = _load_engine) -> int
         except SpecdTimeoutError:
             pass
     engine = engine_factory(cfg.engine)
-    server = SpecdServer(engine, address)
+    server = SpecdServer(engine, address, read_in_forward=cfg.read_in_forward)
     server.start()
     try:
         app = create_app(address, request_timeout_s=cfg.request_timeout_s)

@@ -41,6 +41,11 @@ class SpecdConfig(BaseModel):
         True, description="Once the engine and gateway are up, freeze the start-up heap (model, tokenizer, CUDA "
                           "graphs, imports) out of Python's garbage-collector passes, so a full pass never walks it "
                           "inside a serving step (specd/engine/gc_pauses.py). Off: the default collector.")
+    read_in_forward: bool = Field(
+        True, description="While the GPU runs a long prompt step, read the requests that arrive and ask kvd to "
+                          "start promoting their cached prefixes at once (prefix warm), instead of after the step; "
+                          "they are still added to the engine after it (docs/design/kvd.md, \"Prefetch on arrival\"). "
+                          "Off: requests are read between steps only.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Model and engine settings.")
 
     @classmethod

@@ -51,6 +51,20 @@ class Engine(Protocol):
     def stats(self) -> dict[str, float | int]: ...
 
 
+@dataclass
+class Arrived:
+    """One frame read from the socket, decoded, and for a generate its prompt tokenized: read during a long
+    forward (``SpecdServer._in_forward``) and handled after the step, or read and handled at once."""
+
+    identity: bytes
+    msg: Any = None                               # the decoded request, or None when ``refusal`` is set
+    refusal: protocol.ProtocolError | None = None
+    prompt_ids: list[int] | None = None           # a generate's prompt (None: tokenizing failed, ``failure``)
+    prefix_kinds: list[tuple[int, int]] | None = None
+    failure: BaseException | None = None          # what tokenizing raised, reported as add_request's would be
+    read_s: float = 0.0                           # when it was read (monotonic): the request's arrival
+
+
 @dataclass(frozen=True)
 class Route:
     """Where an engine request's replies go: the client's socket identity and its own request id."""
@@ -66,13 +80,18 @@ class ClientGone(Exception):
 class SpecdServer:
     """Serve ``engine`` on ``address`` (``ipc://.../specd.sock``) from a background thread."""
 
-    def __init__(self, engine: Engine, address: str, *, idle_poll_ms: int = 20):
+    def __init__(self, engine: Engine, address: str, *, idle_poll_ms: int = 20, read_in_forward: bool = True):
         self.engine = engine
         self.address = address
         self.idle_poll_ms = idle_poll_ms
+        # read requests while a long forward runs (the engine's ``forward_hook``), warming their cached
+        # prefixes in kvd at once; they are still added to the engine after the step
+        self.read_in_forward = read_in_forward and hasattr(engine, "forward_hook")
         self._routes: dict[str, Route] = {}  # engine request id -> route; only the loop thread mutates it
+        self._early: list[Arrived] = []      # read during the last forward, handled at the next turn
+        self._sock: zmq.Socket | None = None
         self._counters = {"ipc_requests_total": 0, "ipc_errors_total": 0, "ipc_client_gone_total": 0,
-                          "ipc_cancels_total": 0, "engine_failures_total": 0}
+                          "ipc_cancels_total": 0, "engine_failures_total": 0, "ipc_read_in_forward_total": 0}
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
@@ -114,10 +133,15 @@ class SpecdServer:
             return
         self._ready.set()
         log.info("specd serving %s on %s", self.engine.model_name, self.address)
+        self._sock = sock
+        if self.read_in_forward:
+            self.engine.forward_hook = self._in_forward   # type: ignore[attr-defined]
         try:
             while not self._stop.is_set():
                 self._turn(sock)
         finally:
+            if self.read_in_forward:
+                self.engine.forward_hook = None   # type: ignore[attr-defined]
             for request_id in list(self._routes):
                 self._abort(request_id)
             sock.close(linger=0)
@@ -126,6 +150,9 @@ class SpecdServer:
         """One loop iteration: take what arrived, then run one engine step if there is work. When every
         sequence waits on a kvd promotion (parked), a step can only poll for the answers, so the loop
         waits PARKED_POLL_MS for a request instead of spinning."""
+        early, self._early = self._early, []
+        for arrived in early:        # read during the last step's forward, in arrival order, before newer ones
+            self._dispatch(sock, arrived)
         busy = self.engine.has_work()
         parked = busy and getattr(self.engine, "only_parked", lambda: False)()
         if sock.poll(PARKED_POLL_MS if parked else 0 if busy else self.idle_poll_ms, zmq.POLLIN):
@@ -143,17 +170,55 @@ class SpecdServer:
     # ---- requests ----
 
     def _handle(self, sock: zmq.Socket, frames: list[bytes]) -> None:
+        self._dispatch(sock, self._read(frames))
+
+    def _in_forward(self) -> None:
+        """The engine's ``forward_hook``: while a long prompt step runs on the GPU, read the requests that
+        have arrived, tokenize them and ask kvd to start promoting their cached prefixes (``engine.warm``).
+        Nothing else happens to them until the step is over (``_turn`` adds them, in order): the engine's
+        state is not touched mid-step. Why: a request read after the step was looked up in the next step,
+        and a hit still being promoted then waited for that whole step (docs/design/kvd.md, "Prefetch on
+        arrival"). Called in a loop until the forward is done, so it must be cheap when nothing came."""
+        sock = self._sock
+        if sock is None or len(self._early) >= MAX_RECV_PER_TURN or not sock.poll(0, zmq.POLLIN):
+            return
+        while len(self._early) < MAX_RECV_PER_TURN:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            arrived = self._read(frames)
+            if arrived.prompt_ids:
+                self.engine.warm(arrived.prompt_ids)   # type: ignore[attr-defined]
+            self._counters["ipc_read_in_forward_total"] += 1
+            self._early.append(arrived)
+
+    def _read(self, frames: list[bytes]) -> Arrived:
+        """Decode a frame; for a generate, also its prompt's token ids and prefix kinds (the slow part)."""
         identity, payload = frames[0], frames[1:]
         try:
             if len(payload) != 1:
                 raise protocol.ProtocolError("malformed", f"expected 1 frame, got {len(payload)}")
-            msg = protocol.decode_request(payload[0])
+            arrived = Arrived(identity, protocol.decode_request(payload[0]), read_s=time.monotonic())
         except protocol.ProtocolError as exc:
+            return Arrived(identity, refusal=exc)
+        if isinstance(arrived.msg, protocol.Generate):
+            try:
+                arrived.prompt_ids = self._prompt_ids(arrived.msg)
+                arrived.prefix_kinds = self._prefix_kinds(arrived.msg, arrived.prompt_ids)
+            except Exception as exc:  # reported by _generate, as add_request's refusals are
+                arrived.prompt_ids, arrived.failure = None, exc
+        return arrived
+
+    def _dispatch(self, sock: zmq.Socket, arrived: Arrived) -> None:
+        identity, msg = arrived.identity, arrived.msg
+        if arrived.refusal is not None:
+            exc = arrived.refusal
             self._counters["ipc_errors_total"] += 1
             self._send_quietly(sock, identity, protocol.error_reply(exc.msg_id, exc.code, exc.message))
             return
         if isinstance(msg, protocol.Generate):
-            self._generate(sock, identity, msg)
+            self._generate(sock, arrived)
         elif isinstance(msg, protocol.Cancel):
             self._cancel(identity, msg.id)
         elif isinstance(msg, protocol.StatsRequest):
@@ -162,16 +227,18 @@ class SpecdServer:
             self._send_quietly(sock, identity, protocol.info_reply(
                 msg.id, self.engine.model_name, self.engine.max_model_len))
 
-    def _generate(self, sock: zmq.Socket, identity: bytes, msg: protocol.Generate) -> None:
+    def _generate(self, sock: zmq.Socket, arrived: Arrived) -> None:
+        identity, msg = arrived.identity, arrived.msg
         request_id = _request_id(identity, msg.id)
         self._counters["ipc_requests_total"] += 1
         try:
             if request_id in self._routes:
                 raise EngineError("duplicate_id", f"request id {msg.id} is already in flight on this connection")
-            prompt_ids = self._prompt_ids(msg)
-            self.engine.add_request(Request(id=request_id, prompt_ids=prompt_ids, params=msg.params,
-                                            session=msg.session, arrival_s=time.monotonic(),
-                                            prefix_kinds=self._prefix_kinds(msg, prompt_ids),
+            if arrived.failure is not None:
+                raise arrived.failure
+            self.engine.add_request(Request(id=request_id, prompt_ids=arrived.prompt_ids, params=msg.params,
+                                            session=msg.session, arrival_s=arrived.read_s,
+                                            prefix_kinds=arrived.prefix_kinds,
                                             expected_return_s=msg.expected_return_s,
                                             **(msg.speculation.request_fields() if msg.speculation else {})))
         except EngineError as exc:

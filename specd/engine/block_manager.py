@@ -17,7 +17,7 @@ from collections import defaultdict
 from contextlib import AbstractContextManager, nullcontext
 from typing import Callable
 
-from kvd.hashing import block_hash
+from kvd.hashing import block_hash, chain_hashes
 from kvd.types import BlockHash, BlockId, LeaseId
 from specd.engine.block_source import BlockSource, OutOfBlocks
 from specd.engine.sequence import Sequence
@@ -129,6 +129,16 @@ class BlockManager:
         done = getattr(self.source, "after_forward", None)
         if done is not None:
             done()
+
+    def warm(self, prompt_ids: list[int]) -> bool:
+        """Ask the source to start promoting a prompt's cached prefix now, before the prompt's lookup
+        (kvd: ``warm``, prefetch on arrival); False when the source has no such thing (the local pool) or
+        is not connected. Only the blocks ``match_prefix`` would look up are named."""
+        warm = getattr(self.source, "warm", None)
+        usable = (len(prompt_ids) - 1) // self.block_size
+        if warm is None or usable <= 0 or not self.source.connected:
+            return False
+        return warm(chain_hashes(self.root, prompt_ids[:usable * self.block_size], self.block_size))
 
     def take_arrived(self) -> None:
         """Take the answers of posted ops that have arrived (a refill's blocks), never waiting; the

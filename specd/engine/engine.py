@@ -7,6 +7,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -46,6 +47,11 @@ OVERHEAD_EMA = 0.2           # weight of the newest step in the step-overhead av
 # speculative run's time goes (session 13, run AO: scheduled dspark at coding c = 16 lost 15% end to end
 # while the gate measured its drafting decode steps 15% ahead).
 STEP_KINDS = ("prompt", "prompt_draft", "draft", "capture", "plain")
+# A step with at least this many prompt tokens runs ``forward_hook`` while the GPU computes it (the server
+# reads requests that arrive meanwhile and warms their cached prefixes in kvd). Why only those: on the 8B
+# agentic load (run BV) prompt steps took ~73 ms and decode steps ~7 ms; a request that arrives during a
+# decode step waits little for the next one, and decode steps (issue 6's tables) stay exactly as they were.
+FORWARD_HOOK_MIN_TOKENS = 256
 
 
 def step_kind(decode_step: bool, batch: list[ScheduledSeq], drafter_work: bool = False) -> str:
@@ -94,6 +100,10 @@ class SpecEngine(GateSteps):
         self._stop_ids = frozenset(tokenizer.stop_ids)   # EOS and end-of-turn tokens
         self._seqs: dict[str, Sequence] = {}
         self._pending_outputs: list[RequestOutput] = []
+        # called repeatedly while the GPU runs a long prompt step (``_while_forward``); the server sets it to
+        # read requests early. It must not touch the engine's state except through ``warm``.
+        self.forward_hook: Callable[[], None] | None = None
+        self._hook_this_step = False
         self._held_commit: list[Sequence] = []     # the last step's sequences, committed in the next forward
         self._counters = dict(requests_total=0, requests_finished=0, requests_aborted=0, prompt_tokens_total=0,
                               cached_tokens_total=0, tokens_generated_total=0, steps_total=0,
@@ -103,7 +113,8 @@ class SpecEngine(GateSteps):
                               spec_class_explore_steps_total=0, spec_scheduled_requests_total=0,
                               spec_scheduled_tokens_total=0, admission_seconds_total=0.0,
                               spec_scheduler_seconds_total=0.0, spec_rest_again_steps_total=0,
-                              spec_promptless_requests_total=0,
+                              spec_promptless_requests_total=0, forward_hook_steps_total=0,
+                              forward_hook_calls_total=0, warmed_requests_total=0,
                               **{f"step_{kind}_{what}_total": 0 for kind in STEP_KINDS
                                  for what in ("steps", "seconds", "tokens")})
         self._scheduled_lengths: collections.Counter[int] = collections.Counter()   # ℓ chosen per scheduled draft
@@ -206,6 +217,19 @@ class SpecEngine(GateSteps):
         self._counters["requests_total"] += 1
         self._counters["prompt_tokens_total"] += n
 
+    def warm(self, prompt_ids: list[int]) -> bool:
+        """Prefetch on arrival: have kvd start promoting the prompt's cached prefix now, before the request
+        is added (the server calls this from ``forward_hook`` for requests that arrive while a forward runs).
+        Touches no request or scheduler state, so it is safe in the middle of a step; never raises (a bad
+        prompt is refused later by ``add_request``). Returns whether kvd was asked."""
+        try:
+            asked = self.blocks.warm(prompt_ids)
+        except Exception:       # advice only: the lookup at admission decides what is read
+            log.debug("warm failed", exc_info=True)
+            return False
+        self._counters["warmed_requests_total"] += bool(asked)
+        return asked
+
     def _check_speculation(self, request: Request) -> None:
         """Refuse a bad per-request speculation setting here, not mid-step: an unknown method, a missing
         drafter, a schedule or γ without speculation, γ past the drafter's block, or the confidence
@@ -273,6 +297,8 @@ class SpecEngine(GateSteps):
             self._fail_unschedulable(outputs)
             return outputs
         self._decode_step = self._pure_decode(batch)     # asked by the gate three times a step (gating.py)
+        self._hook_this_step = self.forward_hook is not None and not self._decode_step and sum(
+            s.num_tokens for s in batch if not s.decodes) >= FORWARD_HOOK_MIN_TOKENS
         self._add_drafts(batch)
         self._rest_prompts(batch)
         capture = self._capture_layers(batch)
@@ -584,7 +610,9 @@ class SpecEngine(GateSteps):
         plain, spec = split.plain, split.spec
         out: list[tuple[ScheduledSeq, list[int]]] = []
         if plain:
-            toks = sampler.sample_planned(logits, split.plan).tolist()
+            sampled = sampler.sample_planned(logits, split.plan)
+            self._while_forward()
+            toks = sampled.tolist()
             out += [(s, [t]) for s, t in zip(plain, toks)]
         if spec:
             chains = verify_prepared(logits, split.verify)
@@ -597,6 +625,26 @@ class SpecEngine(GateSteps):
                 self._counters["spec_accepted_tokens_total"] += len(toks) - 1
             out += list(zip(spec, chains))
         return out
+
+    def _while_forward(self) -> None:
+        """While the GPU runs this step's launched work, call ``forward_hook`` again and again (a long prompt
+        step only: ``FORWARD_HOOK_MIN_TOKENS``), so requests that arrive meanwhile are read and warmed then
+        rather than after the step. On the CPU the forward has already run: the hook is called once."""
+        if not self._hook_this_step:
+            return
+        hook = self.forward_hook
+        self._counters["forward_hook_steps_total"] += 1
+        calls = 0
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            while not done.query():
+                hook()
+                calls += 1
+        else:
+            hook()
+            calls = 1
+        self._counters["forward_hook_calls_total"] += calls
 
     def _maybe_reconnect(self) -> None:
         """(Re-)attach to kvd after an outage or a start without it, at a moment when no sequence

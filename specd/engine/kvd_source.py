@@ -69,6 +69,7 @@ class KvdBlockSource:
         self._ahead_ids = itertools.count(1)
         self.promotion_failures = 0
         self.lookup_errors = 0
+        self.warmed_blocks = 0          # blocks kvd started promoting on our warms (prefetch on arrival)
         self.roots = RootFilter()       # the primary group's first blocks: a prompt outside them cannot hit
         self._price_sent = False        # has a roots ask carried the recompute price yet (refresh_roots)
         self._in_forward = False        # answers taken while a forward may still read our slots (drain_in_forward)
@@ -196,6 +197,27 @@ class KvdBlockSource:
                     self._watch(r.lease)
             out[g] = (r.lease if r.hits else None, r.first, list(r.hits))
         return res.hit, out
+
+    def warm(self, hashes: Sequence[BlockHash]) -> bool:
+        """Post kvd's ``warm`` for a prompt that has just arrived (prefetch on arrival): its cached prefix
+        starts moving up to the GPU while the running forward finishes, and the prompt's lookup in the next
+        step finds it landed or in flight. Fire and forget: the answer (blocks queued) is only counted, a
+        refusal only loses the head start. Returns whether a warm was sent (not for a prompt whose first
+        block kvd does not hold, as a lookup would be skipped)."""
+        if not self._connected or not self.roots.may_hit(hashes):
+            return False
+        def answered(out) -> None:
+            if isinstance(out, _ClientUnavailable):
+                self._degrade(out)
+            elif isinstance(out, KvdClientError):
+                log.debug("kvd refused a warm: %s", out)
+            elif isinstance(out, dict):
+                self.warmed_blocks += int(out.get("blocks", 0))
+        with self._degrading():
+            self.client.post_fields(P.warm_fields(self.layout_groups, list(hashes), self.prefill.block_seconds()),
+                                    answered, needed=False)
+            return True
+        return False
 
     # -- promotions in flight -----------------------------------------------------------------
     def _watch(self, lease: LeaseId) -> None:
@@ -473,6 +495,7 @@ class KvdBlockSource:
         out["kvd_posted_total"] = sum(n for op, (n, _) in self.client.posts.items() if op != "batch")   # ops
         out["kvd_post_frames_total"] = self.client.frames_posted    # frames those ops went in (and watches)
         out["kvd_promotion_failures_total"] = self.promotion_failures
+        out["kvd_warmed_blocks_total"] = self.warmed_blocks
         out["kvd_lookups_skipped_total"] = self.roots.skipped      # prompts whose first block kvd does not hold
         block = self.prefill.block_seconds()     # what each lookup prices recomputing a block at
         if block is not None:

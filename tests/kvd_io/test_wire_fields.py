@@ -52,6 +52,14 @@ def test_roots_fields_is_the_built_roots_frame(kw):
     assert P.encode_fields(5, P.roots_fields(**kw)) == P.encode_op(5, ref)
 
 
+@pytest.mark.parametrize("kw", [dict(groups=["full"], hashes=[h(i) for i in range(5)]),
+                                dict(groups=["full", "swa"], hashes=[h(0)], recompute_s=0.003)])
+def test_warm_fields_is_the_built_warms_frame(kw):
+    ref = P.Warm(**kw)
+    assert list(P.warm_fields(**kw).items()) == list(P.op_fields(ref).items())
+    assert P.encode_fields(4, P.warm_fields(**kw)) == P.encode_op(4, ref)
+
+
 def test_batch_fields_is_the_built_batchs_frame():
     maps = [P.commit_fields(lease, blocks) for lease, blocks in COMMITS] + [P.lookup_fields(**kw) for kw in LOOKUPS]
     maps.append(P.op_fields(P.Release(lease=5, blocks=[1, 2])))
@@ -117,3 +125,18 @@ def test_batch_fields_answers_like_batch(kvd):
     assert [r.hits for r in fast] == [r.hits for r in ref] == [[a], []]
     with pytest.raises(BadRequest):
         kvd.batch_fields([P.lookup_fields("full", [b"bad"])])
+
+
+def test_warm_over_the_socket(kvd):
+    """A warm round trip and a posted one (as the engine sends it) answer with the blocks queued; a warm
+    for a group kvd does not have is a typed refusal."""
+    lease, (a,) = kvd.allocate("full", 1)
+    kvd.commit(lease, [(a, h(0), None)])
+    kvd.release(lease)
+    assert kvd.warm(["full"], [h(0), h(1)]) == 0          # on the GPU already: nothing to move
+    got = []
+    kvd.post_fields(P.warm_fields(["full"], [h(0)], 0.001), got.append, needed=False)
+    kvd.post_fields(P.warm_fields(["nope"], [h(0)]), got.append, needed=False)
+    kvd.settle()
+    assert got[0] == {"blocks": 0}
+    assert getattr(got[1], "code", None) == "unknown_group"
