@@ -10,7 +10,7 @@ The configurations compared by ``bench serve`` differ only in the KV cache behin
 | `ours`        | `reuse`      | GPU + DRAM + NVMe     | reuse-aware eviction over every tier       |
 | `ours-dram`   | `reuse`      | GPU + DRAM            | `ours` without NVMe: the NVMe tier's effect |
 | `ours-shortest`| `reuse`     | GPU + DRAM + NVMe     | `ours` with shortest prefills first: that order's effect |
-| `ours-late`   | `reuse`      | GPU + DRAM + NVMe     | `ours` reading requests between steps only: the prefix warm's effect |
+| `ours-warm`   | `reuse`      | GPU + DRAM + NVMe     | `ours` reading requests during long forwards and warming their prefixes in kvd |
 
 Every configuration gets the same GPU capacity (``gpu_blocks``: kvd's per-group GPU pool, or specd's
 private pool for ``standard``), so a difference comes from what is kept, not from more room. The extra
@@ -76,7 +76,7 @@ CONFIGS: dict[str, Tiering] = {
     "ours": Tiering("reuse", dram=True, nvme=True),
     "ours-dram": Tiering("reuse", dram=True),
     "ours-shortest": Tiering("reuse", dram=True, nvme=True, specd_args=("--prefill-order=shortest",)),
-    "ours-late": Tiering("reuse", dram=True, nvme=True, specd_args=("--no-read-in-forward",)),
+    "ours-warm": Tiering("reuse", dram=True, nvme=True, specd_args=("--read-in-forward",)),
 }
 
 

@@ -759,6 +759,8 @@ class KvdCore:
             c["promotion_queue_seconds"] += batch.queue_s
             c["promotion_queue_seconds_max"] = max(c["promotion_queue_seconds_max"], batch.queue_s)
             c["promotion_copy_seconds"] += batch.copy_s
+            c["promotion_issue_seconds"] += batch.issue_s
+            c["promotion_copies"] += batch.copies
             for tier, seconds in batch.seconds.items():
                 self.rates.observe(tier, batch.landed_bytes(tier), seconds)
             for p in batch.items:
@@ -915,7 +917,8 @@ class KvdCore:
                 "promotion_backlog_s": self._backlog_s,
                 # where a promotion's time goes: waiting in the mover's queue, then copying (kvd/mover.py)
                 **{k: c[k] for k in ("promotion_batches", "promotion_queue_seconds", "promotion_queue_seconds_max",
-                                     "promotion_copy_seconds", "warm_ops", "warm_blocks")},
+                                     "promotion_copy_seconds", "promotion_issue_seconds", "promotion_copies",
+                                     "warm_ops", "warm_blocks")},
                 **self.rates.to_dict(),
             }
 

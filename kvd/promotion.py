@@ -48,6 +48,8 @@ class PromotionBatch:
     submitted_at: float = 0.0             # perf_counter when queued (Mover.submit)
     queue_s: float = 0.0                  # from queued to started: waiting behind other batches
     copy_s: float = 0.0                   # ``run`` itself: reads, transfers and the stream wait
+    issue_s: float = 0.0                  # of it, the reads and queueing the transfers (CPU, GIL): before the wait
+    copies: int = 0                       # transfers queued (one per run of adjacent slots)
 
     def run(self) -> None:
         """Copy every block; never raises (each failure lands in its items' ``error``)."""
@@ -58,9 +60,12 @@ class PromotionBatch:
         t_read = time.perf_counter() - t0
         try:
             for src, ps in _by_pool(mem):
-                queue_runs(self.dst.tensor, [p.dst_slot for p in ps], src.tensor, [p.src_slot for p in ps])
+                self.copies += queue_runs(self.dst.tensor, [p.dst_slot for p in ps], src.tensor,
+                                          [p.src_slot for p in ps])
             if staged:
-                queue_runs(self.dst.tensor, [p.dst_slot for p in staged], staging, list(range(len(staged))))
+                self.copies += queue_runs(self.dst.tensor, [p.dst_slot for p in staged], staging,
+                                          list(range(len(staged))))
+            self.issue_s = time.perf_counter() - t0
             wait_stream(self.dst.tensor, staging if staged else None)
         except Exception as e:  # noqa: BLE001 - the transfer's blocks are unknown: fail all it carried
             for p in mem + staged:

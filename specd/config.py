@@ -42,10 +42,11 @@ class SpecdConfig(BaseModel):
                           "graphs, imports) out of Python's garbage-collector passes, so a full pass never walks it "
                           "inside a serving step (specd/engine/gc_pauses.py). Off: the default collector.")
     read_in_forward: bool = Field(
-        True, description="While the GPU runs a long prompt step, read the requests that arrive and ask kvd to "
-                          "start promoting their cached prefixes at once (prefix warm), instead of after the step; "
-                          "they are still added to the engine after it (docs/design/kvd.md, \"Prefetch on arrival\"). "
-                          "Off: requests are read between steps only.")
+        False, description="While the GPU runs a long prompt step, read the requests that arrive and ask kvd to "
+                           "start promoting their cached prefixes at once (prefix warm), instead of after the step; "
+                           "they are still added to the engine after it. Off by default: on the 8B agentic load it "
+                           "brought no measured gain (run BW) and it keeps a core spinning during those steps "
+                           "(docs/design/kvd.md, \"Prefetch on arrival\").")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Model and engine settings.")
 
     @classmethod

@@ -80,7 +80,7 @@ class ClientGone(Exception):
 class SpecdServer:
     """Serve ``engine`` on ``address`` (``ipc://.../specd.sock``) from a background thread."""
 
-    def __init__(self, engine: Engine, address: str, *, idle_poll_ms: int = 20, read_in_forward: bool = True):
+    def __init__(self, engine: Engine, address: str, *, idle_poll_ms: int = 20, read_in_forward: bool = False):
         self.engine = engine
         self.address = address
         self.idle_poll_ms = idle_poll_ms

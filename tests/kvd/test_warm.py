@@ -57,6 +57,7 @@ def test_warm_then_lookup_holds_the_moving_blocks_and_reads_right_bytes(lower):
     st = lower.stats()
     assert st["promotion_batches"] == 2 and st["promotion_copy_seconds"] > 0
     assert st["promotion_queue_seconds"] >= 0
+    assert 0 < st["promotion_issue_seconds"] <= st["promotion_copy_seconds"] and st["promotion_copies"] >= 2
 
 
 def test_warm_alone_lands_unleased_and_evictable(lower):

@@ -117,16 +117,16 @@ def _frames(client, n: int, timeout_s: float = 5.0) -> list[bytes]:
     return out
 
 
-def test_a_server_without_read_in_forward_leaves_the_hook_unset(tmp_path):
+def test_reading_in_the_forward_is_off_by_default_and_sets_the_hook_when_on(tmp_path):
     engine = HookEngine()
-    server = SpecdServer(engine, f"ipc://{tmp_path / 'specd.sock'}", read_in_forward=False)
+    server = SpecdServer(engine, f"ipc://{tmp_path / 'specd.sock'}")             # the default: off
     server.start()
     try:
         assert engine.forward_hook is None
     finally:
         server.stop()
     on = HookEngine()
-    server = SpecdServer(on, f"ipc://{tmp_path / 'specd2.sock'}")
+    server = SpecdServer(on, f"ipc://{tmp_path / 'specd2.sock'}", read_in_forward=True)
     server.start()
     try:
         assert on.forward_hook == server._in_forward
