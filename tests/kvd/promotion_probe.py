@@ -118,6 +118,60 @@ def raw_rates(n: int, block_bytes: int, repeats: int) -> dict[str, object]:
     return out
 
 
+def issue_times(n: int, block_bytes: int, repeats: int, run_blocks: int = 7) -> dict[str, object]:
+    """Where a served batch's copy time goes (session 24: kvd's counters said 60-80% of a promotion's copy
+    time is spent *issuing* its ~46 copies of ~7 blocks, before the stream wait). Times the issuing loop
+    and the wait apart for copies from kvd's DRAM pool, alone and beside a Python thread that keeps the GIL
+    busy (as kvd's server loop and cleaner do): issuing that is slow alone means the copies do not return
+    at once (not asynchronous); issuing slow only beside the thread means the GIL."""
+    import threading
+    from kvd.tiers.base import queue_runs, wait_stream
+    from kvd.tiers.dram import DramPool
+    dev = torch.device("cuda")
+    dram = DramPool("issue", n, block_bytes, "cuda", Path(tempfile.mkdtemp()))
+    gpu = torch.empty((n, block_bytes), dtype=torch.uint8, device=dev)
+    # runs of ``run_blocks`` adjacent slots on both sides, the runs in scattered order
+    starts = list(range(0, n - run_blocks + 1, run_blocks))[::-1]
+    dst = [i for k, st in enumerate(starts) for i in range(k * run_blocks, k * run_blocks + run_blocks)]
+    src = [i for st in starts for i in range(st, st + run_blocks)]
+    side = torch.cuda.Stream(dev)
+    out: dict[str, object] = {"blocks": len(src), "run_blocks": run_blocks, "block_bytes": block_bytes,
+                              "dram_pool_is_pinned": bool(dram.tensor.is_pinned())}
+    stop = threading.Event()
+
+    def busy() -> None:
+        x = 0
+        while not stop.is_set():
+            x += 1
+
+    for label, with_busy in (("alone", False), ("beside_busy_thread", True)):
+        t = threading.Thread(target=busy, daemon=True) if with_busy else None
+        if t is not None:
+            stop.clear()
+            t.start()
+        issue, wait, copies = [], [], 0
+        for _ in range(repeats + 1):
+            torch.cuda.synchronize()
+            with torch.cuda.stream(side):
+                t0 = time.perf_counter()
+                copies = queue_runs(gpu, dst, dram.tensor, src)
+                t1 = time.perf_counter()
+                wait_stream(gpu)
+                t2 = time.perf_counter()
+            issue.append(t1 - t0)
+            wait.append(t2 - t1)
+        if t is not None:
+            stop.set()
+            t.join()
+        nbytes = len(src) * block_bytes
+        out[label] = {"copies": copies, "issue_ms_p50": round(1e3 * statistics.median(issue[1:]), 3),
+                      "wait_ms_p50": round(1e3 * statistics.median(wait[1:]), 3),
+                      "total_gbps_p50": round(nbytes / statistics.median([a + b for a, b in zip(issue[1:], wait[1:])])
+                                              / 1e9, 2)}
+    dram.close()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--blocks", type=int, default=512)
@@ -127,10 +181,12 @@ def main() -> None:
     p.add_argument("--block-bytes", type=int, default=BLOCK_BYTES,
                    help="bytes per block (196608: Qwen2.5-0.5B; 2359296: the Qwen3-8B shape)")
     p.add_argument("--raw", action="store_true", help="also time the bare copies (needs --device cuda)")
+    p.add_argument("--issue", action="store_true",
+                   help="also time issuing a batch's copies apart from waiting for them (needs --device cuda)")
     p.add_argument("--out", type=Path, help="also write the JSON here")
     args = p.parse_args()
-    if args.raw and args.device != "cuda":
-        p.error("--raw times host-to-GPU copies: it needs --device cuda")
+    if (args.raw or args.issue) and args.device != "cuda":
+        p.error("--raw and --issue time host-to-GPU copies: they need --device cuda")
     torch.set_num_threads(1)
     runs = [one(args.blocks, args.workers, args.device, args.block_bytes) for _ in range(args.repeats)]
     times = [t for t, _ in runs]
@@ -140,6 +196,8 @@ def main() -> None:
                               "promotion": _gbps(args.blocks * args.block_bytes, times)}
     if args.raw:
         res["raw"] = raw_rates(args.blocks, args.block_bytes, args.repeats)
+    if args.issue:
+        res["issue"] = issue_times(args.blocks, args.block_bytes, args.repeats)
     text = json.dumps(res, indent=1)
     print(text)
     if args.out:
