@@ -122,8 +122,9 @@ def issue_times(n: int, block_bytes: int, repeats: int, run_blocks: int = 7) -> 
     """Where a served batch's copy time goes (session 24: kvd's counters said 60-80% of a promotion's copy
     time is spent *issuing* its ~46 copies of ~7 blocks, before the stream wait). Times the issuing loop
     and the wait apart for copies from kvd's DRAM pool, alone and beside a Python thread that keeps the GIL
-    busy (as kvd's server loop and cleaner do): issuing that is slow alone means the copies do not return
-    at once (not asynchronous); issuing slow only beside the thread means the GIL."""
+    busy (as kvd's server loop and cleaner do), with Python's switch interval at its default (5 ms) and at
+    0.5 ms: issuing that is slow alone means the copies do not return at once (not asynchronous); issuing slow
+    only beside the thread means the GIL, and a shorter switch interval is then the cheap remedy."""
     import threading
     from kvd.tiers.base import queue_runs, wait_stream
     from kvd.tiers.dram import DramPool
@@ -144,7 +145,12 @@ def issue_times(n: int, block_bytes: int, repeats: int, run_blocks: int = 7) -> 
         while not stop.is_set():
             x += 1
 
-    for label, with_busy in (("alone", False), ("beside_busy_thread", True)):
+    import sys
+    default_interval = sys.getswitchinterval()
+    for label, with_busy, interval in (("alone", False, default_interval),
+                                       ("beside_busy_thread", True, default_interval),
+                                       ("beside_busy_thread_switch_0.5ms", True, 0.0005)):
+        sys.setswitchinterval(interval)
         t = threading.Thread(target=busy, daemon=True) if with_busy else None
         if t is not None:
             stop.clear()
@@ -168,6 +174,7 @@ def issue_times(n: int, block_bytes: int, repeats: int, run_blocks: int = 7) -> 
                       "wait_ms_p50": round(1e3 * statistics.median(wait[1:]), 3),
                       "total_gbps_p50": round(nbytes / statistics.median([a + b for a, b in zip(issue[1:], wait[1:])])
                                               / 1e9, 2)}
+    sys.setswitchinterval(default_interval)
     dram.close()
     return out
 
