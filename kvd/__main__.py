@@ -70,6 +70,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from kvd.core import KvdCore  # after parsing, so --help stays fast
     from kvd.server import KvdServer
 
+    sys.setswitchinterval(config.gil_switch_ms / 1000.0)   # the copy path's GIL waits (KvdConfig.gil_switch_ms)
+
     server = KvdServer(KvdCore(config), config.run_dir, config.socket_mode)
     server.install_signal_handlers()
     try:

@@ -92,6 +92,14 @@ class KvdConfig(BaseModel):
         "predicted cheaper than the client's recompute price from its lookups; otherwise the victims of the tier above "
         "NVMe are dropped (nvme_unpaid_drops). Off: NVMe takes every admitted victim.",
     )
+    gil_switch_ms: float = Field(
+        default=0.5, gt=0, le=100,
+        description="Python's thread switch interval in the kvd daemon (sys.setswitchinterval, ms; Python's default "
+        "is 5). kvd's server loop, cleaner and mover threads share the GIL; the mover gives it up inside each copy "
+        "call and waited up to a switch interval to get it back: on the H200 a 760 MB promotion took 547 ms to "
+        "issue beside a GIL-busy thread at 5 ms and 34 ms at 0.5 ms (15 ms with one batched copy call). Set by the "
+        "daemon (kvd/__main__.py), not by an embedded KvdCore.",
+    )
     move_workers: int = Field(
         default=1,
         ge=0,

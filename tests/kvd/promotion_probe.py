@@ -120,13 +120,15 @@ def raw_rates(n: int, block_bytes: int, repeats: int) -> dict[str, object]:
 
 def issue_times(n: int, block_bytes: int, repeats: int, run_blocks: int = 7) -> dict[str, object]:
     """Where a served batch's copy time goes (session 24: kvd's counters said 60-80% of a promotion's copy
-    time is spent *issuing* its ~46 copies of ~7 blocks, before the stream wait). Times the issuing loop
-    and the wait apart for copies from kvd's DRAM pool, alone and beside a Python thread that keeps the GIL
-    busy (as kvd's server loop and cleaner do), with Python's switch interval at its default (5 ms) and at
-    0.5 ms: issuing that is slow alone means the copies do not return at once (not asynchronous); issuing slow
-    only beside the thread means the GIL, and a shorter switch interval is then the cheap remedy."""
+    time is spent *issuing* its ~46 copies of ~7 blocks, before the stream wait). Times issuing and the wait
+    apart for copies from kvd's DRAM pool: one ``copy_`` per run (``queue_runs_reference``) and one foreach
+    call for the batch (``queue_batched``, what ``queue_runs`` does on a GPU), alone and beside a Python thread
+    that keeps the GIL busy (as kvd's server loop and cleaner do), at Python's default switch interval (5 ms)
+    and at 0.5 ms (``KvdConfig.gil_switch_ms``). Slow issuing alone would mean the copies are not
+    asynchronous; slow only beside the thread means the GIL."""
+    import sys
     import threading
-    from kvd.tiers.base import queue_runs, wait_stream
+    from kvd.tiers.base import queue_batched, queue_runs_reference, slot_runs, wait_stream
     from kvd.tiers.dram import DramPool
     dev = torch.device("cuda")
     dram = DramPool("issue", n, block_bytes, "cuda", Path(tempfile.mkdtemp()))
@@ -135,9 +137,12 @@ def issue_times(n: int, block_bytes: int, repeats: int, run_blocks: int = 7) -> 
     starts = list(range(0, n - run_blocks + 1, run_blocks))[::-1]
     dst = [i for k, st in enumerate(starts) for i in range(k * run_blocks, k * run_blocks + run_blocks)]
     src = [i for st in starts for i in range(st, st + run_blocks)]
+    runs = slot_runs(dst, src)
+    issuers = {"loop": lambda: queue_runs_reference(gpu, dst, dram.tensor, src),
+               "batched": lambda: queue_batched(gpu, dram.tensor, runs, non_blocking=True)}
     side = torch.cuda.Stream(dev)
-    out: dict[str, object] = {"blocks": len(src), "run_blocks": run_blocks, "block_bytes": block_bytes,
-                              "dram_pool_is_pinned": bool(dram.tensor.is_pinned())}
+    out: dict[str, object] = {"blocks": len(src), "run_blocks": run_blocks, "copies": len(runs),
+                              "block_bytes": block_bytes, "dram_pool_is_pinned": bool(dram.tensor.is_pinned())}
     stop = threading.Event()
 
     def busy() -> None:
@@ -145,35 +150,35 @@ def issue_times(n: int, block_bytes: int, repeats: int, run_blocks: int = 7) -> 
         while not stop.is_set():
             x += 1
 
-    import sys
     default_interval = sys.getswitchinterval()
-    for label, with_busy, interval in (("alone", False, default_interval),
-                                       ("beside_busy_thread", True, default_interval),
-                                       ("beside_busy_thread_switch_0.5ms", True, 0.0005)):
+    for interval in (default_interval, 0.0005):
         sys.setswitchinterval(interval)
-        t = threading.Thread(target=busy, daemon=True) if with_busy else None
-        if t is not None:
-            stop.clear()
-            t.start()
-        issue, wait, copies = [], [], 0
-        for _ in range(repeats + 1):
-            torch.cuda.synchronize()
-            with torch.cuda.stream(side):
-                t0 = time.perf_counter()
-                copies = queue_runs(gpu, dst, dram.tensor, src)
-                t1 = time.perf_counter()
-                wait_stream(gpu)
-                t2 = time.perf_counter()
-            issue.append(t1 - t0)
-            wait.append(t2 - t1)
-        if t is not None:
-            stop.set()
-            t.join()
-        nbytes = len(src) * block_bytes
-        out[label] = {"copies": copies, "issue_ms_p50": round(1e3 * statistics.median(issue[1:]), 3),
-                      "wait_ms_p50": round(1e3 * statistics.median(wait[1:]), 3),
-                      "total_gbps_p50": round(nbytes / statistics.median([a + b for a, b in zip(issue[1:], wait[1:])])
-                                              / 1e9, 2)}
+        for with_busy in (False, True):
+            for name, issue_all in issuers.items():
+                t = threading.Thread(target=busy, daemon=True) if with_busy else None
+                if t is not None:
+                    stop.clear()
+                    t.start()
+                issue, wait = [], []
+                for _ in range(repeats + 1):
+                    torch.cuda.synchronize()
+                    with torch.cuda.stream(side):
+                        t0 = time.perf_counter()
+                        issue_all()
+                        t1 = time.perf_counter()
+                        wait_stream(gpu)
+                        t2 = time.perf_counter()
+                    issue.append(t1 - t0)
+                    wait.append(t2 - t1)
+                if t is not None:
+                    stop.set()
+                    t.join()
+                total = statistics.median([a + b for a, b in zip(issue[1:], wait[1:])])
+                key = f"{name}/{'beside_busy_thread' if with_busy else 'alone'}/switch_{interval * 1e3:g}ms"
+                out[key] = {"issue_ms_p50": round(1e3 * statistics.median(issue[1:]), 3),
+                            "wait_ms_p50": round(1e3 * statistics.median(wait[1:]), 3),
+                            "total_ms_p50": round(1e3 * total, 3),
+                            "gbps_p50": round(len(src) * block_bytes / total / 1e9, 2)}
     sys.setswitchinterval(default_interval)
     dram.close()
     return out
