@@ -8,24 +8,15 @@ import torch
 
 from kvd.core_types import KvdError
 from kvd.types import Tier
-from tests.kvd.conftest import h, put_chain, settle
+from tests.kvd.conftest import h
+from tests.kvd.test_batched_promotion import CHAIN, mixed  # noqa: F401 (fixture)
 from tests.kvd.test_tiers import data
-
-CHAIN = list(range(8))
 
 
 @pytest.fixture
-def lower(make_core, tmp_path):
-    """A chain of 8 blocks: 0-3 in DRAM, 4-7 on NVMe (the cleaner moved them down)."""
-    core = make_core(policy="lru-offload", admission="none", gpu_blocks=12, dram_blocks=8, nvme_blocks=16,
-                     nvme_dir=tmp_path / "nvme", clean_low=0.5, clean_high=0.5)
-    put_chain(core, CHAIN, data=data)
-    settle(core)
-    put_chain(core, list(range(100, 106)), data=data)
-    settle(core)
-    g = core.groups["full"]
-    assert [g.index.get(h(i)).tier for i in CHAIN] == [Tier.DRAM] * 4 + [Tier.NVME] * 4
-    return core
+def lower(mixed):
+    """A chain of 8 blocks: 0-3 in DRAM, 4-7 on NVMe (test_batched_promotion's ``mixed``)."""
+    return mixed
 
 
 def test_warm_then_lookup_holds_the_moving_blocks_and_reads_right_bytes(lower):
