@@ -135,11 +135,7 @@ class KvdCore:
     ) -> JointLookup:
         """One prefix hit across cache groups: the longest end every group can serve (kvd/hybrid_hits.py),
         cut by the prefetch budget (kvd/prefetch_budget.py); each group leases what it needs for it."""
-        _check_hashes(hashes)
-        if not isinstance(groups, (list, tuple)) or not groups or len(set(groups)) != len(groups):
-            raise KvdError("bad_request", "groups must be a non-empty list of distinct names")
-        if recompute_s is not None and not (isinstance(recompute_s, (int, float)) and recompute_s >= 0):
-            raise KvdError("bad_request", f"recompute_s must be a non-negative number, got {recompute_s!r}")
+        _check_joint(groups, hashes, recompute_s)
         with self._request_lock():
             gs = [self._group(name) for name in groups]
             now = self.clock()
@@ -183,11 +179,7 @@ class KvdCore:
         the first block it cannot move (one the cleaner is copying down, or no free slot), since the
         lookup's hit ends there too. A promoted block lands unleased, like any promotion whose hit was
         given up, and stays evictable by the policy."""
-        _check_hashes(hashes)
-        if not isinstance(groups, (list, tuple)) or not groups or len(set(groups)) != len(groups):
-            raise KvdError("bad_request", "groups must be a non-empty list of distinct names")
-        if recompute_s is not None and not (isinstance(recompute_s, (int, float)) and recompute_s >= 0):
-            raise KvdError("bad_request", f"recompute_s must be a non-negative number, got {recompute_s!r}")
+        _check_joint(groups, hashes, recompute_s)
         jobs: list[PromotionBatch] = []
         with self._request_lock():
             gs = [self._group(name) for name in groups]
@@ -197,11 +189,7 @@ class KvdCore:
             for g in gs:
                 promotions = self._warm_group(g, recs[g.name][needed_from(hit, g.tail_blocks):hit], now)
                 if promotions:
-                    pair_slots(promotions)
-                    batch = PromotionBatch(g.name, g.gpu, promotions, predicted_s=sum(
-                        self.rates.seconds(p.src.tier, g.block_bytes) for p in promotions))
-                    self._backlog_s += batch.predicted_s
-                    jobs.append(batch)
+                    jobs.append(self._batch(g, promotions))
             queued = sum(len(b.items) for b in jobs)
             self.counters["warm_ops"] += 1
             self.counters["warm_blocks"] += queued
@@ -223,13 +211,10 @@ class KvdCore:
                 continue
             if rec.demoting or rec.refs or g.gpu.free_count == 0:
                 break
-            if rec.evictable:
+            queued = rec.evictable
+            job = g.start_promotion(rec, now)  # a free slot exists: never None, no victim taken
+            if queued:
                 g.policy.on_removed(rec)      # moving: no victim until it lands (``_on_promoted`` adds it back)
-            job = g.start_promotion(rec, now)
-            if job is None:                   # cannot happen with a free slot; never leave it out of the policy
-                if rec.evictable:
-                    g.policy.on_created(rec, now)
-                break
             self._refresh(g, rec, now)        # not queued in the policy while moving: only the temperature
             out.append(job)
         return out
@@ -318,11 +303,7 @@ class KvdCore:
             promotions, cut_for_room = self._promote(g, lease, now)
             no_room = no_room or cut_for_room
             if promotions:   # one batch per lease and group: one copy pass, one wait, one lock trip
-                pair_slots(promotions)
-                batch = PromotionBatch(g.name, g.gpu, promotions, predicted_s=sum(
-                    self.rates.seconds(p.src.tier, g.block_bytes) for p in promotions))
-                self._backlog_s += batch.predicted_s     # queued by the caller, after the lock
-                jobs.append(batch)
+                jobs.append(self._batch(g, promotions))
             short = short or len(lease.held) < len(need)
             out[g.name] = (lease.held, lease.id)
         if no_room:
@@ -348,6 +329,15 @@ class KvdCore:
                 out[g.name] = ([], LeaseId(0))
         self.counters["prefetch_promoted_blocks"] += sum(len(b.items) for b in jobs)
         return hit, out, jobs, room_cut
+
+    def _batch(self, g: CacheGroup, promotions: list[Promotion]) -> PromotionBatch:
+        """Under the lock: one group's promotions as one batch, its copy time priced into the backlog (the
+        caller queues it after the lock)."""
+        pair_slots(promotions)
+        batch = PromotionBatch(g.name, g.gpu, promotions, predicted_s=sum(
+            self.rates.seconds(p.src.tier, g.block_bytes) for p in promotions))
+        self._backlog_s += batch.predicted_s
+        return batch
 
     def _submit_orphaned(self, jobs: list[PromotionBatch]) -> None:
         """Promotions started for a hit that was then given up: they still run (their GPU slots are
@@ -992,6 +982,15 @@ class KvdCore:
 
 def _marks(marks: dict[Tier, Watermarks]) -> dict[str, dict[str, int]]:
     return {t.name.lower(): {"low_blocks": m.low, "high_blocks": m.high} for t, m in marks.items()}
+
+
+def _check_joint(groups: Any, hashes: Any, recompute_s: Any) -> None:
+    """The arguments of a joint lookup (or a warm): hashes, distinct group names, a non-negative price."""
+    _check_hashes(hashes)
+    if not isinstance(groups, (list, tuple)) or not groups or len(set(groups)) != len(groups):
+        raise KvdError("bad_request", "groups must be a non-empty list of distinct names")
+    if recompute_s is not None and not (isinstance(recompute_s, (int, float)) and recompute_s >= 0):
+        raise KvdError("bad_request", f"recompute_s must be a non-negative number, got {recompute_s!r}")
 
 
 def _check_hashes(hashes: Any) -> None:

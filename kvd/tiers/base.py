@@ -125,9 +125,9 @@ def queue_runs(dst: torch.Tensor, dst_slots: list[int], src: torch.Tensor, src_s
     runs = slot_runs(dst_slots, src_slots)
     # host-to-GPU only (promotions), the direction checked on the H200 (bytes equal); the cleaner's demotions
     # (GPU to host) keep the loop until that direction is checked there too
-    if not dst.is_cuda or src.is_cuda or len(runs) < 2:
-        return queue_runs_reference(dst, dst_slots, src, src_slots)
-    return queue_batched(dst, src, runs, non_blocking=True)
+    if dst.is_cuda and not src.is_cuda and len(runs) >= 2:
+        return queue_batched(dst, src, runs, non_blocking=True)
+    return queue_each(dst, src, runs, non_blocking=dst.is_cuda or src.is_cuda)
 
 
 def queue_batched(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, int, int]],
@@ -138,13 +138,17 @@ def queue_batched(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, in
     return len(runs)
 
 
+def queue_each(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, int, int]],
+               non_blocking: bool = False) -> int:
+    """One ``copy_`` per ``(d, s, n)`` of ``runs``."""
+    for d, s, n in runs:
+        dst[d : d + n].copy_(src[s : s + n], non_blocking=non_blocking)
+    return len(runs)
+
+
 def queue_runs_reference(dst: torch.Tensor, dst_slots: list[int], src: torch.Tensor, src_slots: list[int]) -> int:
     """One ``copy_`` per run of slots (the reference of ``queue_runs``; its path for CPU-only copies)."""
-    cuda = dst.is_cuda or src.is_cuda
-    runs = slot_runs(dst_slots, src_slots)
-    for d, s, n in runs:
-        dst[d : d + n].copy_(src[s : s + n], non_blocking=cuda)
-    return len(runs)
+    return queue_each(dst, src, slot_runs(dst_slots, src_slots), non_blocking=dst.is_cuda or src.is_cuda)
 
 
 def wait_stream(dst: torch.Tensor, src: torch.Tensor | None = None) -> None:
