@@ -118,14 +118,16 @@ def raw_rates(n: int, block_bytes: int, repeats: int) -> dict[str, object]:
     return out
 
 
-def issue_times(n: int, block_bytes: int, repeats: int, run_blocks: int = 7) -> dict[str, object]:
+def issue_times(n: int, block_bytes: int, repeats: int, run_blocks: int = 7,
+                to_gpu: bool = True) -> dict[str, object]:
     """Where a served batch's copy time goes (session 24: kvd's counters said 60-80% of a promotion's copy
     time is spent *issuing* its ~46 copies of ~7 blocks, before the stream wait). Times issuing and the wait
     apart for copies from kvd's DRAM pool: one ``copy_`` per run (``queue_runs_reference``) and one foreach
     call for the batch (``queue_batched``, what ``queue_runs`` does on a GPU), alone and beside a Python thread
     that keeps the GIL busy (as kvd's server loop and cleaner do), at Python's default switch interval (5 ms)
     and at 0.5 ms (``KvdConfig.gil_switch_ms``). Slow issuing alone would mean the copies are not
-    asynchronous; slow only beside the thread means the GIL."""
+    asynchronous; slow only beside the thread means the GIL. ``to_gpu=False`` times the other direction, GPU to
+    DRAM, as the cleaner's demotions issue it; every cell checks the copied bytes."""
     import sys
     import threading
     from kvd.tiers.base import queue_batched, queue_runs_reference, slot_runs, wait_stream
@@ -137,11 +139,17 @@ def issue_times(n: int, block_bytes: int, repeats: int, run_blocks: int = 7) -> 
     starts = list(range(0, n - run_blocks + 1, run_blocks))[::-1]
     dst = [i for k, st in enumerate(starts) for i in range(k * run_blocks, k * run_blocks + run_blocks)]
     src = [i for st in starts for i in range(st, st + run_blocks)]
-    runs = slot_runs(dst, src)
-    issuers = {"loop": lambda: queue_runs_reference(gpu, dst, dram.tensor, src),
-               "batched": lambda: queue_batched(gpu, dram.tensor, runs, non_blocking=True)}
+    if to_gpu:
+        into, fro, d_slots, s_slots = gpu, dram.tensor, dst, src
+    else:
+        gpu.random_(0, 256)
+        into, fro, d_slots, s_slots = dram.tensor, gpu, src, dst
+    runs = slot_runs(d_slots, s_slots)
+    issuers = {"loop": lambda: queue_runs_reference(into, d_slots, fro, s_slots),
+               "batched": lambda: queue_batched(into, fro, runs, non_blocking=True)}
     side = torch.cuda.Stream(dev)
-    out: dict[str, object] = {"blocks": len(src), "run_blocks": run_blocks, "copies": len(runs),
+    out: dict[str, object] = {"direction": "host_to_gpu" if to_gpu else "gpu_to_host",
+                              "blocks": len(src), "run_blocks": run_blocks, "copies": len(runs),
                               "block_bytes": block_bytes, "dram_pool_is_pinned": bool(dram.tensor.is_pinned())}
     stop = threading.Event()
 
@@ -160,7 +168,7 @@ def issue_times(n: int, block_bytes: int, repeats: int, run_blocks: int = 7) -> 
                     stop.clear()
                     t.start()
                 issue, wait = [], []
-                for _ in range(repeats + 1):
+                for rep in range(repeats + 1):
                     torch.cuda.synchronize()
                     with torch.cuda.stream(side):
                         t0 = time.perf_counter()
@@ -168,6 +176,10 @@ def issue_times(n: int, block_bytes: int, repeats: int, run_blocks: int = 7) -> 
                         t1 = time.perf_counter()
                         wait_stream(gpu)
                         t2 = time.perf_counter()
+                    if rep in (0, repeats):   # the first and last copy of each cell: the bytes arrived
+                        if not all(torch.equal(into[d : d + k].cpu(), fro[s_ : s_ + k].cpu()) for d, s_, k in runs):
+                            raise AssertionError(f"{name}: copied bytes differ")
+                        into.zero_()
                     issue.append(t1 - t0)
                     wait.append(t2 - t1)
                 if t is not None:
@@ -195,6 +207,8 @@ def main() -> None:
     p.add_argument("--raw", action="store_true", help="also time the bare copies (needs --device cuda)")
     p.add_argument("--issue", action="store_true",
                    help="also time issuing a batch's copies apart from waiting for them (needs --device cuda)")
+    p.add_argument("--to-host", action="store_true",
+                   help="with --issue: time GPU-to-DRAM copies (the cleaner's demotions) too")
     p.add_argument("--out", type=Path, help="also write the JSON here")
     args = p.parse_args()
     if (args.raw or args.issue) and args.device != "cuda":
@@ -210,6 +224,8 @@ def main() -> None:
         res["raw"] = raw_rates(args.blocks, args.block_bytes, args.repeats)
     if args.issue:
         res["issue"] = issue_times(args.blocks, args.block_bytes, args.repeats)
+        if args.to_host:
+            res["issue_to_host"] = issue_times(args.blocks, args.block_bytes, args.repeats, to_gpu=False)
     text = json.dumps(res, indent=1)
     print(text)
     if args.out:
