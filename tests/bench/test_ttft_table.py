@@ -64,3 +64,31 @@ def test_throughput_pairs_each_repeat_with_the_baselines(tmp_path, capsys):
     assert "| ours | 32 | 180 | 0.900 | 0.990 (0.750-1.100) |" in out     # summed 180/200; ratios .99 .75 1.1
     with pytest.raises(SystemExit):
         main([str(path), "--step", "unique", "--baseline", "prefix-lru", "--throughput"])
+
+
+def test_pooled_throughput_over_runs_is_the_geometric_mean_of_every_repeat(tmp_path, capsys):
+    import math
+    from bench.ttft_table import pooled
+
+    def run(ours, base):
+        def cell(values):
+            return {"32": {"repeats": [{"output_tok_s": v} for v in values], "completion_tokens": sum(values),
+                           "wall_time_s": 1.0}}
+        return {"configs": {"standard": cell(base), "ours": cell(ours)}}
+
+    runs = [run([50.0, 98.0], [100.0, 100.0]), run([75.0, 101.0], [50.0, 100.0])]   # not the arithmetic mean
+    table = pooled(runs, "standard", resamples=2000)
+    want = math.exp(sum(map(math.log, [0.5, 0.98, 1.5, 1.01])) / 4)
+    row = next(line for line in table.splitlines() if line.startswith("| ours |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[:4] == ["ours", "32", "2", "4"] and float(cells[4]) == pytest.approx(want, abs=1e-4)
+    lo, hi = map(float, cells[5].split("-"))
+    assert 0.5 <= lo < want < hi <= 1.5                       # the interval lies within the ratios' range
+    paths = []
+    for i, results in enumerate(runs):
+        paths.append(tmp_path / f"u{i}.json")
+        paths[-1].write_text(json.dumps({"steps": {"unique": {"results": results, "requests": []}}}))
+    assert main([*map(str, paths), "--step", "unique", "--baseline", "standard", "--throughput"]) == 0
+    assert "| ours | 32 | 2 | 4 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):                           # several files are for --throughput only
+        main([*map(str, paths), "--step", "unique"])
