@@ -33,7 +33,8 @@
 #                                          #   engine), the full table, the draft-round profile (session 16)
 #   bash bench/gpu/session.sh idle         # one GPU: serve-plan ${KV_PLAN:-gpu-agentic-idle} only; with
 #                                          #   KV_MODEL=.carry/q8r.tgz KV_PLAN=gpu-agentic-8b: the Qwen3-8B shape with
-#                                          #   random weights, no GGUF upload (session 19)
+#                                          #   random weights, no GGUF upload (session 19); KV_PLAN=gpu-agentic-8b-32:
+#                                          #   the same with 32 sessions (session 25, not run yet)
 #   bash bench/gpu/session.sh kv8b         # one GPU, no GGUF: serve-plan ${KV_PLAN:-gpu-agentic-8b}, then gpu-zero-hit-8b,
 #                                          #   with KV_MODEL=${KV_MODEL:-.carry/q8r.tgz} (Qwen3-8B shape, random weights)
 #   bash bench/gpu/session.sh closing      # GPU0: bench speedup (none/dspark/dspark-g7/ngram), then serve-plan
