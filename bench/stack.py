@@ -5,6 +5,7 @@ The configurations compared by ``bench serve`` differ only in the KV cache behin
 | name          | kvd policy   | tiers                 | what it stands for                         |
 |---------------|--------------|-----------------------|--------------------------------------------|
 | `standard`    | none         | specd's private pool  | no cache reuse at all                      |
+| `standard-aa` | none         | specd's private pool  | a second `standard`: the A/A noise floor of a comparison |
 | `prefix-lru`  | `lru`        | GPU                   | vLLM's prefix cache                        |
 | `lru-offload` | `lru-offload`| GPU + DRAM            | LMCache's default CPU offload              |
 | `ours`        | `reuse`      | GPU + DRAM + NVMe     | reuse-aware eviction over every tier       |
@@ -71,6 +72,7 @@ class Tiering:
 
 CONFIGS: dict[str, Tiering] = {
     "standard": Tiering(None),
+    "standard-aa": Tiering(None),        # the same stack again: how far two identical stacks differ in one run
     "prefix-lru": Tiering("lru"),
     "lru-offload": Tiering("lru-offload", dram=True),
     "ours": Tiering("reuse", dram=True, nvme=True),

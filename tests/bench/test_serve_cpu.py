@@ -247,6 +247,7 @@ def test_device_and_capacity_flags_reach_both_daemons(tmp_path):
     shortest = specd_argv(opts, tmp_path / "s", 8123, tmp_path / "k", CONFIGS["ours-shortest"])
     assert shortest[-2:] == ["--no-cuda-graphs", "--prefill-order=shortest"]   # its own switch, last
     assert kvd_fields(CONFIGS["ours-shortest"], opts, tmp_path) == kvd_fields(CONFIGS["ours"], opts, tmp_path)
+    assert CONFIGS["standard-aa"] == CONFIGS["standard"]          # the A/A row is the same stack, started twice
     ours, offload, lru = (kvd_fields(CONFIGS[n], opts, tmp_path) for n in ("ours", "lru-offload", "prefix-lru"))
     assert {(f["device"], f["gpu_blocks"]) for f in (ours, offload, lru)} == {("cuda", 77)}
     assert (ours["dram_blocks"], ours["nvme_blocks"], ours["policy"]) == (5, 9, "reuse")
