@@ -25,7 +25,9 @@ GAUGE_NAMES = frozenset({
     "policy", "hit_rate", "token_hit_rate", "spec_step_overhead_seconds",
     # the prefetch budget's price of recomputing a block (session 9: run Y's reports held its change
     # over the cell, -10 ms, instead of the price)
-    "kvd_recompute_block_seconds"})
+    "kvd_recompute_block_seconds",
+    # the garbage collector's longest pause so far and the frozen heap's size (kvd/gc_pauses.py)
+    "gc_longest_pause_seconds", "gc_frozen_objects"})
 GAUGE_SUFFIXES = ("_mean", "_bps", "max_s", "p50_s", "p99_s")
 GAUGE_PREFIXES = ("spec_sps_",)
 

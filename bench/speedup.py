@@ -45,7 +45,7 @@ import kvspec_kernels as kernels
 from bench.arg_types import positive_int, positive_ints
 from bench.row_profiles import RowProfiles, TorchProfiles
 from specd.engine.gating import gate_key_name
-from specd.engine.gc_pauses import GENERATIONS, freeze_heap
+from kvd.gc_pauses import GENERATIONS, freeze_heap
 from specd.engine.spec_gate import DRAFT_REASONS, load_bucket
 
 ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = the engine's (scheduled)
@@ -157,7 +157,7 @@ class RunResult:
     # requests whose prompt captured no drafter features (the gate rested their cell): rated by their class's
     # prompt-less drafting steps (``ClassRecord``, session 14)
     gate_promptless_requests: int = 0
-    # the garbage collector's passes during the run, by generation: [passes, ms] (specd/engine/gc_pauses.py).
+    # the garbage collector's passes during the run, by generation: [passes, ms] (kvd/gc_pauses.py).
     # A full pass over the process's heap took 113-182 ms on the CPU machine, against 2-10 ms steps
     gc_pauses: dict[str, list[float]] = field(default_factory=dict)
 

@@ -76,6 +76,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     server.install_signal_handlers()
     try:
         server.bind()
+        if config.gc_freeze:
+            from kvd.gc_pauses import freeze_heap
+
+            freeze_heap("start-up")
         server.serve_forever()
     except RuntimeError as err:  # another kvd owns the run dir
         logging.getLogger("kvd").error("%s", err)

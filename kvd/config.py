@@ -100,6 +100,12 @@ class KvdConfig(BaseModel):
         "issue beside a GIL-busy thread at 5 ms and 34 ms at 0.5 ms (15 ms with one batched copy call). Set by the "
         "daemon (kvd/__main__.py), not by an embedded KvdCore.",
     )
+    gc_freeze: bool = Field(
+        default=True,
+        description="Once the daemon is up, freeze the start-up heap (torch, the tiers, imports) out of Python's "
+        "garbage-collector passes, so a full pass does not walk it while requests wait (kvd/gc_pauses.py; specd "
+        "does the same). The passes that remain are counted in stats (server.gc). Off: the default collector.",
+    )
     move_workers: int = Field(
         default=1,
         ge=0,

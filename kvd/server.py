@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
+from kvd import gc_pauses
 from kvd import protocol as P
 from kvd.core_types import KvdError, ReleaseHints
 from kvd.hashing import chain_hashes, namespace_root
@@ -168,6 +169,7 @@ class KvdServer:
         self._bound = False  # only a server that bound may unlink the sockets and pid file
         self._parked: list[_Parked] = []
         self.counters = {"requests": 0, "errors": 0}
+        self._gc = gc_pauses.pauses()     # counts the collector's passes from now on (one counter per process)
         # op type (and "tick") -> [count, seconds, max seconds] the loop spent on it: kvd's serving time by verb
         self.busy: dict[str, list[float]] = {}
 
@@ -333,9 +335,11 @@ class KvdServer:
 
     def server_stats(self) -> dict[str, Any]:
         """Request/error counts and, per op type, how many the loop served, its seconds on them and the
-        longest one (server-side latency per verb: where a GPU run's time goes)."""
+        longest one (server-side latency per verb: where a GPU run's time goes); and the garbage
+        collector's passes in this process (``gc``: each one stops the loop and the mover threads)."""
         return {**self.counters, "busy": {k: {"count": int(n), "seconds": s, "max_s": m}
-                                          for k, (n, s, m) in self.busy.items()}}
+                                          for k, (n, s, m) in self.busy.items()},
+                "gc": self._gc.stats()}
 
     def _error(self, req_id: Optional[int], code: str, message: str) -> bytes:
         self.counters["errors"] += 1

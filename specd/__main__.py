@@ -65,7 +65,7 @@ def serve(cfg: SpecdConfig, engine_factory: EngineFactory = _load_engine) -> int
     try:
         app = create_app(address, request_timeout_s=cfg.request_timeout_s)
         if cfg.gc_freeze:
-            from specd.engine.gc_pauses import freeze_heap
+            from kvd.gc_pauses import freeze_heap
 
             freeze_heap("start-up")
         uvicorn.run(app, host=cfg.http_host, port=cfg.http_port, log_level=cfg.log_level)

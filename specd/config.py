@@ -40,7 +40,7 @@ class SpecdConfig(BaseModel):
     gc_freeze: bool = Field(
         True, description="Once the engine and gateway are up, freeze the start-up heap (model, tokenizer, CUDA "
                           "graphs, imports) out of Python's garbage-collector passes, so a full pass never walks it "
-                          "inside a serving step (specd/engine/gc_pauses.py). Off: the default collector.")
+                          "inside a serving step (kvd/gc_pauses.py). Off: the default collector.")
     read_in_forward: bool = Field(
         False, description="While the GPU runs a long prompt step, read the requests that arrive and ask kvd to "
                            "start promoting their cached prefixes at once (prefix warm), instead of after the step; "

@@ -11,8 +11,9 @@ from typing import Callable
 
 import torch
 
+from kvd import gc_pauses
 from kvd.hashing import namespace_root
-from specd.engine import compile_count, gc_pauses, sampler
+from specd.engine import compile_count, sampler
 from specd.engine.block_manager import BlockManager
 from specd.engine.block_source import BlockSource, local_source
 from specd.engine.config import SCHEDULES, EngineConfig

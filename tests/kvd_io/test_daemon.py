@@ -38,6 +38,9 @@ def test_data_plane_and_kvctl(kvd_factory):
     assert out.returncode == 0, out.stderr
     stats = json.loads(out.stdout)  # exactly one JSON object
     assert isinstance(stats, dict) and stats
+    # the daemon froze its start-up heap out of the collector (KvdConfig.gc_freeze) and counts the passes
+    assert stats["server"]["gc"]["gc_frozen_objects"] > 1000
+    assert {f"gc_gen{g}_passes_total" for g in range(3)} <= set(stats["server"]["gc"])
     table = subprocess.run(run + ["stats"], capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and "counter" in table.stdout
     for cmd in (["top", "--json"], ["leases", "--json"], ["sessions", "--json"], ["flush", "--json"]):

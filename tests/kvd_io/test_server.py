@@ -4,6 +4,8 @@ The core here is a tiny fake (tests only): these tests pin down what the server 
 including one that raises unexpected exceptions. The real core is exercised in test_daemon.py."""
 from __future__ import annotations
 
+import gc
+
 import os
 import stat
 import threading
@@ -106,6 +108,9 @@ def test_client_round_trip_and_batch(served):
         assert server_stats["requests"] >= 4
         lookups = server_stats["busy"]["lookup"]   # server-side latency per verb: count, total, longest
         assert lookups["count"] == 1 and 0 < lookups["max_s"] <= lookups["seconds"]
+        full = server_stats["gc"]["gc_gen2_passes_total"]   # the collector's passes (in-process server: ours)
+        gc.collect()
+        assert c.stats()["server"]["gc"]["gc_gen2_passes_total"] == full + 1
         with pytest.raises(KvdClientError, match="internal"):
             c.top()
         c.heartbeat()  # still serving

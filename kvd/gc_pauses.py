@@ -1,5 +1,7 @@
-"""The garbage collector's pauses in the serving loop: counted by generation, and the start-up heap frozen
-out of them.
+"""The garbage collector's pauses in a serving loop: counted by generation, and the start-up heap frozen
+out of them. Both daemons use it: specd's engine step, and kvd's server loop, whose pauses hold up every
+client's lookups and the promotions parked requests wait for (it lives here because specd depends on kvd,
+not the other way round).
 
 Why: CPython's cyclic collector stops the thread that triggers it, and a full (generation 2) pass walks
 every container object the process holds. With torch, the tokenizer and the engine loaded that is a few
@@ -22,7 +24,7 @@ import gc
 import logging
 import time
 
-log = logging.getLogger("specd.gc")
+log = logging.getLogger("kvd.gc")
 
 GENERATIONS = (0, 1, 2)
 

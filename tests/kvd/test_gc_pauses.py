@@ -1,10 +1,10 @@
-"""The collector's pause counter and the heap freeze (specd/engine/gc_pauses.py)."""
+"""The collector's pause counter and the heap freeze (kvd/gc_pauses.py)."""
 from __future__ import annotations
 
 import gc
 
-from specd.engine import gc_pauses
-from specd.engine.gc_pauses import GcPauses, freeze_heap, pauses
+from kvd import gc_pauses
+from kvd.gc_pauses import GcPauses, freeze_heap, pauses
 
 
 def test_a_pass_is_counted_by_generation_from_its_start_to_its_stop():
@@ -45,3 +45,13 @@ def test_freezing_moves_what_is_alive_out_of_later_passes():
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0 and gc_pauses.GENERATIONS == (0, 1, 2)
+
+
+def test_kvd_freezes_its_start_up_heap_by_default():
+    """The kvd daemon's switch (kvd/__main__.py calls freeze_heap after binding); the real daemon's frozen
+    count is checked in tests/kvd_io/test_daemon.py."""
+    from kvd.__main__ import build_parser
+    from kvd.config import KvdConfig
+    assert KvdConfig(run_dir="/tmp/x").gc_freeze is True
+    assert KvdConfig(run_dir="/tmp/x", gc_freeze=False).gc_freeze is False
+    assert "--gc-freeze" in build_parser().format_help()
