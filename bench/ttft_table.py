@@ -17,7 +17,10 @@ import argparse
 import collections
 import gzip
 import json
+import math
+import random
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench.stats import percentile
@@ -41,26 +44,31 @@ def load_requests(path: Path, step: str) -> list[dict]:
     return load_step(path, step)["requests"]
 
 
-def throughput(results: dict, baseline: str) -> str:
-    """Output throughput over the baseline's, per concurrency: the summed ratio and the per-repeat ratios'
-    median and range (a repeat's cells ran back to back, so each pair saw the same machine drift)."""
+def _paired(results: dict, baseline: str) -> Iterator[tuple[str, str, dict, dict, list[float]]]:
+    """(config, concurrency, its cell, the baseline's cell, per-repeat throughput ratios) for every cell that
+    has a baseline cell at its concurrency (a repeat's cells ran back to back, so each pair saw the same
+    machine drift)."""
     configs = results.get("configs", {})
     if baseline not in configs:
         raise TableError(f"no results of baseline {baseline!r} (configs: {', '.join(configs)})")
-    rows = ["| config | concurrency | out tok/s | × baseline | per-repeat × baseline: median (min-max) |",
-            "|---|---|---|---|---|"]
     for config, levels in configs.items():
         for level, cell in levels.items():
             base = configs[baseline].get(level)
-            if base is None:
-                continue
-            mine = [r["output_tok_s"] for r in cell["repeats"]]
-            theirs = [r["output_tok_s"] for r in base["repeats"]]
-            ratios = [a / b for a, b in zip(mine, theirs)]
-            total = cell["completion_tokens"] / cell["wall_time_s"]
-            whole = total / (base["completion_tokens"] / base["wall_time_s"])
-            rows.append(f"| {config} | {level} | {total:,.0f} | {whole:.3f} | {statistics.median(ratios):.3f} "
-                        f"({min(ratios):.3f}-{max(ratios):.3f}) |")
+            if base is not None:
+                yield config, level, cell, base, [a["output_tok_s"] / b["output_tok_s"]
+                                                  for a, b in zip(cell["repeats"], base["repeats"])]
+
+
+def throughput(results: dict, baseline: str) -> str:
+    """Output throughput over the baseline's, per concurrency: the summed ratio and the per-repeat ratios'
+    median and range."""
+    rows = ["| config | concurrency | out tok/s | × baseline | per-repeat × baseline: median (min-max) |",
+            "|---|---|---|---|---|"]
+    for config, level, cell, base, ratios in _paired(results, baseline):
+        total = cell["completion_tokens"] / cell["wall_time_s"]
+        whole = total / (base["completion_tokens"] / base["wall_time_s"])
+        rows.append(f"| {config} | {level} | {total:,.0f} | {whole:.3f} | {statistics.median(ratios):.3f} "
+                    f"({min(ratios):.3f}-{max(ratios):.3f}) |")
     return "\n".join(rows)
 
 
@@ -68,19 +76,10 @@ def pooled(runs: list[dict], baseline: str, resamples: int = 10_000, seed: int =
     """Every run's per-repeat throughput ratios pooled, per config and concurrency: their geometric mean and a
     bootstrap 95% interval of it (resampling repeats). Why: one 10-repeat run's ratio moves by ±1% from run to
     run (issue 7's 0%-hit goal is "within 1%"), so a verdict needs the repeats of several runs together."""
-    import math
-    import random
     pairs: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
     for results in runs:
-        configs = results.get("configs", {})
-        if baseline not in configs:
-            raise TableError(f"no results of baseline {baseline!r} (configs: {', '.join(configs)})")
-        for config, levels in configs.items():
-            for level, cell in levels.items():
-                base = configs[baseline].get(level)
-                if base is not None:
-                    pairs[config, level] += [a["output_tok_s"] / b["output_tok_s"]
-                                             for a, b in zip(cell["repeats"], base["repeats"])]
+        for config, level, _, _, ratios in _paired(results, baseline):
+            pairs[config, level] += ratios
     rng = random.Random(seed)
     rows = [f"| config | concurrency | runs | repeats | geometric mean × {baseline} | bootstrap 95% interval |",
             "|---|---|---|---|---|---|"]

@@ -116,8 +116,8 @@ def queue_runs(dst: torch.Tensor, dst_slots: list[int], src: torch.Tensor, src_s
     """``copy_runs`` without the wait: a copy touching the GPU is only queued on the current stream, so a
     caller with several sources (kvd/promotion.py) waits once for all of them. Returns the copies issued.
 
-    Between host and GPU, every run goes in one ``torch._foreach_copy_`` call: one trip out of and back into the GIL for
-    the batch instead of one per copy. Why (session 24): in served runs 60-80% of a promotion's copy time was
+    Between host and GPU, every run goes in one ``torch._foreach_copy_`` call: one trip out of and back into
+    the GIL for the batch instead of one per copy. Why (session 24): in served runs 60-80% of a promotion's copy time was
     spent issuing its ~46 copies, and on the H200 46 copies of 7 blocks (760 MB) issued one by one took 547 ms
     beside a thread keeping the GIL busy, against 14 ms alone; as one foreach call, 72-236 ms at Python's
     default switch interval and 14.9 ms (51 GB/s) at 0.5 ms (``KvdConfig.gil_switch_ms``;
