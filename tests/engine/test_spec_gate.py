@@ -669,11 +669,43 @@ def run(engine, speculation: str, max_tokens: int = 40) -> dict[str, list[int]]:
     return dict(got)
 
 
-class SlowProposer:
-    """The real proposer plus a fixed delay per call: drafting that is measurably too expensive."""
+class StepClock:
+    """The engine's step timer, made deterministic: every ``perf_counter`` call advances it by ``tick``
+    and ``sleep`` advances it by its argument, without waiting.
 
-    def __init__(self, inner, delay_s: float):
-        self.inner, self.delay_s = inner, delay_s
+    Why: the gate rates each arm from the engine's step times, and on the 2-core CI machine a plain
+    step (~2 ms here) sometimes lasted 100+ ms (a garbage collection, the scheduler), which made the
+    drafting arm win in a few cells. The slow-drafter test then rested 19-28 steps from run to run, and
+    CI went red at 19 (its bound is 20; stop 32). What these tests check is the gate's and the engine's
+    logic under a known cost, so the cost comes from this clock; the outputs are still the real model's."""
+
+    def __init__(self, tick: float = 1e-4):
+        self.now, self.tick = 0.0, tick
+        self.monotonic = time.monotonic       # arrival and queue times stay real
+
+    def perf_counter(self) -> float:
+        self.now += self.tick
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> StepClock:
+    from specd.engine import engine as engine_module
+
+    step_clock = StepClock()
+    monkeypatch.setattr(engine_module, "time", step_clock)
+    return step_clock
+
+
+class SlowProposer:
+    """The real proposer plus a fixed delay per call on the step clock (``StepClock``): drafting that is
+    measurably too expensive."""
+
+    def __init__(self, inner, delay_s: float, clock: StepClock):
+        self.inner, self.delay_s, self.clock = inner, delay_s, clock
         self.method, self.capture_layers, self.has_confidence = inner.method, inner.capture_layers, True
         self.temperatures = inner.temperatures
 
@@ -681,15 +713,15 @@ class SlowProposer:
         return self.inner.fuse(captured)
 
     def propose(self, seqs, limits):
-        time.sleep(self.delay_s)
+        self.clock.sleep(self.delay_s)
         return self.inner.propose(seqs, limits)
 
 
-def test_engine_rests_a_slow_drafter_and_stays_exact(engine):
+def test_engine_rests_a_slow_drafter_and_stays_exact(engine, clock):
     want = run(engine, "none")
     engine._proposer("dspark")
     real = engine._proposers["dspark"]
-    engine._proposers["dspark"] = SlowProposer(real, 0.1)     # ~50 plain steps' time: no stall can hide it
+    engine._proposers["dspark"] = SlowProposer(real, 0.1, clock)     # ~100 plain steps' time on the clock
     engine.spec_gate = SpecGate(min_samples=3, probe_every=1000, probe_steps=1)
     try:
         before = engine.stats()
@@ -700,11 +732,14 @@ def test_engine_rests_a_slow_drafter_and_stays_exact(engine):
     assert got == want                                   # resting never changes a greedy output
     paused = after["spec_paused_steps_total"] - before["spec_paused_steps_total"]
     drafted = after["spec_gate_dspark_b4_draft_samples"]
-    assert drafted == 3 and paused >= 20, (drafted, paused)   # explored 3 times, then rested to the end (28)
+    # on the step clock (deterministic; 21 paused steps at this commit): bucket 4 drafts a warm-up and 3
+    # samples, measures plain decoding (4 steps) and rests; as requests finish, bucket 2 (3, then 2
+    # sequences) explores the same way and rests to the end of its trace; bucket 1 drafts its warm-up
+    assert drafted == 3 and paused >= 20, (drafted, paused)
     assert after["spec_gate_dspark_b4_drafting"] == 0
     # a steady rest takes the shortcut (SpecGate.rests_again) after its first step, also as requests leave
-    # within a load bucket (3 -> 2 sequences): 13 of 23 rested steps here; the others are the first rests
-    # and the explorations of the smaller buckets the batch shrinks to as requests finish (bucket 2, then 1)
+    # within a load bucket (3 -> 2 sequences): 11 of 21 rested steps here; the others are the first rests
+    # and the plain explorations of the smaller bucket the batch shrinks to as requests finish
     again = after["spec_rest_again_steps_total"] - before["spec_rest_again_steps_total"]
     assert 11 <= again < paused, (again, paused)
     assert after["spec_gate_dspark_b4_plain_tok_s"] > after["spec_gate_dspark_b4_draft_tok_s"]
@@ -713,8 +748,8 @@ def test_engine_rests_a_slow_drafter_and_stays_exact(engine):
 class CapturingProposer(SlowProposer):
     """Every proposal also captures a draft-round graph, as a first-seen shape does on the GPU."""
 
-    def __init__(self, inner, delay_s: float):
-        super().__init__(inner, delay_s)
+    def __init__(self, inner, delay_s: float, clock: StepClock):
+        super().__init__(inner, delay_s, clock)
         self.round_captures = 0
 
     def propose(self, seqs, limits):
@@ -722,13 +757,13 @@ class CapturingProposer(SlowProposer):
         return super().propose(seqs, limits)
 
 
-def test_steps_that_capture_a_graph_are_no_timing_samples(engine):
+def test_steps_that_capture_a_graph_are_no_timing_samples(engine, clock):
     """A capture's step (~100 ms to seconds, once) says nothing about what drafting costs: in session 8
     five warm-up captures made dspark's b = 1 cell rest for the whole run. Here every drafting step
     captures and is slow: the cell gets no drafting sample, so it never learns to rest, and the
     outputs stay exact."""
     engine._proposer("dspark")
-    assert_cold_steps_are_no_samples(engine, CapturingProposer(engine._proposers["dspark"], 0.1))
+    assert_cold_steps_are_no_samples(engine, CapturingProposer(engine._proposers["dspark"], 0.1, clock))
 
 
 def assert_cold_steps_are_no_samples(engine, proposer) -> None:
@@ -1228,16 +1263,25 @@ def test_the_step_before_a_probe_captures_features_and_drafting_steps_record_acc
     assert verifications[1:3] == [1, 1] and verifications[3:8] == [0] * 5 and verifications[8] == 1
     assert feats_while_resting[3:8] == [False] * 4 + [True]
     # every drafting step is on the request's own acceptance record (≥ 1 token per step), aged by 0.8 at
-    # each drafting step and by 0.95 at each resting one (Acceptance.rest)
+    # each drafting step and by 0.95 at each resting one (Acceptance.rest). After the rest, a step that
+    # verifies nothing can only be the last: one token short of max_tokens, the request has nothing to
+    # draft, and that step is neither a rest nor a sample. Whether it comes depends on how many tokens
+    # the drafts before it got accepted, which depends on what the module's engine has cached from the
+    # tests before (a prefix hit without the drafter's KV drafts from a shorter context); CI, stop 32.
     expected = 0.0
-    for v in verifications[1:]:
-        expected = expected * 0.8 + 1.0 if v else expected * 0.95
+    for i, v in enumerate(verifications[1:], start=1):
+        if v:
+            expected = expected * 0.8 + 1.0
+        elif i <= 7:
+            expected *= 0.95
+        else:
+            assert i == len(verifications) - 1, verifications
     record = seq.gate_acceptance
     assert record.steps == pytest.approx(expected, rel=1e-6)
     assert record.tokens >= record.steps
 
 
-def test_the_gated_schedule_rests_a_slow_ngram_proposer_and_stays_exact(engine):
+def test_the_gated_schedule_rests_a_slow_ngram_proposer_and_stays_exact(engine, clock):
     """Fixed γ, any method: ngram on the ``gated`` schedule is rested where it is measured slower, in a
     cell of its own (``ngram_gated``), and the greedy output is plain decoding's."""
     from specd.engine.request import Request
@@ -1254,7 +1298,7 @@ def test_the_gated_schedule_rests_a_slow_ngram_proposer_and_stays_exact(engine):
             self.proposes_cheaply = False     # it sleeps: the gate must decide before it is asked
 
         def propose(self, seqs, limits):
-            time.sleep(0.1)
+            clock.sleep(0.1)
             return self.inner.propose(seqs, limits)
 
         def __getattr__(self, name):
@@ -1335,7 +1379,7 @@ def test_a_cheap_proposer_is_gated_after_it_proposes_on_the_requests_it_found_dr
         engine.spec_gate = SpecGate()
 
 
-def test_a_recurring_prompt_class_drafts_its_exploration_where_its_cell_rests_and_stays_exact(engine):
+def test_a_recurring_prompt_class_drafts_its_exploration_where_its_cell_rests_and_stays_exact(engine, clock):
     """Two requests of one class (a shared 32-token prefix) join a cell that rests a slow drafter: the
     class recurs, so its requests explore it (capture their prompts and draft until the class has
     ``CLASS_EXPLORE`` drafting steps), then rest with the cell; both answers are plain decoding's."""
@@ -1363,7 +1407,7 @@ def test_a_recurring_prompt_class_drafts_its_exploration_where_its_cell_rests_an
     teach = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)
     engine._proposer("dspark")
     real = engine._proposers["dspark"]
-    engine._proposers["dspark"] = SlowProposer(real, 0.05)
+    engine._proposers["dspark"] = SlowProposer(real, 0.05, clock)
     engine.spec_gate = SpecGate(min_samples=3, probe_every=1000, probe_max=1000, probe_steps=1)
     try:
         for i in range(2):                                   # two one-off prompts teach bucket 2 to rest
@@ -1444,7 +1488,7 @@ def test_a_request_without_its_prompt_is_rated_by_its_class_prompt_less_drafts()
     assert not blind.lacks_prompt and group.samples == 4
 
 
-def test_steps_that_build_a_triton_kernel_are_no_timing_samples(engine, monkeypatch):
+def test_steps_that_build_a_triton_kernel_are_no_timing_samples(engine, monkeypatch, clock):
     """A Triton compile outside any capture (an eager path at a new specialisation) lasts ~0.3-1 s
     once. Here every drafting step is slow and "compiles" (the counter moves): the cell gets no
     drafting sample, so it never rests. Without the compile count the slow steps would be samples
@@ -1452,7 +1496,7 @@ def test_steps_that_build_a_triton_kernel_are_no_timing_samples(engine, monkeypa
     from specd.engine import compile_count
 
     engine._proposer("dspark")
-    slow = SlowProposer(engine._proposers["dspark"], 0.1)
+    slow = SlowProposer(engine._proposers["dspark"], 0.1, clock)
     count = {"n": compile_count.compiles()}
 
     def compiling(seqs, limits):
