@@ -142,3 +142,19 @@ def test_rerender_from_results_json(results, tmp_path, capsys):
     assert "| standard | 1 |" in capsys.readouterr().out
     again = json.loads((tmp_path / "b/results.json").read_text())
     assert again["summary"] == json.loads(first["results"].read_text())["summary"]
+
+
+def test_geomean_interval_is_the_geometric_mean_with_a_seeded_bootstrap_interval():
+    import math
+
+    from bench.stats import geomean_interval
+
+    mean, lo, hi = geomean_interval([0.5, 2.0, 1.0, 1.0])
+    assert mean == pytest.approx(1.0) and 0.5 < lo < 1.0 < hi < 2.0      # 0.5 and 2 cancel
+    assert geomean_interval([0.5, 2.0, 1.0, 1.0]) == (mean, lo, hi)          # seeded: reproducible
+    assert geomean_interval([0.9] * 5) == pytest.approx((0.9, 0.9, 0.9))
+    assert geomean_interval([1.0, 4.0], resamples=2000)[1:] == pytest.approx((1.0, 4.0))   # draws aa, ab, bb
+    assert math.isclose(geomean_interval([2.0, 8.0])[0], 4.0)
+    for bad in ([], [1.0, 0.0], [1.0, float("nan")]):
+        with pytest.raises(StatsError):
+            geomean_interval(bad)

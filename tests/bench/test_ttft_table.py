@@ -92,3 +92,29 @@ def test_pooled_throughput_over_runs_is_the_geometric_mean_of_every_repeat(tmp_p
     assert "| ours | 32 | 2 | 4 |" in capsys.readouterr().out
     with pytest.raises(SystemExit):                           # several files are for --throughput only
         main([*map(str, paths), "--step", "unique"])
+
+
+def test_intervals_resample_whole_sessions_with_one_draw_for_every_config(tmp_path, capsys):
+    from bench.ttft_table import intervals
+
+    def session(sid, base_ms, ours_ms, n=20):
+        return [dict(rec(c, ms / 1e3), script_id=sid) for c, ms in
+                (("prefix-lru", base_ms), ("copy", base_ms), ("ours", ours_ms)) for _ in range(n)]
+
+    records = session("a", 200.0, 100.0) + session("b", 400.0, 100.0)   # ours: 2x in a, 4x in b; 3x pooled
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+            for line in intervals([records], "prefix-lru").splitlines()[2:]}
+    assert rows["ours"][1:4] == ["1", "2", "40"] and rows["ours"][4].startswith("3.00× (")
+    # every draw is aa, ab or bb: whole sessions give 2x and 4x at the ends (requests one by one would not)
+    assert rows["ours"][4] == "3.00× (2.00-4.00)"
+    # drawn together with the baseline, a config equal to it is 1x in every resample
+    assert rows["copy"][4] == "1.00× (1.00-1.00)" and rows["copy"][5] == "1.00× (1.00-1.00)"
+    paths = []
+    for i in range(2):                                        # two runs of the step: printed each, then pooled
+        paths.append(tmp_path / f"a{i}.json")
+        paths[-1].write_text(json.dumps({"steps": {"agentic": {"requests": records}}}))
+    assert main([*map(str, paths), "--step", "agentic"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| ours | 40/40 |") == 2 and "| ours | 2 | 4 | 80 | 3.00× (" in out
+    with pytest.raises(SystemExit):                           # per-turn tables are for one run
+        main([*map(str, paths), "--step", "agentic", "--turns"])

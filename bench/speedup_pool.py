@@ -1,0 +1,135 @@
+"""Issue 6's "never slower" verdict over several runs of ``bench speedup``, with intervals instead of one p50.
+
+    python -m bench.speedup_pool docs/results/gpu/s18/runBH/speedup.json.gz docs/results/gpu/s18/runBI/speedup.json.gz
+
+Why: a run's per-cell verdict is the p50 of 3-5 per-repeat ratios, and on the H200 one run of a commit said
+2 failing cells where the next run of the same commit, in the same lease, said 6 (session 18, BH and BI). So
+a single run cannot tell a cell that is a few percent slower every time from one that had an unlucky run. This
+pools every run's per-repeat ratios (each repeat's row against ``none`` in the same repeat: they ran back to
+back) per cell, and prints their geometric mean with a bootstrap 95% interval (``bench.stats``), for the
+throughput and the per-user rate. A cell is **slower** when the whole interval lies below 1, **faster** when it
+lies above. The A/A row (``none-aa``, a second ``none``) in the same runs shows how often that happens to a row
+that cannot differ: its count of "slower" cells is the rule's false alarms.
+
+Runs must share their workloads and concurrencies; pool runs of one commit (the files' ``COMMIT`` neighbours
+are printed when present), or the interval mixes code versions.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from pathlib import Path
+
+from bench.stats import geomean_interval
+
+BASELINE = "none"
+RATIOS = (("throughput_ratio", "throughput"), ("per_user_ratio", "per user"))
+
+
+class PoolError(ValueError):
+    """Runs that cannot be pooled: a missing file, row or cell, or runs of different shapes."""
+
+
+def load(path: Path) -> dict:
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt") as f:
+            result = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise PoolError(f"{path}: {e}") from e
+    if "workloads" not in result:
+        raise PoolError(f"{path} is not a bench speedup result (no 'workloads')")
+    return result
+
+
+def cells(runs: list[dict]) -> list[tuple[str, str]]:
+    """(workload, concurrency) of every cell, in the first run's order; every run must have them all."""
+    first = [(w, c) for w, levels in runs[0]["workloads"].items() for c in levels]
+    for i, r in enumerate(runs[1:], start=2):
+        other = [(w, c) for w, levels in r["workloads"].items() for c in levels]
+        if sorted(other) != sorted(first):
+            raise PoolError(f"run {i} has other cells than run 1: pool runs of one table")
+    return first
+
+
+def pooled_cell(runs: list[dict], workload: str, level: str, row: str, key: str) -> list[float]:
+    """Every run's per-repeat ratios of ``row`` to the baseline in one cell, for one of RATIOS."""
+    out: list[float] = []
+    for i, r in enumerate(runs, start=1):
+        rows = r["workloads"][workload][level]["rows"]
+        if row not in rows:
+            raise PoolError(f"run {i} has no row {row!r} at {workload} c = {level} (rows: {', '.join(rows)})")
+        ratio = rows[row].get(key)
+        if ratio is not None:
+            out += ratio["per_repeat"]
+    return out
+
+
+def verdicts(runs: list[dict], row: str, resamples: int = 10_000) -> dict[tuple[str, str], dict[str, tuple]]:
+    """(workload, concurrency) -> ratio name -> (geometric mean, low, high, repeats)."""
+    out: dict[tuple[str, str], dict[str, tuple]] = {}
+    for workload, level in cells(runs):
+        out[workload, level] = {}
+        for key, name in RATIOS:
+            ratios = pooled_cell(runs, workload, level, row, key)
+            if ratios:
+                out[workload, level][name] = (*geomean_interval(ratios, resamples), len(ratios))
+    return out
+
+
+def mark(lo: float, hi: float) -> str:
+    return "slower" if hi < 1.0 else "faster" if lo > 1.0 else ""
+
+
+def table(runs: list[dict], row: str, resamples: int = 10_000) -> tuple[str, dict[str, int]]:
+    """A markdown table of one row's pooled cells (workloads down, concurrencies across) and its counts of
+    cells slower / faster than the baseline (a cell counts once when either ratio is)."""
+    found = verdicts(runs, row, resamples)
+    workloads = list(dict.fromkeys(w for w, _ in found))
+    levels = list(dict.fromkeys(c for _, c in found))
+    lines = [f"| {row} | " + " | ".join(f"c = {c}" for c in levels) + " |", "|---" * (len(levels) + 1) + "|"]
+    counts = {"cells": 0, "slower": 0, "faster": 0}
+    for w in workloads:
+        out = []
+        for c in levels:
+            cell = found[w, c]
+            marks = {mark(lo, hi) for _, lo, hi, _ in cell.values()}
+            counts["cells"] += 1
+            counts["slower"] += "slower" in marks
+            counts["faster"] += "faster" in marks and "slower" not in marks
+            text = "<br>".join(f"{g:.3f} ({lo:.3f}-{hi:.3f})" for g, lo, hi, _ in cell.values())
+            out.append(f"**{text}** ↓" if "slower" in marks else text)
+        lines.append(f"| {w} | " + " | ".join(out) + " |")
+    return "\n".join(lines), counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.speedup_pool", description=__doc__.splitlines()[0])
+    p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz files of bench speedup runs")
+    p.add_argument("--rows", default=None,
+                   help="comma-separated rows to pool (default: every row of run 1 but the baseline 'none')")
+    p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples per cell (seeded)")
+    args = p.parse_args(argv)
+    try:
+        runs = [load(path) for path in args.result]
+        shared = cells(runs)
+        first = runs[0]["workloads"][shared[0][0]][shared[0][1]]["rows"]
+        rows = args.rows.split(",") if args.rows else [r for r in first if r != BASELINE]
+        for path in args.result:
+            commit = path.parent / "COMMIT"
+            print(f"- {path}" + (f" (commit {commit.read_text().strip()[:7]})" if commit.exists() else ""))
+        print(f"\nEach cell: the geometric mean of every run's per-repeat ratio to `{BASELINE}` (throughput, then "
+              "per user), with a bootstrap 95% interval; ↓ marks a cell whose interval lies below 1.\n")
+        for row in rows:
+            text, counts = table(runs, row, args.resamples)
+            print(text)
+            print(f"\n{row}: {counts['slower']} of {counts['cells']} cells slower than `{BASELINE}`, "
+                  f"{counts['faster']} faster.\n")
+    except PoolError as e:
+        p.error(str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""bench.speedup_pool: every run's per-repeat ratios pooled per cell, with a bootstrap interval."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from bench.speedup_pool import PoolError, main, table
+
+
+def result(dspark: list[float], aa: list[float], levels=("1", "4")) -> dict:
+    def row(ratios):
+        return {"throughput_ratio": {"per_repeat": ratios}, "per_user_ratio": {"per_repeat": ratios}}
+
+    return {"workloads": {"coding.eval": {lvl: {"rows": {"none": row([1.0] * len(aa)), "none-aa": row(aa),
+                                                         "dspark": row(dspark)}} for lvl in levels}}}
+
+
+def test_a_cell_is_slower_only_when_its_whole_interval_lies_below_one():
+    runs = [result([0.97, 0.98, 0.96], [1.01, 0.99, 1.0]), result([0.97, 0.97, 0.98], [0.99, 1.02, 1.0])]
+    text, counts = table(runs, "dspark", resamples=2000)
+    assert counts == {"cells": 2, "slower": 2, "faster": 0}
+    assert "| coding.eval | **0.972 (" in text and text.count("↓") == 2
+    text, counts = table(runs, "none-aa", resamples=2000)
+    assert counts == {"cells": 2, "slower": 0, "faster": 0} and "↓" not in text
+    # one run alone holds 3 repeats; pooled, the cell's interval is narrower than either run's
+    one, _ = table(runs[:1], "dspark", resamples=2000)
+    assert "(0.960-0.980)" in one
+
+
+def test_the_command_pools_files_and_refuses_runs_of_other_shapes(tmp_path, capsys):
+    paths = []
+    for i, r in enumerate([result([1.2, 1.3], [1.0, 1.0]), result([1.25, 1.1], [1.0, 1.0])]):
+        run = tmp_path / f"run{i}"
+        run.mkdir()
+        (run / "COMMIT").write_text("0123456789abcdef\n")
+        paths.append(run / "speedup.json.gz")
+        with gzip.open(paths[-1], "wt") as f:
+            json.dump(r, f)
+    assert main([*map(str, paths), "--resamples", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "(commit 0123456)" in out and "dspark: 0 of 2 cells slower than `none`, 2 faster." in out
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(result([1.0], [1.0], levels=("1",))))
+    with pytest.raises(SystemExit):
+        main([str(paths[0]), str(other)])
+    with pytest.raises(SystemExit):
+        main([str(paths[0]), "--rows", "eagle3"])
+    with pytest.raises(PoolError):
+        table([json.loads(json.dumps(result([1.0], [1.0])))], "missing")
