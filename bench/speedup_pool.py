@@ -9,7 +9,10 @@ pools every run's per-repeat ratios (each repeat's row against ``none`` in the s
 back) per cell, and prints their geometric mean with a bootstrap 95% interval (``bench.stats``), for the
 throughput and the per-user rate. A cell is **slower** when the whole interval lies below 1, **faster** when it
 lies above. The A/A row (``none-aa``, a second ``none``) in the same runs shows how often that happens to a row
-that cannot differ: its count of "slower" cells is the rule's false alarms.
+that cannot differ: its count of "slower" cells is the rule's false alarms. On the H200 that count was 3-6 of
+25 cells per run (sessions 17-18), more than the 5% a 95% interval promises, so a run's repeats share more
+than the bootstrap assumes (their order in the run, the machine's drift): read a row's count against the A/A
+row's, not one cell's interval as a verdict.
 
 Runs must share their workloads and concurrencies; pool runs of one commit (the files' ``COMMIT`` neighbours
 are printed when present), or the interval mixes code versions.
