@@ -113,7 +113,7 @@ class SpecEngine(GateSteps):
                               spec_drafted_tokens_total=0, spec_accepted_tokens_total=0, spec_paused_steps_total=0,
                               spec_class_explore_steps_total=0, spec_scheduled_requests_total=0,
                               spec_scheduled_tokens_total=0, admission_seconds_total=0.0,
-                              spec_scheduler_seconds_total=0.0, spec_rest_again_steps_total=0,
+                              spec_scheduler_seconds_total=0.0, spec_rest_again_steps_total=0, spec_rest_leased_steps_total=0,
                               spec_promptless_requests_total=0, forward_hook_steps_total=0,
                               forward_hook_calls_total=0, warmed_requests_total=0,
                               **{f"step_{kind}_{what}_total": 0 for kind in STEP_KINDS
@@ -137,6 +137,7 @@ class SpecEngine(GateSteps):
         self._rest_absorbed = False             # a rest this step ran the drafter (absorb): no gate sample
         self._decode_step = False               # this step: every sequence decodes one token (set by step)
         self._rest_chain = None                 # the last step rested a whole gated group (gating.RestChain)
+        self._lease_step = None                 # this step rests on that chain's lease (``GateSteps._fold``)
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)
@@ -296,6 +297,7 @@ class SpecEngine(GateSteps):
         if not batch:
             self._commit_held()
             self._fail_unschedulable(outputs)
+            self._fold(self._rest_chain)     # idle: the gate takes a lease's last steps now, not at the next rest
             return outputs
         self._decode_step = self._pure_decode(batch)     # asked by the gate three times a step (gating.py)
         self._hook_this_step = self.forward_hook is not None and not self._decode_step and sum(

@@ -11,7 +11,7 @@ docs/design/speculation.md ("Measured pre-draft gate") says what each rule is fo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specd.engine.scheduler import ScheduledSeq
 from specd.engine.sequence import Sequence
@@ -38,6 +38,11 @@ class RestChain:
     records: list
     exact: bool = True
     owed: int = 0
+    lease: int = 0           # steps the gate granted without asking (``SpecGate.rest_lease``), still to take
+    leased: int = 0          # steps taken in the lease, not yet folded into the gate (``GateSteps._fold``)
+    admitted: int = 0        # the gate's admission count when the lease was granted: a new request ends it
+    gate: object = None      # the gate that granted it, which takes the fold (a test may swap the engine's)
+    pending: list = field(default_factory=list)   # the leased steps' plain samples (sequences, tokens, seconds)
 
     def settle(self) -> None:
         """Age the records by the resting steps they owe, in one pass: decay^n once, where the full path
@@ -64,6 +69,7 @@ class GateSteps:
         decode step that drafted for nobody but captured or absorbed features for a gate key
         (``_gate_capturing``) is charged to that key's next drafting sample (``SpecGate.charge``)."""
         arms, self._gate_arms = self._gate_arms, {}
+        leased, self._lease_step = self._lease_step, None
         self._resting = set()
         self._resting_keys = set()
         drafting, self._gate_drafting = self._gate_drafting, {}
@@ -83,6 +89,11 @@ class GateSteps:
         tokens = sum(emitted.values())
         drafts = {id(s.seq): s.num_draft for s in batch} if any(arms.values()) else {}
         for method, drafted in arms.items():
+            if leased is not None and method == leased.key:    # a leased rest: its sample waits for the fold
+                leased.pending.append((len(batch), tokens, seconds))
+                if not leased.lease:                          # the lease's last step: fold it now
+                    self._fold(leased)
+                continue
             seqs = drafting.get(method, [])
             drafters = Drafters(len(seqs), sum(emitted.get(id(s), 1) for s in seqs),
                                 sum(drafts.get(id(s), 0) for s in seqs)) if drafted else None
@@ -118,6 +129,7 @@ class GateSteps:
         if self._rests_again(batch, group, chain) or self._carries(batch, group, chain):
             return []
         if chain is not None:
+            self._fold(chain)    # the gate sees the leased steps before it is asked
             chain.settle()       # before anything reads the records again
         resting: set[int] = set()
         rests = self._gate_rests(batch, group)
@@ -157,10 +169,24 @@ class GateSteps:
         if (chain.step + 1 != self._counters["steps_total"] or load_bucket(size) != chain.bucket
                 or size > chain.size or count > chain.count):
             return False
+        counters = self._counters
+        if chain.lease and size == chain.size and count == chain.count and self.spec_gate.admitted == chain.admitted:
+            chain.lease -= 1     # granted: the same requests rest, no question asked (``SpecGate.rest_lease``)
+            chain.leased += 1
+            counters["spec_paused_steps_total"] += 1
+            counters["spec_rest_again_steps_total"] += 1
+            counters["spec_rest_leased_steps_total"] += 1
+            chain.owed += 1
+            self._gate_arms[chain.key] = False
+            self._resting_keys.add(chain.key)
+            self._lease_step = chain           # ``_observe_gate`` keeps its sample for the fold
+            chain.step += 1
+            self._rest_chain = chain
+            return True
+        self._fold(chain)
         exact = chain.exact and size == chain.size and count == chain.count
         if not self.spec_gate.rests_again(chain.key, size, subset=not exact):
             return False
-        counters = self._counters
         counters["spec_paused_steps_total"] += 1
         counters["spec_rest_again_steps_total"] += 1
         chain.owed += 1          # this step's aging (those that left since owe it too: nobody reads them)
@@ -171,8 +197,20 @@ class GateSteps:
         self._gate_arms[chain.key] = False
         self._resting_keys.add(chain.key)
         chain.size, chain.count, chain.step, chain.exact = size, count, chain.step + 1, exact
+        chain.lease, chain.admitted = self.spec_gate.rest_lease(chain.key, size), self.spec_gate.admitted
+        chain.gate = self.spec_gate
         self._rest_chain = chain
         return True
+
+    def _fold(self, chain: RestChain | None) -> None:
+        """End ``chain``'s rest lease: the gate takes its steps (clock) and their plain samples, in order
+        (``SpecGate.fold_rest``). Called wherever the chain stops taking leased steps: before the gate is
+        asked in full, when the chain ends or is carried through a prompt step, and when stats are read."""
+        if chain is not None and chain.leased:
+            chain.gate.fold_rest(chain.key, chain.size, chain.leased, chain.pending)
+            chain.leased, chain.pending = 0, []
+        if chain is not None:
+            chain.lease = 0
 
     def _carries(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], chain: "RestChain | None") -> bool:
         """A steady rest carried through a step with prompt chunks: the group's decoders rest (such a step
@@ -186,6 +224,7 @@ class GateSteps:
         if (chain is None or self._decode_step or not self._gate_on() or self.spec_gate.beside_prompts
                 or chain.step + 1 != self._counters["steps_total"] or len(group) > chain.count):
             return False
+        self._fold(chain)        # the joining prompts are weighed against the gate's current state
         self._counters["spec_paused_steps_total"] += 1
         self._counters["spec_rest_again_steps_total"] += 1
         self._resting_keys.add(chain.key)
@@ -201,6 +240,7 @@ class GateSteps:
         """A chain carried into this step ends in it (a prompt of its key captures, or cannot join): its
         decoders rest one by one (``_rest``), so its key's capturing prompts capture; the next decode step
         asks in full."""
+        self._fold(chain)
         self._rest_chain = None
         self._resting_keys.discard(chain.key)
         self._rest([s.seq for s in batch if s.seq.gate_key == chain.key and s.decodes])
@@ -240,6 +280,7 @@ class GateSteps:
         if chain is not None:
             chain.settle()     # a preempted request of the chain may prefill again: read below
             if chain.step != self._counters["steps_total"]:
+                self._fold(chain)
                 chain = None   # not carried through this step (``_carries``): it ends here
         joining: list[Acceptance] = []       # the carried chain's key's prompts that rest: they join its rest
         for sched in batch:

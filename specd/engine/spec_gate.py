@@ -85,6 +85,7 @@ CLASS_EXPLORE = 3    # drafting steps a recurring class takes on its own before 
 MAX_CLASSES = 4096   # classes remembered (least recently admitted forgotten first): unique prompts stay bounded
 WARMUP = 1           # first measured steps of each arm of a cell that are no sample (one-off costs)
 TRACE_STEPS = 16     # reports kept per cell, in order, for the records (``SpecGate.trace``)
+LEASE_STEPS = 8      # steps of a steady rest the engine may take after one sure answer without asking (``rest_lease``)
 DRAFT_REASONS = ("explore", "probe", "winner")   # a new cell's exploration, a probe of the losing arm, the winner
 
 
@@ -288,6 +289,7 @@ class Cell:
                                       # can drift to, for them and for any subset (``SpecGate.rests_again``)
     rest_admitted: int = -1   # ``SpecGate.admitted`` when ``rest_bound`` was taken (a new request may explore)
     capture_s: float = 0.0    # capture steps' time over plain steps since the last drafting sample (``charge``)
+    lease_basis: tuple = ()   # ``basis`` of the answer that granted the current rest lease (``rest_lease``)
 
     def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:
         """The drafting rate per sequence (``Rate.per_seq_s``) predicted for a batch whose drafting step
@@ -502,6 +504,39 @@ class SpecGate:
         cell.basis = (acceptance, predicted * sequences, cell.plain.per_seq_s * sequences)
         cell.clock += 1
         return not self._drafts(cell, "winner", False)
+
+    def rest_lease(self, method: str, sequences: int) -> int:
+        """After ``rests_again`` answered yes: how many more steps the same requests may rest without asking
+        (0: ask at the next step), while no request is admitted and the group keeps its size (the engine
+        checks both). The lease ends before a probe could be announced (``probe_next``), so the steps it
+        covers are steps the clock would only advance through. Their plain samples come in afterwards, in
+        order, through ``fold_rest``.
+
+        Why: a steady rest still asked ``rests_again``, ``probe_next`` and ``observe`` at every step. Each
+        takes ~2 µs alone, but ~10 µs in a step, where the forward has just evicted the interpreter's
+        caches: ~25 µs a resting step over `none` on the CPU machine (stories260K, c = 4), and on the H200
+        (session 18, runs BH and BI) ~38 µs of host time on a 2.05 ms plain step, ~1.8%, in every cell where
+        the gate rests (scheduled dspark ran 0.97-0.99× `none` there; docs/results/speedup.md, session 26).
+        What it gives up: for at most ``LEASE_STEPS`` steps the answer does not see the newest plain
+        samples, so a rest can outlast a sudden slowdown of plain steps by that many steps."""
+        cell = self.cells.get((method, load_bucket(sequences)))
+        if cell is None or cell.rest_bound is None or cell.probe_left:
+            return 0
+        cell.lease_basis = cell.basis          # what the granting answer was made from, for its steps' reports
+        return max(0, min(LEASE_STEPS, cell.wait - cell.clock - 2))
+
+    def fold_rest(self, method: str, sequences: int, steps: int, samples: list[tuple[int, int, float]]) -> None:
+        """A lease's ``steps`` resting steps in a batch of ``sequences`` (``rest_lease``): advance the clock as
+        ``rests_again`` would have at each, and take their plain ``samples`` ((sequences, tokens, seconds) of
+        each step that was measured, in order) as ``observe`` would have, each reported under the answer
+        that granted the lease."""
+        cell = self.cells.get((method, load_bucket(sequences)))
+        if cell is None or not steps:
+            return
+        cell.clock += steps
+        for n, tokens, seconds in samples:
+            cell.reason, cell.basis = "winner", cell.lease_basis
+            self.observe(method, n, False, tokens, seconds)
 
     def join_rest(self, method: str, sequences: int, requests: list[Acceptance]) -> bool:
         """Requests join a steady rest of this cell (``rests_again``): fold the most their records can reach

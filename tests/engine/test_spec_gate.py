@@ -632,6 +632,73 @@ def test_rests_again_takes_the_steady_rest_and_not_a_probe_or_a_new_request():
     assert not gate.rests_again("dspark", 4)
 
 
+def steady_rest(gate: SpecGate, leases: bool, steps: int = 40) -> tuple[list[bool], list]:
+    """Rest a c = 4 cell for ``steps`` measured steps as the engine does: ask ``rests_again`` (else in full),
+    report each step's plain sample; with ``leases``, take the steps ``rest_lease`` grants without asking
+    and hand their samples over in ``fold_rest`` before the next question. Plain steps slow down as they go
+    (4.0 ms, then +0.05 ms a step), so every sample moves the plain rate. Returns each step's "was a probe
+    announced" and the gate's reports."""
+    from specd.engine.spec_gate import Acceptance
+
+    drive(gate, 4, draft_tok_s=300.0)                             # explored: plain (1,000 tok/s) wins
+    records = [Acceptance()] * 4
+    announced, lease, leased, pending = [], 0, 0, []
+    for i in range(steps):
+        seconds = 0.004 + 5e-5 * i
+        if lease:
+            lease, leased = lease - 1, leased + 1
+            pending.append((4, 4, seconds))
+            announced.append(False)
+            continue
+        if leased:
+            gate.fold_rest("dspark", 4, leased, pending)
+            leased, pending = 0, []
+        if gate.rests_again("dspark", 4):
+            if leases:
+                lease = gate.rest_lease("dspark", 4)
+        else:
+            gate.should_draft("dspark", 4, requests=records)
+        probe = gate.probe_next("dspark", 4)
+        announced.append(probe)
+        if not probe:
+            gate.observe("dspark", 4, False, 4, seconds)
+    if leased:
+        gate.fold_rest("dspark", 4, leased, pending)
+    return announced, gate.trace(latest=True)["dspark_b4"]
+
+
+def test_a_rest_lease_ends_where_the_step_by_step_rest_ends():
+    """``rest_lease`` and ``fold_rest`` against asking at every step: the same probes announced at the same
+    steps, and the cell ends with the same clock, plain-arm sums and reports. Here no answer flips during
+    a lease (drafting loses by far), which is what a lease assumes."""
+    step_by_step, leased = (SpecGate(warmup=0, min_samples=2, probe_every=10, probe_max=10, probe_steps=1)
+                            for _ in range(2))
+    want = steady_rest(step_by_step, leases=False)
+    got = steady_rest(leased, leases=True)
+    assert got[0] == want[0] and any(want[0])                    # the probes: announced at the same steps
+    a, b = step_by_step.cells[("dspark", 4)], leased.cells[("dspark", 4)]
+    assert (b.clock, b.wait, b.plain.samples, b.draft.samples) == (a.clock, a.wait, a.plain.samples, a.draft.samples)
+    for name in ("tokens", "seconds", "seq_steps", "steps"):
+        assert getattr(b.plain, name) == pytest.approx(getattr(a.plain, name), rel=1e-12)
+    assert [r[:6] for r in got[1]] == [r[:6] for r in want[1]]   # reports: arm, tokens, ms, size, sample, reason
+    assert leased.stats() == pytest.approx(step_by_step.stats())
+
+
+def test_a_rest_lease_stops_short_of_a_probe_and_of_a_probe_running():
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=6, probe_max=6, probe_steps=1)
+    drive(gate, 4, draft_tok_s=300.0)
+    from specd.engine.spec_gate import LEASE_STEPS, Acceptance
+
+    assert gate.rest_lease("dspark", 8) == 0                     # no cell at this load
+    gate.should_draft("dspark", 4, requests=[Acceptance()] * 4)  # the prediction rests: clock 1 of wait 6
+    cell = gate.cells[("dspark", 4)]
+    assert gate.rest_lease("dspark", 4) == cell.wait - cell.clock - 2 == 3 < LEASE_STEPS
+    cell.clock = cell.wait - 2                                   # the next step announces the probe
+    assert gate.rest_lease("dspark", 4) == 0
+    cell.probe_left = 1
+    assert gate.rest_lease("dspark", 4) == 0
+
+
 def test_bad_settings_and_samples_are_refused():
     with pytest.raises(GateError):
         SpecGate(probe_every=64, probe_max=32)
@@ -742,6 +809,9 @@ def test_engine_rests_a_slow_drafter_and_stays_exact(engine, clock):
     # and the plain explorations of the smaller bucket the batch shrinks to as requests finish
     again = after["spec_rest_again_steps_total"] - before["spec_rest_again_steps_total"]
     assert 11 <= again < paused, (again, paused)
+    # most of those steps rest on a lease (SpecGate.rest_lease): no question asked, their samples folded later
+    leased = after["spec_rest_leased_steps_total"] - before["spec_rest_leased_steps_total"]
+    assert 0 < leased < again, (leased, again)
     assert after["spec_gate_dspark_b4_plain_tok_s"] > after["spec_gate_dspark_b4_draft_tok_s"]
 
 
