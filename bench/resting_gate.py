@@ -7,12 +7,13 @@ steps 8.50 against 7.93. On the CPU the resting steps run the same path as `none
 rested only because four workloads before it had taught the gate to; this gate rests from the first step,
 so one workload at one load reproduces the condition in a short run, and ``--torch-profile`` can set its
 kernels beside `none`'s. The engine's side of the gate runs as it does for a resting cell: the full
-question at the first step of a run of decode steps, the steady rest (``rests_again``) after it, every
-step reported to ``observe``. Not a serving setting: a deployment that wants no drafting asks for `none`.
+question at the first step of a run of decode steps, the steady rest (``rests_again``, then its leases)
+after it, every step reported to ``observe`` (a leased one when its lease ends). Not a serving setting: a
+deployment that wants no drafting asks for `none`.
 """
 from __future__ import annotations
 
-from specd.engine.spec_gate import Acceptance, SpecGate, load_bucket
+from specd.engine.spec_gate import LEASE_STEPS, Acceptance, SpecGate, load_bucket
 
 
 class RestingGate(SpecGate):
@@ -37,6 +38,15 @@ class RestingGate(SpecGate):
             return False                      # a new request: ask in full (``should_draft``), as the real gate
         self._drafts(cell, "winner", False)
         return True
+
+    def rest_lease(self, method: str, sequences: int) -> int:
+        """The steady rest takes leases as the real gate's does between probes (``SpecGate.rest_lease``);
+        no probe ever comes here, so every lease is the longest."""
+        cell = self.cells.get((method, load_bucket(sequences)))
+        if cell is None:
+            return 0
+        cell.lease_basis = cell.basis
+        return LEASE_STEPS
 
     def exploring(self, method: str) -> list[int]:
         return []                             # nothing to explore: no extra warm-ups (``finish_exploring``)

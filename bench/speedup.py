@@ -144,6 +144,7 @@ class RunResult:
     # coding at c = 32 came from 7 drafting steps whose reasons the records did not say)
     gate_drafted_by: dict[str, int] = field(default_factory=dict)
     gate_rest_again_steps: int = 0   # rested steps decided without a pass over the requests (SpecGate.rests_again)
+    gate_rest_leased_steps: int = 0  # of those, steps rested on a lease without asking the gate (SpecGate.rest_lease)
     # where a step's wall time went, ms per step: the engine's phases (schedule: admission, kvd, gate and
     # drafting; forward: the model, sampling and verification; output; commit), the rest of ``step`` (its
     # settle, the gate's report) and the closed loop's own work between steps. Session 9, run X: a resting
@@ -165,7 +166,8 @@ class RunResult:
 PHASES = ("schedule_seconds_total", "forward_seconds_total", "output_seconds_total", "commit_seconds_total")
 STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_total", "spec_accepted_tokens_total",
              "admission_seconds_total", "spec_scheduler_seconds_total", "spec_paused_steps_total",
-             "spec_class_explore_steps_total", "spec_rest_again_steps_total", "spec_promptless_requests_total") + PHASES
+             "spec_class_explore_steps_total", "spec_rest_again_steps_total", "spec_rest_leased_steps_total",
+             "spec_promptless_requests_total") + PHASES
 
 
 def _delta(before: dict, after: dict) -> dict:
@@ -249,6 +251,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         gate_drafted_by={**{r: int(d.get(f"spec_gate_drafted_{r}_steps_total", 0)) for r in DRAFT_REASONS},
                          "class": int(d["spec_class_explore_steps_total"])},
         gate_rest_again_steps=int(d["spec_rest_again_steps_total"]),
+        gate_rest_leased_steps=int(d["spec_rest_leased_steps_total"]),
         gate_promptless_requests=int(d["spec_promptless_requests_total"]),
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d), gc_pauses=gc_split(d))
 
