@@ -357,6 +357,8 @@ class SpecEngine(GateSteps):
         if self._scheduled_step:
             self._update_overhead(batch, t6 - t0, timed)
         self._observe_gate(batch, {id(s.seq): len(toks) for s, toks in emitted}, t6 - t0, timed)
+        if self._rest_chain is not None and not self.scheduler.running:
+            self._fold(self._rest_chain)     # the batch is gone: the gate's stats hold every step of it
         return outputs
 
     def _cold_events(self) -> int:

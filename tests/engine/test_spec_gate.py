@@ -812,7 +812,41 @@ def test_engine_rests_a_slow_drafter_and_stays_exact(engine, clock):
     # most of those steps rest on a lease (SpecGate.rest_lease): no question asked, their samples folded later
     leased = after["spec_rest_leased_steps_total"] - before["spec_rest_leased_steps_total"]
     assert 0 < leased < again, (leased, again)
+    chain = engine._rest_chain                  # the batch is gone: every leased step is in the gate's stats
+    assert chain is None or (not chain.leased and not chain.pending)
     assert after["spec_gate_dspark_b4_plain_tok_s"] > after["spec_gate_dspark_b4_draft_tok_s"]
+
+
+def test_every_leased_step_reaches_the_gate_by_the_end_of_the_batch(engine, clock):
+    """A rest that runs on leases to the end of its batch: once the batch is gone, the gate has every one of
+    its decode steps as a plain sample (the last lease folded when the batch emptied, not at some later
+    step), and the output is plain decoding's."""
+    from specd.engine.request import Request
+    from specd.engine.spec_gate import Drafters
+    from specd.sampling_params import SamplingParams
+
+    want = run(engine, "none", max_tokens=26)["0"]
+    gate = engine.spec_gate = SpecGate(probe_every=100_000, probe_max=100_000)
+    for _ in range(12):                   # teach the b1 cell that drafting loses (a quarter of plain's rate)
+        d = gate.should_draft("dspark", 1)
+        gate.observe("dspark", 1, d, 2 if d else 1, 0.08 if d else 0.01, Drafters(1, 2, 7) if d else None)
+    gate.explores = staticmethod(lambda record: False)
+    before, leased = gate.cells[("dspark", 1)].plain.samples, engine.stats()["spec_rest_leased_steps_total"]
+    params = SamplingParams(temperature=0.0, max_tokens=26, ignore_eos=True)
+    engine.add_request(Request("lease", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
+    got = []
+    try:
+        while engine.has_work():
+            for out in engine.step():
+                got += out.token_ids
+        leased = engine.stats()["spec_rest_leased_steps_total"] - leased
+    finally:
+        engine.spec_gate = SpecGate()
+    assert got == want
+    assert leased > 0
+    # 26 tokens: the prefill's, then 25 decode steps: asked in full, then 8-step leases each after one sure
+    # answer (steps 2-10, 11-19), then step 20's lease ends with the batch after 5 steps (21-25)
+    assert gate.cells[("dspark", 1)].plain.samples - before == 25
 
 
 class CapturingProposer(SlowProposer):
