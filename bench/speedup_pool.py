@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
+import random
 from pathlib import Path
 
 from bench.stats import geomean_interval
@@ -81,6 +83,26 @@ def verdicts(runs: list[dict], row: str, resamples: int = 10_000) -> dict[tuple[
     return out
 
 
+def across_workloads(runs: list[dict], row: str, key: str, resamples: int = 2000, seed: int = 0) -> dict[str, tuple]:
+    """Per concurrency: the geometric mean over workloads of each cell's geometric mean (issue 6's summary
+    row), with a bootstrap 95% interval that resamples each cell's repeats on their own (stratified: every
+    workload keeps its weight). -> concurrency -> (mean, low, high)."""
+    levels: dict[str, list[list[float]]] = {}
+    for workload, level in cells(runs):
+        ratios = pooled_cell(runs, workload, level, row, key)
+        if ratios:
+            levels.setdefault(level, []).append([math.log(r) for r in ratios])
+    rng = random.Random(seed)
+    out = {}
+    for level, groups in levels.items():
+        def mean_of(samples: list[list[float]]) -> float:
+            return math.fsum(math.fsum(g) / len(g) for g in samples) / len(samples)
+        draws = sorted(mean_of([rng.choices(g, k=len(g)) for g in groups]) for _ in range(resamples))
+        out[level] = (math.exp(mean_of(groups)), math.exp(draws[int(0.025 * resamples)]),
+                      math.exp(draws[int(0.975 * resamples) - 1]))
+    return out
+
+
 def mark(lo: float, hi: float) -> str:
     return "slower" if hi < 1.0 else "faster" if lo > 1.0 else ""
 
@@ -104,6 +126,13 @@ def table(runs: list[dict], row: str, resamples: int = 10_000) -> tuple[str, dic
             text = "<br>".join(f"{g:.3f} ({lo:.3f}-{hi:.3f})" for g, lo, hi, _ in cell.values())
             out.append(f"**{text}** ↓" if "slower" in marks else text)
         lines.append(f"| {w} | " + " | ".join(out) + " |")
+    summary = [across_workloads(runs, row, key, min(resamples, 2000)) for key, _ in RATIOS]
+    cells_ = []
+    for c in levels:
+        parts = [f"{s[c][0]:.3f} ({s[c][1]:.3f}-{s[c][2]:.3f})" for s in summary if c in s]
+        text = "<br>".join(parts)
+        cells_.append(f"**{text}** ↓" if any(s[c][2] < 1.0 for s in summary if c in s) else text)
+    lines.append("| all workloads (geometric mean) | " + " | ".join(cells_) + " |")
     return "\n".join(lines), counts
 
 

@@ -21,7 +21,9 @@ def test_a_cell_is_slower_only_when_its_whole_interval_lies_below_one():
     runs = [result([0.97, 0.98, 0.96], [1.01, 0.99, 1.0]), result([0.97, 0.97, 0.98], [0.99, 1.02, 1.0])]
     text, counts = table(runs, "dspark", resamples=2000)
     assert counts == {"cells": 2, "slower": 2, "faster": 0}
-    assert "| coding.eval | **0.972 (" in text and text.count("↓") == 2
+    rows = {line.split(" | ")[0]: line for line in text.splitlines()}
+    assert rows["| coding.eval"].startswith("| coding.eval | **0.972 (") and rows["| coding.eval"].count("↓") == 2
+    assert rows["| all workloads (geometric mean)"].count("↓") == 2     # the summary row, by concurrency
     text, counts = table(runs, "none-aa", resamples=2000)
     assert counts == {"cells": 2, "slower": 0, "faster": 0} and "↓" not in text
     # one run alone holds 3 repeats; pooled, the cell's interval is narrower than either run's
@@ -49,3 +51,19 @@ def test_the_command_pools_files_and_refuses_runs_of_other_shapes(tmp_path, caps
         main([str(paths[0]), "--rows", "eagle3"])
     with pytest.raises(PoolError):
         table([json.loads(json.dumps(result([1.0], [1.0])))], "missing")
+
+
+def test_the_summary_row_weighs_every_workload_alike_and_resamples_within_cells():
+    import math
+
+    from bench.speedup_pool import across_workloads
+
+    run = result([0.9, 0.9, 0.9], [1.0] * 3)
+    run["workloads"]["support.eval"] = result([1.2] * 6, [1.0] * 6)["workloads"]["coding.eval"]   # twice the repeats
+    got = across_workloads([run], "dspark", "throughput_ratio")
+    want = math.sqrt(0.9 * 1.2)                  # not weighted by repeats: (0.9^3 1.2^6)^(1/9) would be 1.10
+    assert set(got) == {"1", "4"}
+    for mean, lo, hi in got.values():
+        assert mean == pytest.approx(want) and lo == pytest.approx(want) and hi == pytest.approx(want)
+    text, _ = table([run], "dspark", resamples=500)
+    assert f"| all workloads (geometric mean) | {want:.3f} ({want:.3f}-{want:.3f})" in text
