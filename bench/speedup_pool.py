@@ -26,7 +26,7 @@ import math
 import random
 from pathlib import Path
 
-from bench.stats import geomean_interval
+from bench.stats import bootstrap_bounds, geomean_interval
 
 BASELINE = "none"
 RATIOS = (("throughput_ratio", "throughput"), ("per_user_ratio", "per user"))
@@ -92,14 +92,14 @@ def across_workloads(runs: list[dict], row: str, key: str, resamples: int = 2000
         ratios = pooled_cell(runs, workload, level, row, key)
         if ratios:
             levels.setdefault(level, []).append([math.log(r) for r in ratios])
+    def mean_of(samples: list[list[float]]) -> float:
+        return math.fsum(math.fsum(g) / len(g) for g in samples) / len(samples)
+
     rng = random.Random(seed)
     out = {}
     for level, groups in levels.items():
-        def mean_of(samples: list[list[float]]) -> float:
-            return math.fsum(math.fsum(g) / len(g) for g in samples) / len(samples)
-        draws = sorted(mean_of([rng.choices(g, k=len(g)) for g in groups]) for _ in range(resamples))
-        out[level] = (math.exp(mean_of(groups)), math.exp(draws[int(0.025 * resamples)]),
-                      math.exp(draws[int(0.975 * resamples) - 1]))
+        lo, hi = bootstrap_bounds([mean_of([rng.choices(g, k=len(g)) for g in groups]) for _ in range(resamples)])
+        out[level] = (math.exp(mean_of(groups)), math.exp(lo), math.exp(hi))
     return out
 
 
@@ -127,12 +127,12 @@ def table(runs: list[dict], row: str, resamples: int = 10_000) -> tuple[str, dic
             out.append(f"**{text}** ↓" if "slower" in marks else text)
         lines.append(f"| {w} | " + " | ".join(out) + " |")
     summary = [across_workloads(runs, row, key, min(resamples, 2000)) for key, _ in RATIOS]
-    cells_ = []
+    by_level = []
     for c in levels:
         parts = [f"{s[c][0]:.3f} ({s[c][1]:.3f}-{s[c][2]:.3f})" for s in summary if c in s]
         text = "<br>".join(parts)
-        cells_.append(f"**{text}** ↓" if any(s[c][2] < 1.0 for s in summary if c in s) else text)
-    lines.append("| all workloads (geometric mean) | " + " | ".join(cells_) + " |")
+        by_level.append(f"**{text}** ↓" if any(s[c][2] < 1.0 for s in summary if c in s) else text)
+    lines.append("| all workloads (geometric mean) | " + " | ".join(by_level) + " |")
     return "\n".join(lines), counts
 
 

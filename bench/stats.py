@@ -56,6 +56,14 @@ def geomean_interval(ratios: Sequence[float], resamples: int = 10_000, seed: int
         raise StatsError("ratios must be positive")
     logs = [math.log(r) for r in ratios]
     rng = random.Random(seed)
-    means = sorted(math.fsum(rng.choices(logs, k=len(logs))) / len(logs) for _ in range(resamples))
-    return (math.exp(math.fsum(logs) / len(logs)), math.exp(means[int(0.025 * resamples)]),
-            math.exp(means[int(0.975 * resamples) - 1]))
+    lo, hi = bootstrap_bounds([math.fsum(rng.choices(logs, k=len(logs))) / len(logs) for _ in range(resamples)])
+    return math.exp(math.fsum(logs) / len(logs)), math.exp(lo), math.exp(hi)
+
+
+def bootstrap_bounds(draws: Sequence[float]) -> tuple[float, float]:
+    """A 95% percentile interval from bootstrap draws: their 2.5th and 97.5th order statistics (no
+    interpolation, so a small sample's bounds are draws that happened)."""
+    if not draws:
+        raise StatsError("bounds of no draws")
+    ordered = sorted(draws)
+    return ordered[int(0.025 * len(ordered))], ordered[int(0.975 * len(ordered)) - 1]

@@ -24,7 +24,7 @@ import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.stats import geomean_interval, percentile
+from bench.stats import bootstrap_bounds, geomean_interval, percentile
 
 
 class TableError(ValueError):
@@ -142,7 +142,8 @@ def intervals(runs: list[list[dict]], baseline: str, resamples: int = 2000, seed
     tables = [_by_session(records) for records in runs]
     for i, table in enumerate(tables):
         if baseline not in table:
-            raise TableError(f"run {i + 1}: no answered requests of baseline {baseline!r} (configs: {', '.join(table)})")
+            raise TableError(f"run {i + 1}: no answered requests of baseline {baseline!r} "
+                             f"(configs: {', '.join(table)})")
     configs = [c for c in tables[0] if all(c in t for t in tables)]
     sessions = [sorted(set().union(*(t[c] for c in configs))) for t in tables]
 
@@ -163,8 +164,8 @@ def intervals(runs: list[list[dict]], baseline: str, resamples: int = 2000, seed
     def bounds(values: list[float]) -> str:
         if not values:
             return "-"
-        values = sorted(values)
-        return f"{values[int(0.025 * len(values))]:.2f}-{values[int(0.975 * len(values)) - 1]:.2f}"
+        lo, hi = bootstrap_bounds(values)
+        return f"{lo:.2f}-{hi:.2f}"
 
     rows = [f"| config | runs | sessions | requests | mean vs {baseline} (95%) | p95 vs {baseline} (95%) |",
             "|---|---|---|---|---|---|"]

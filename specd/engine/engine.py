@@ -113,7 +113,8 @@ class SpecEngine(GateSteps):
                               spec_drafted_tokens_total=0, spec_accepted_tokens_total=0, spec_paused_steps_total=0,
                               spec_class_explore_steps_total=0, spec_scheduled_requests_total=0,
                               spec_scheduled_tokens_total=0, admission_seconds_total=0.0,
-                              spec_scheduler_seconds_total=0.0, spec_rest_again_steps_total=0, spec_rest_leased_steps_total=0,
+                              spec_scheduler_seconds_total=0.0, spec_rest_again_steps_total=0,
+                              spec_rest_leased_steps_total=0,
                               spec_promptless_requests_total=0, forward_hook_steps_total=0,
                               forward_hook_calls_total=0, warmed_requests_total=0,
                               **{f"step_{kind}_{what}_total": 0 for kind in STEP_KINDS

@@ -170,7 +170,8 @@ class GateSteps:
                 or size > chain.size or count > chain.count):
             return False
         counters = self._counters
-        if chain.lease and size == chain.size and count == chain.count and self.spec_gate.admitted == chain.admitted:
+        if (chain.lease and size == chain.size and count == chain.count
+                and self.spec_gate.admitted == chain.admitted):
             chain.lease -= 1     # granted: the same requests rest, no question asked (``SpecGate.rest_lease``)
             chain.leased += 1
             counters["spec_paused_steps_total"] += 1
@@ -203,14 +204,16 @@ class GateSteps:
         return True
 
     def _fold(self, chain: RestChain | None) -> None:
-        """End ``chain``'s rest lease: the gate takes its steps (clock) and their plain samples, in order
-        (``SpecGate.fold_rest``). Called wherever the chain stops taking leased steps: before the gate is
-        asked in full, when the chain ends or is carried through a prompt step, and when stats are read."""
-        if chain is not None and chain.leased:
+        """End ``chain``'s rest lease: the gate that granted it takes its steps (clock) and their plain
+        samples, in order (``SpecGate.fold_rest``). Called at the lease's last step and wherever the chain
+        stops taking leased steps: before the gate is asked in full, when the chain ends or is carried
+        through a prompt step, and when the batch empties or the engine idles (``SpecEngine.step``)."""
+        if chain is None:
+            return
+        if chain.leased:
             chain.gate.fold_rest(chain.key, chain.size, chain.leased, chain.pending)
             chain.leased, chain.pending = 0, []
-        if chain is not None:
-            chain.lease = 0
+        chain.lease = 0
 
     def _carries(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], chain: "RestChain | None") -> bool:
         """A steady rest carried through a step with prompt chunks: the group's decoders rest (such a step

@@ -158,3 +158,13 @@ def test_geomean_interval_is_the_geometric_mean_with_a_seeded_bootstrap_interval
     for bad in ([], [1.0, 0.0], [1.0, float("nan")]):
         with pytest.raises(StatsError):
             geomean_interval(bad)
+
+
+def test_bootstrap_bounds_are_the_draws_at_2_5_and_97_5_percent():
+    from bench.stats import bootstrap_bounds
+
+    draws = [float(i) for i in range(200, 0, -1)]          # unsorted: 1..200
+    assert bootstrap_bounds(draws) == (6.0, 195.0)           # the 6th and the 195th of 200, no interpolation
+    assert bootstrap_bounds([3.0]) == (3.0, 3.0)
+    with pytest.raises(StatsError):
+        bootstrap_bounds([])

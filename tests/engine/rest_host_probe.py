@@ -72,8 +72,9 @@ def main() -> None:
         a = statistics.median(r[name] for r in got["none"])
         b = statistics.median(r[name] for r in got["dspark"])
         print(f"{name:13s} none {a:9.1f} µs  dspark {b:9.1f} µs  dspark - none {b - a:+7.1f} µs")
-    counts = {k: after.get(k, 0) - before.get(k, 0) for k in ("spec_paused_steps_total", "spec_rest_again_steps_total",
-                                                                "spec_rest_leased_steps_total", "spec_verifications_total")}
+    keys = ("spec_paused_steps_total", "spec_rest_again_steps_total", "spec_rest_leased_steps_total",
+            "spec_verifications_total")
+    counts = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
     print("counts over the measured rounds:", counts)
 
 
