@@ -146,11 +146,14 @@ def test_speedup_end_to_end_on_stories(tmp_path):
             f"the A/A row in {aa['failed']}.") in md
 
 
-def test_the_beside_prompts_row_drafts_beside_a_prompt_with_a_gate_of_its_own(monkeypatch, tmp_path):
+def test_the_beside_prompts_row_drafts_beside_a_prompt_with_a_gate_of_its_own(monkeypatch, tmp_path, step_clock):
     """dspark-beside-prompts runs scheduled dspark with the gate's drafts beside prompt chunks on, through
     a gate of its own (its cells and class records are not the dspark row's), only while its own runs
     last; it is no default row, and the dspark row keeps the engine's gate (off). The gate is made to
-    draft wherever it is asked (the CPU's timings decide nothing here)."""
+    draft wherever it is asked, and the engine's and the verify profile's timers are the suite's step clock
+    (tests/conftest.py): the scheduled draft lengths come from that profile, timed at start-up, so what a run
+    drafts varied with the machine's load, and one full-suite run in session 26 had a run of this row with
+    no prompt step that drafted."""
     from bench.speedup import DEFAULT_ROWS, row_gate
     from specd.engine.spec_gate import SpecGate
 

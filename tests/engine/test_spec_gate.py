@@ -736,42 +736,17 @@ def run(engine, speculation: str, max_tokens: int = 40) -> dict[str, list[int]]:
     return dict(got)
 
 
-class StepClock:
-    """The engine's step timer, made deterministic: every ``perf_counter`` call advances it by ``tick``
-    and ``sleep`` advances it by its argument, without waiting.
-
-    Why: the gate rates each arm from the engine's step times, and on the 2-core CI machine a plain
-    step (~2 ms here) sometimes lasted 100+ ms (a garbage collection, the scheduler), which made the
-    drafting arm win in a few cells. The slow-drafter test then rested 19-28 steps from run to run, and
-    CI went red at 19 (its bound is 20; stop 32). What these tests check is the gate's and the engine's
-    logic under a known cost, so the cost comes from this clock; the outputs are still the real model's."""
-
-    def __init__(self, tick: float = 1e-4):
-        self.now, self.tick = 0.0, tick
-        self.monotonic = time.monotonic       # arrival and queue times stay real
-
-    def perf_counter(self) -> float:
-        self.now += self.tick
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
-def clock(monkeypatch) -> StepClock:
-    from specd.engine import engine as engine_module
-
-    step_clock = StepClock()
-    monkeypatch.setattr(engine_module, "time", step_clock)
+def clock(step_clock):
+    """The suite's ``StepClock`` (tests/conftest.py): these tests rest or draft on measured step times."""
     return step_clock
 
 
 class SlowProposer:
-    """The real proposer plus a fixed delay per call on the step clock (``StepClock``): drafting that is
-    measurably too expensive."""
+    """The real proposer plus a fixed delay per call on the step clock (``StepClock``, tests/conftest.py):
+    drafting that is measurably too expensive."""
 
-    def __init__(self, inner, delay_s: float, clock: StepClock):
+    def __init__(self, inner, delay_s: float, clock):
         self.inner, self.delay_s, self.clock = inner, delay_s, clock
         self.method, self.capture_layers, self.has_confidence = inner.method, inner.capture_layers, True
         self.temperatures = inner.temperatures
@@ -852,7 +827,7 @@ def test_every_leased_step_reaches_the_gate_by_the_end_of_the_batch(engine, cloc
 class CapturingProposer(SlowProposer):
     """Every proposal also captures a draft-round graph, as a first-seen shape does on the GPU."""
 
-    def __init__(self, inner, delay_s: float, clock: StepClock):
+    def __init__(self, inner, delay_s: float, clock):
         super().__init__(inner, delay_s, clock)
         self.round_captures = 0
 
