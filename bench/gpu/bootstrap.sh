@@ -48,9 +48,9 @@ if [ ! -f .carry/q8r.tgz ]; then
   tar czf .carry/q8r.tgz -C "$tmp" qwen3-8b-random && rm -rf "$tmp"
 fi
 
-if [ ! -f .carry/sessions/agentic-coding-8b-32.jsonl ]; then
+if [ ! -f .carry/sessions/agentic-coding-8b-32-long.jsonl ]; then
   echo "[bootstrap] .carry/sessions: the session files of the serve plans (issue 7)"
-  for plan in gpu-agentic-idle4 gpu-agentic-8b gpu-agentic-8b-32 gpu-zero-hit gpu-zero-hit-8b gpu-mooncake; do   # (gpu-agentic-8b-dram: same file as gpu-agentic-8b)
+  for plan in gpu-agentic-idle4 gpu-agentic-8b gpu-agentic-8b-32 gpu-agentic-8b-32-long gpu-zero-hit gpu-zero-hit-8b gpu-mooncake; do   # (gpu-agentic-8b-dram: same file as gpu-agentic-8b)
     python -m bench serve-plan --plan "$plan" --build --sessions .carry/sessions
   done
 fi
