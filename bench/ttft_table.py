@@ -10,8 +10,8 @@ config (higher is better); percentiles interpolate (bench/stats.py). The per-tur
 goes in multi-turn sessions: cached and prompt tokens and mean TTFT of each turn index. After the summary it
 prints the mean and p95 ratios with bootstrap 95% intervals (sessions resampled), over every part file given
 (runs of one step, pooled). ``--throughput``
-prints output throughput against the baseline instead, summed and per repeat (the 0%-hit overhead); given
-several part files it also pools their per-repeat ratios (geometric mean, bootstrap 95% interval).
+prints output throughput against the baseline instead, summed and per repeat (the 0%-hit overhead), then the
+per-repeat ratios of every part file given, pooled (geometric mean, bootstrap 95% interval; one file: its own).
 """
 from __future__ import annotations
 
@@ -243,8 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             runs = [load_step(part, args.step)["results"] for part in args.part]
             for part, results in zip(args.part, runs):
                 print(f"{part}:\n{throughput(results, args.baseline)}\n")
-            if len(runs) > 1:
-                print(pooled(runs, args.baseline))
+            print(pooled(runs, args.baseline))
             return 0
         runs = [load_requests(part, args.step) for part in args.part]
         if len(runs) > 1 and (args.turns or args.breakdown):

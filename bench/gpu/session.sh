@@ -35,7 +35,10 @@
 #                                          #   KV_MODEL=.carry/q8r.tgz KV_PLAN=gpu-agentic-8b: the Qwen3-8B shape with
 #                                          #   random weights, no GGUF upload (session 19); KV_PLAN=gpu-agentic-8b-32:
 #                                          #   the same with 32 sessions; KV_PLAN=gpu-zero-hit-8b-aa: the 0%-hit
-#                                          #   cell with an A/A row (both session 25, not run yet)
+#                                          #   cell with an A/A row (both session 25, run CD and CE in
+#                                          #   session 27); KV_PLAN=gpu-agentic-8b-32-long4: 32 sessions
+#                                          #   with long files, all four configs (session 27, run CG; the
+#                                          #   tree must be under 64 MiB with the carry: move docs/results/gpu out)
 #   bash bench/gpu/session.sh kv8b         # one GPU, no GGUF: serve-plan ${KV_PLAN:-gpu-agentic-8b}, then gpu-zero-hit-8b,
 #                                          #   with KV_MODEL=${KV_MODEL:-.carry/q8r.tgz} (Qwen3-8B shape, random weights)
 #   bash bench/gpu/session.sh closing      # GPU0: bench speedup (none/dspark/dspark-g7/ngram), then serve-plan

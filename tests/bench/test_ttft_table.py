@@ -62,6 +62,7 @@ def test_throughput_pairs_each_repeat_with_the_baselines(tmp_path, capsys):
     assert main([str(path), "--step", "unique", "--baseline", "standard", "--throughput"]) == 0
     out = capsys.readouterr().out
     assert "| ours | 32 | 180 | 0.900 | 0.990 (0.750-1.100) |" in out     # summed 180/200; ratios .99 .75 1.1
+    assert "| ours | 32 | 1 | 3 | 0.9348 |" in out               # one run's interval too: (.99 * .75 * 1.1) ** (1/3)
     with pytest.raises(SystemExit):
         main([str(path), "--step", "unique", "--baseline", "prefix-lru", "--throughput"])
 
