@@ -1,0 +1,93 @@
+"""What a resting drafter still costs: a row's runs where the gate drafted (almost) nothing, against `none`.
+
+    python -m bench.resting_costs docs/results/gpu/s18/runBH/speedup.json.gz docs/results/gpu/s18/runBI/speedup.json.gz
+
+Why: issue 6 asks that scheduled DSpark is never slower than `none`. Where the gate rests, the row serves the
+same tokens with the same plain steps as `none`, so whatever it loses there is overhead, not a bad decision.
+A cell's ratio mixes runs that drafted with runs that did not; this keeps only the repeats where the row's
+gate let at most ``--max-drafted`` steps draft, pairs each with `none`'s run of the same repeat (they ran back
+to back), and prints per concurrency the median wall-time ratio and where the extra time went: the engine's
+phase times per step (``phase_ms_per_step``, in µs), the extra time per prompt step, and the capture steps a
+run took (feature captures before probes). It reads only what ``bench speedup`` records; nothing is timed here.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from bench.speedup_pool import BASELINE, PoolError, cells, load
+
+
+def resting_pairs(runs: list[dict], row: str, max_drafted: int) -> dict[int, list[tuple[dict, dict]]]:
+    """Concurrency -> (baseline run, row run) of every repeat where ``row``'s gate drafted ≤ ``max_drafted``
+    steps, over every workload of every run."""
+    out: dict[int, list[tuple[dict, dict]]] = {}
+    for workload, level in cells(runs):
+        for r in runs:
+            rows = r["workloads"][workload][level]["rows"]
+            if row not in rows or BASELINE not in rows:
+                raise PoolError(f"no {row!r} or {BASELINE!r} row at {workload} c = {level}")
+            for base, run in zip(rows[BASELINE]["runs"], rows[row]["runs"]):
+                if sum(run.get("gate_drafted_by", {}).values()) <= max_drafted:
+                    out.setdefault(int(level), []).append((base, run))
+    return dict(sorted(out.items()))
+
+
+def _prompt_ms(run: dict) -> tuple[float, int]:
+    kind = run.get("step_kinds", {}).get("prompt", {})
+    return kind.get("ms", 0.0), kind.get("steps", 0)
+
+
+def costs(pairs: list[tuple[dict, dict]]) -> dict:
+    """Medians over the pairs: wall ratio (row over baseline), µs per step by phase (row minus baseline),
+    ms per prompt step (row minus baseline) and the row's mean capture steps per run."""
+    phases = list(pairs[0][0]["phase_ms_per_step"])
+    extra_prompt = []
+    for base, run in pairs:
+        (b_ms, b_n), (r_ms, r_n) = _prompt_ms(base), _prompt_ms(run)
+        if b_n and r_n:
+            extra_prompt.append(r_ms / r_n - b_ms / b_n)
+    return {
+        "runs": len(pairs),
+        "wall_ratio": statistics.median(run["wall_s"] / base["wall_s"] for base, run in pairs),
+        "phase_us": {k: 1000 * statistics.median(run["phase_ms_per_step"].get(k, 0.0) - base["phase_ms_per_step"][k]
+                                                 for base, run in pairs) for k in phases},
+        "prompt_step_ms": statistics.median(extra_prompt) if extra_prompt else None,
+        "captures": statistics.fmean(run.get("step_kinds", {}).get("capture", {}).get("steps", 0) for _, run in pairs),
+    }
+
+
+def table(by_level: dict[int, list[tuple[dict, dict]]], row: str) -> str:
+    if not by_level:
+        return f"no run of {row!r} rested"
+    phases = list(next(iter(by_level.values()))[0][0]["phase_ms_per_step"])
+    head = (f"| c | resting runs | wall {row} / {BASELINE} (median) | "
+            + " | ".join(f"{p} µs/step" for p in phases) + " | prompt step +ms | captures/run |")
+    lines = [head, "|---" * (len(phases) + 5) + "|"]
+    for level, pairs in by_level.items():
+        c = costs(pairs)
+        prompt = "-" if c["prompt_step_ms"] is None else f"{c['prompt_step_ms']:+.3f}"
+        lines.append(f"| {level} | {c['runs']} | {c['wall_ratio']:.4f} | "
+                     + " | ".join(f"{c['phase_us'][p]:+.1f}" for p in phases)
+                     + f" | {prompt} | {c['captures']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.resting_costs", description=__doc__.splitlines()[0])
+    p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz files of bench speedup runs")
+    p.add_argument("--row", default="dspark", help="the gated row to read (default dspark)")
+    p.add_argument("--max-drafted", type=int, default=1,
+                   help="a repeat counts as resting when its gate let at most this many steps draft (default 1)")
+    args = p.parse_args(argv)
+    try:
+        runs = [load(path) for path in args.result]
+        print(table(resting_pairs(runs, args.row, args.max_drafted), args.row))
+    except PoolError as e:
+        p.error(str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
