@@ -25,7 +25,8 @@ class RestingGate(SpecGate):
         return False
 
     def should_draft(self, method: str, sequences: int, measured: bool = True,
-                     requests: list[Acceptance] | None = None, verify: int | None = None, copies: int = 1) -> bool:
+                     requests: list[Acceptance] | None = None, verify: int | None = None, copies: int = 1,
+                     caps: list[int] | None = None) -> bool:
         if measured:
             cell = self._cell(method, sequences)
             cell.rest_admitted = self.admitted    # ``rests_again`` answers for these requests from now on

@@ -438,7 +438,8 @@ class GateSteps:
             drafting = False
         else:
             records = [s.seq.gate_acceptance for s in gated]
-            drafting = (self.spec_gate.should_draft(method, len(batch), requests=records, verify=verify)
+            drafting = (self.spec_gate.should_draft(method, len(batch), requests=records, verify=verify,
+                                                    caps=[self._draft_limit(s.seq) + 1 for s in gated])
                         if self._decode_step
                         else self.spec_gate.drafts_beside_prompts(method, len(batch), records, verify))
         self._gate_arms[method] = drafting

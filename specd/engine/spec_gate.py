@@ -394,22 +394,30 @@ class SpecGate:
         group = record.group
         return group is not None and group.requests >= 2 and group.samples < CLASS_EXPLORE
 
-    def acceptance(self, method: str, sequences: int, requests: list[Acceptance] | None) -> float | None:
+    def acceptance(self, method: str, sequences: int, requests: list[Acceptance] | None,
+                   caps: list[int] | None = None) -> float | None:
         """The batch's predicted tokens per sequence of a drafting step, when ``requests`` draft in a batch
         of ``sequences``: each drafting request's own record shrunk toward the cell's drafting requests
-        (a new request starts at its class's), and one token for each sequence that does not draft. None: no
-        record yet."""
-        return self._acceptance(self._cell(method, sequences), requests, sequences)
+        (a new request starts at its class's), at most its cap in ``caps`` (the tokens it may still emit in
+        one step), and one token for each sequence that does not draft. None: no record yet."""
+        return self._acceptance(self._cell(method, sequences), requests, sequences, caps=caps)
 
     def _acceptance(self, cell: Cell, requests: list[Acceptance] | None, sequences: int,
-                    highest: bool = False, copies: int = 1):
+                    highest: bool = False, copies: int = 1, caps: list[int] | None = None):
         """``acceptance``'s body. ``highest``: each request counts at the larger of its own estimate and
         where it starts (its class's), the most a resting request's estimate can reach: resting only ages
         its own steps (``Acceptance.rest``), which moves the estimate from where it is toward its start.
         Then it returns (the batch's bound, the bound of any subset of it in any batch: the largest
         request's, at least the 1 token of a sequence that does not draft); (None, None) with no record.
         ``copies``: each request stands for that many requests with the same record (a new prompt asks
-        for a batch of requests like itself: ``copies`` = the load, one pass instead of a list that long)."""
+        for a batch of requests like itself: ``copies`` = the load, one pass instead of a list that long).
+        ``caps``: per request, the most tokens its drafting step can emit (its draft limit + 1: a request
+        near ``max_tokens`` cannot emit its record's 4 tokens with 2 left). Why: at the end of a wave every
+        request is near its end, and an uncapped prediction drafts there on records earned mid-request
+        (H200, session 18, run BI: extraction at c = 32 drafted 6-11 steps in the tail's b16 cell, where
+        drafting had measured 6,598 against 6,951 tok/s plain, and ran 0.92x `none`; not shown to be this
+        cause). A cap only lowers a prediction, so the bound ``highest`` takes stays an upper bound without
+        one."""
         if not requests:
             return (None, None) if highest else None
         prior = cell.draft.per_drafter_step
@@ -423,12 +431,14 @@ class SpecGate:
         # whole-context start.
         k = self.prior_steps
         drafting, top = 0.0, 1.0
-        for r in requests:
+        for i, r in enumerate(requests):
             g = r.group
             start = prior if g is None or g.steps <= 0 else (g.tokens + k * prior) / (g.steps + k)
             if r.lacks_prompt and g is not None and g.promptless_steps > 0:
                 start = (g.promptless_tokens + k * start) / (g.promptless_steps + k)
             own = (r.tokens + k * start) / (r.steps + k)
+            if caps is not None and caps[i] < own:
+                own = caps[i]
             if highest:
                 own = start if start > own else own
                 top = own if own > top else top
@@ -438,7 +448,8 @@ class SpecGate:
         return (batch, top) if highest else batch
 
     def should_draft(self, method: str, sequences: int, measured: bool = True,
-                     requests: list[Acceptance] | None = None, verify: int | None = None, copies: int = 1) -> bool:
+                     requests: list[Acceptance] | None = None, verify: int | None = None, copies: int = 1,
+                     caps: list[int] | None = None) -> bool:
         """Does this step draft for ``method``'s scheduled requests, in a batch of ``sequences``?
 
         ``measured``: the step will be reported to ``observe`` (a pure decode step). Only such steps
@@ -446,7 +457,8 @@ class SpecGate:
         cell explores, the arm it explores now (the engine asks so for prompts: capture their features or
         not). ``requests``: the acceptance records of the requests that would draft; ``verify``: the draft
         tokens they would verify, when known before deciding (ngram); ``copies``: each record stands for
-        that many requests (``_acceptance``).
+        that many requests; ``caps``: the most tokens each request's drafting step can emit (both
+        ``_acceptance``).
 
         Why the explored arm, not "draft" (sessions 6-12, unless the cell had the resting prior): a prompt
         captured while the cell explores plain decoding rests from its first decode step, which absorbs
@@ -456,7 +468,7 @@ class SpecGate:
         explore = self._exploring(cell)
         if explore is not None:
             return self._drafts(cell, "explore", explore) if measured else explore
-        acceptance = self._acceptance(cell, requests, sequences, copies=copies)
+        acceptance = self._acceptance(cell, requests, sequences, copies=copies, caps=caps)
         predicted = cell.draft_rate(acceptance, verify)
         winner = cell.beats_plain(predicted, self.margin)
         if not measured:

@@ -146,6 +146,24 @@ def test_a_batch_drafts_by_its_own_requests_acceptance():
     assert not gate.should_draft("dspark", 4, measured=False, requests=good[:1] + new[:3])   # mean ~1.6
 
 
+
+def test_a_request_near_its_end_is_predicted_at_most_the_tokens_it_may_still_emit():
+    """A request whose record says 3 tokens a drafting step but has 1 token left (its draft limit is 0)
+    emits 1 if it drafts: the batch predicts what its requests can emit, not what their records earned."""
+    gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0)
+    for _ in range(10):                 # drafting steps emit 1.2 tokens per request and take 2× as long
+        drafted = gate.should_draft("dspark", 4)
+        tokens, seconds = (4.8, 4 * 2 / PLAIN_TOK_S) if drafted else (4, 4 / PLAIN_TOK_S)
+        gate.observe("dspark", 4, drafted, tokens, seconds)
+    good = records(4, 3, 6)
+    uncapped = gate.acceptance("dspark", 4, good)
+    assert gate.acceptance("dspark", 4, good, caps=[9, 9, 9, 9]) == pytest.approx(uncapped)   # caps above: none
+    assert gate.acceptance("dspark", 4, good, caps=[1, 1, 2, 9]) == pytest.approx((1 + 1 + 2 + uncapped) / 4)
+    assert gate.should_draft("dspark", 4, measured=False, requests=good)                 # ~2.6 > 2.06: draft
+    assert not gate.should_draft("dspark", 4, measured=False, requests=good, caps=[2, 2, 2, 2])   # 2 < 2.06
+    assert not gate.should_draft("dspark", 4, requests=good, caps=[1, 1, 1, 1])          # a measured step too
+    assert gate.should_draft("dspark", 4, requests=good, caps=[4, 4, 4, 4])
+
 def learned_to_rest(gate: SpecGate, acceptance: float = 1.2, sequences: int = 4) -> None:
     """Drive ``gate`` until its (dspark, bucket of ``sequences``) cell rests: drafting steps emit
     ``acceptance`` tokens per request and take twice a plain step."""
@@ -875,6 +893,28 @@ def test_engine_without_the_gate_always_drafts(engine):
     assert not any(k.startswith("spec_gate_") for k in after)
 
 
+def test_the_engine_caps_each_request_at_the_tokens_it_may_still_emit(engine):
+    """The engine asks the gate with each request's cap, its draft limit + 1: γ + 1 mid-request, 1 at its
+    last token."""
+    gamma = engine.config.num_speculative_tokens
+    asked = []
+
+    class Recording(SpecGate):
+        def should_draft(self, method, sequences, measured=True, requests=None, verify=None, copies=1, caps=None):
+            if requests is not None and copies == 1 and measured:
+                asked.append((len(requests), caps))
+            return super().should_draft(method, sequences, measured, requests, verify, copies, caps)
+
+    engine.spec_gate = Recording()
+    try:
+        run(engine, "dspark", max_tokens=12)
+    finally:
+        engine.spec_gate = SpecGate()
+    assert asked and all(caps is not None and len(caps) == n for n, caps in asked)
+    seen = sorted({c for _, caps in asked for c in caps})
+    assert seen[0] >= 1 and seen[-1] == gamma + 1 and len(seen) > 1, seen    # capped near the end
+
+
 def step_with_kind(engine) -> str:
     """Run one engine step; the kind (``STEP_KINDS``) its step counter recorded, exactly one."""
     from specd.engine.engine import STEP_KINDS
@@ -901,7 +941,7 @@ class ScriptedGate:
         """A step with prompt chunks: the scripted answer, no arm used."""
         return self.beside_prompts
 
-    def should_draft(self, method, sequences, measured=True, requests=None, verify=None, copies=1):
+    def should_draft(self, method, sequences, measured=True, requests=None, verify=None, copies=1, caps=None):
         """The next scripted arm; an unmeasured question (a prompt chunk's) reads it without using it."""
         if not measured:
             return self.arms[0] if self.arms else True
@@ -1013,7 +1053,7 @@ def test_a_request_resting_from_its_first_decode_step_keeps_its_prompt_context(e
     from specd.sampling_params import SamplingParams
 
     class CapturesThenRests(ScriptedGate):
-        def should_draft(self, method, sequences, measured=True, requests=None, verify=None, copies=1):
+        def should_draft(self, method, sequences, measured=True, requests=None, verify=None, copies=1, caps=None):
             return True if not measured else super().should_draft(method, sequences, measured, requests, verify)
 
     want = run(engine, "none", max_tokens=24)["0"]
@@ -1130,7 +1170,7 @@ def test_prompts_admitted_together_are_asked_at_the_load_they_will_decode_at():
             super().__init__([False] * 1000)
             self.asked = []
 
-        def should_draft(self, method, sequences, measured=True, requests=None, verify=None, copies=1):
+        def should_draft(self, method, sequences, measured=True, requests=None, verify=None, copies=1, caps=None):
             if measured:
                 return super().should_draft(method, sequences, measured, requests, verify)
             self.asked.append(sequences)
@@ -1171,7 +1211,7 @@ def test_a_chunked_prompt_captures_all_its_chunks_or_none(first):
             super().__init__([True] * 100)
             self.answer = not first
 
-        def should_draft(self, method, sequences, measured=True, requests=None, verify=None, copies=1):
+        def should_draft(self, method, sequences, measured=True, requests=None, verify=None, copies=1, caps=None):
             if measured:
                 return super().should_draft(method, sequences, measured, requests, verify)
             self.answer = not self.answer          # a prompt chunk's question: the answer flips each time
@@ -1413,7 +1453,7 @@ class RecordingGate(ScriptedGate):
         super().__init__([])
         self.draft, self.asked = draft, []
 
-    def should_draft(self, method, sequences, measured=True, requests=None, verify=None):
+    def should_draft(self, method, sequences, measured=True, requests=None, verify=None, caps=None):
         self.asked.append(len(requests or []))
         return self.draft
 
