@@ -170,36 +170,34 @@ class GateSteps:
                 or size > chain.size or count > chain.count):
             return False
         counters = self._counters
-        if (chain.lease and size == chain.size and count == chain.count
-                and self.spec_gate.admitted == chain.admitted):
-            chain.lease -= 1     # granted: the same requests rest, no question asked (``SpecGate.rest_lease``)
-            chain.leased += 1
-            counters["spec_paused_steps_total"] += 1
-            counters["spec_rest_again_steps_total"] += 1
-            counters["spec_rest_leased_steps_total"] += 1
-            chain.owed += 1
-            self._gate_arms[chain.key] = False
-            self._resting_keys.add(chain.key)
-            self._lease_step = chain           # ``_observe_gate`` keeps its sample for the fold
-            chain.step += 1
-            self._rest_chain = chain
-            return True
-        self._fold(chain)
-        exact = chain.exact and size == chain.size and count == chain.count
-        if not self.spec_gate.rests_again(chain.key, size, subset=not exact):
-            return False
+        # a lease granted at an earlier step of this chain covers this one: the same requests rest, no
+        # question asked (``SpecGate.rest_lease``); else the gate is asked (``rests_again``) after the fold
+        leased = (chain.lease and size == chain.size and count == chain.count
+                  and self.spec_gate.admitted == chain.admitted)
+        if not leased:
+            self._fold(chain)
+            exact = chain.exact and size == chain.size and count == chain.count
+            if not self.spec_gate.rests_again(chain.key, size, subset=not exact):
+                return False
         counters["spec_paused_steps_total"] += 1
         counters["spec_rest_again_steps_total"] += 1
         chain.owed += 1          # this step's aging (those that left since owe it too: nobody reads them)
-        if self.spec_gate.probe_next(chain.key, size):
+        if leased:
+            chain.lease -= 1
+            chain.leased += 1
+            counters["spec_rest_leased_steps_total"] += 1
+            self._lease_step = chain           # ``_observe_gate`` keeps its sample for the fold
+        elif self.spec_gate.probe_next(chain.key, size):
             chain.settle()       # the probe's features are captured this step: no resting sample (``_gate_arms``)
             self._gate_capturing.add(chain.key)
             return True
         self._gate_arms[chain.key] = False
         self._resting_keys.add(chain.key)
-        chain.size, chain.count, chain.step, chain.exact = size, count, chain.step + 1, exact
-        chain.lease, chain.admitted = self.spec_gate.rest_lease(chain.key, size), self.spec_gate.admitted
-        chain.gate = self.spec_gate
+        chain.step += 1
+        if not leased:           # a fresh answer: the chain takes this step's shape and the lease it grants
+            chain.size, chain.count, chain.exact = size, count, exact
+            chain.lease, chain.admitted = self.spec_gate.rest_lease(chain.key, size), self.spec_gate.admitted
+            chain.gate = self.spec_gate
         self._rest_chain = chain
         return True
 
