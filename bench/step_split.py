@@ -1,0 +1,118 @@
+"""Where a row's time went against `none`, cell by cell: prompt steps against decode steps.
+
+    python -m bench.step_split docs/results/gpu/s28/runCJ/speedup.json.gz
+
+Why: in a closed loop whose requests all ask for the same number of tokens, `none` keeps them in lockstep:
+they finish at the same step, and their successors' prompts share a few prompt steps. Drafting spreads the
+finishing steps (each request accepts its own number of tokens), so the successors arrive one or two at a
+time and each arrival costs a prompt step of its own. On the H200 a prompt step costs ~3 plain steps at any
+number of prompts (session 28, run CJ, extraction c = 16: 6.5 ms with 1.6 prompts, 7.2 ms with 4, against
+2.3 ms for a plain step), so the row pays for prompt steps it did not need before. The spec gate compares
+decode steps only (``SpecGate.observe``), so it cannot see this cost, and a cell whose drafting steps tie
+plain ones loses the whole of it. This prints, per cell, the median over repeats (each row repeat against
+`none`'s run of the same repeat) of:
+
+- the throughput ratio (`none`'s wall time over the row's: both serve the same tokens);
+- the prompt steps per run of both, and the row's extra milliseconds in prompt steps and in decode steps
+  (draft, capture and plain), and outside steps (wall time no step kind holds);
+- the decode rate ratio: the row's tokens per millisecond of decode steps over `none`'s;
+- the ratio at `none`'s prompt steps: the row's wall time less its extra prompt steps, at its own mean cost
+  per prompt step. A what-if, not a measurement: it says how much of the gap the extra prompt steps explain.
+
+It reads only what ``bench speedup`` records; nothing is timed here.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from bench.speedup_pool import BASELINE, PoolError, cells, load
+
+DECODE_KINDS = ("draft", "capture", "plain")
+
+
+def _kind(run: dict, name: str) -> tuple[int, float, int]:
+    k = run.get("step_kinds", {}).get(name, {})
+    return k.get("steps", 0), k.get("ms", 0.0), k.get("tokens", 0)
+
+
+def split(base: dict, run: dict) -> dict:
+    """One repeat of a row against `none`'s run of the same repeat."""
+    if "step_kinds" not in base or "step_kinds" not in run:
+        raise PoolError("a run without step_kinds: bench speedup records them since session 17")
+    b_prompt, r_prompt = _kind(base, "prompt"), _kind(run, "prompt")
+    b_dec = [_kind(base, k) for k in DECODE_KINDS]
+    r_dec = [_kind(run, k) for k in DECODE_KINDS]
+    b_dec_ms, r_dec_ms = sum(k[1] for k in b_dec), sum(k[1] for k in r_dec)
+    b_dec_tok, r_dec_tok = sum(k[2] for k in b_dec), sum(k[2] for k in r_dec)
+    b_wall, r_wall = 1000 * base["wall_s"], 1000 * run["wall_s"]
+    extra_prompts = r_prompt[0] - b_prompt[0]
+    per_prompt = r_prompt[1] / r_prompt[0] if r_prompt[0] else 0.0
+    return {
+        "ratio": b_wall / r_wall,
+        "prompt_steps": (b_prompt[0], r_prompt[0]),
+        "prompt_ms": r_prompt[1] - b_prompt[1],
+        "decode_ms": r_dec_ms - b_dec_ms,
+        "outside_ms": (r_wall - r_prompt[1] - r_dec_ms) - (b_wall - b_prompt[1] - b_dec_ms),
+        "decode_rate_ratio": (r_dec_tok / r_dec_ms) / (b_dec_tok / b_dec_ms) if r_dec_ms and b_dec_ms and b_dec_tok
+        else None,
+        "ratio_at_base_prompts": b_wall / (r_wall - extra_prompts * per_prompt),
+        "drafted": sum(run.get("gate_drafted_by", {}).values()),
+    }
+
+
+def cell_splits(runs: list[dict], row: str) -> list[tuple[str, int, list[dict]]]:
+    """(workload, concurrency, the splits of every repeat of every run) for each cell."""
+    out = []
+    for workload, level in cells(runs):
+        splits = []
+        for r in runs:
+            rows = r["workloads"][workload][level]["rows"]
+            if row not in rows or BASELINE not in rows:
+                raise PoolError(f"no {row!r} or {BASELINE!r} row at {workload} c = {level}")
+            splits += [split(b, x) for b, x in zip(rows[BASELINE]["runs"], rows[row]["runs"])]
+        out.append((workload, int(level), splits))
+    return out
+
+
+def _med(splits: list[dict], key: str) -> float | None:
+    vals = [s[key] for s in splits if s[key] is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def table(by_cell: list[tuple[str, int, list[dict]]], row: str) -> str:
+    lines = [f"| workload | c | repeats | drafted steps/run | throughput {row} / {BASELINE} | prompt steps "
+             f"{BASELINE} → {row} | +ms prompt steps | +ms decode steps | +ms outside | decode rate ratio | "
+             f"ratio at {BASELINE}'s prompt steps |",
+             "|---" * 11 + "|"]
+    for workload, level, s in by_cell:
+        b_n = statistics.median(x["prompt_steps"][0] for x in s)
+        r_n = statistics.median(x["prompt_steps"][1] for x in s)
+        lines.append(f"| {workload} | {level} | {len(s)} | {statistics.fmean(x['drafted'] for x in s):.1f} | "
+                     f"{_med(s, 'ratio'):.3f} | {b_n:g} → {r_n:g} | {_fmt(_med(s, 'prompt_ms'), '+.1f')} | "
+                     f"{_fmt(_med(s, 'decode_ms'), '+.1f')} | {_fmt(_med(s, 'outside_ms'), '+.1f')} | "
+                     f"{_fmt(_med(s, 'decode_rate_ratio'), '.3f')} | {_med(s, 'ratio_at_base_prompts'):.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.step_split", description=__doc__.splitlines()[0])
+    p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz files of bench speedup runs "
+                                                          "with the same cells (pooled repeat by repeat)")
+    p.add_argument("--row", default="dspark", help="the row to split against none (default dspark)")
+    args = p.parse_args(argv)
+    try:
+        runs = [load(path) for path in args.result]
+        print(table(cell_splits(runs, args.row), args.row))
+    except PoolError as e:
+        p.error(str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

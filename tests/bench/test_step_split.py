@@ -1,0 +1,54 @@
+"""bench.step_split: a row's time against `none`, prompt steps apart from decode steps."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.speedup_pool import PoolError
+from bench.step_split import cell_splits, main, split
+
+
+def run(wall_ms, prompt, plain, draft=(0, 0.0, 0), drafted=0):
+    """A run record: (steps, ms, tokens) per step kind."""
+    kinds = {"prompt": dict(zip(("steps", "ms", "tokens"), prompt)),
+             "plain": dict(zip(("steps", "ms", "tokens"), plain))}
+    if draft[0]:
+        kinds["draft"] = dict(zip(("steps", "ms", "tokens"), draft))
+    return {"wall_s": wall_ms / 1000, "step_kinds": kinds, "gate_drafted_by": {"winner": drafted}}
+
+
+# `none`: 16 prompt steps (7 ms each, 232 tokens) and 179 plain ones (2.3 ms, 2,840 tokens), 5 ms outside steps
+NONE = run(529.7, (16, 112.0, 232), (179, 412.7, 2840))
+# drafting: 37 prompt steps of 6.5 ms, 40 drafting steps that emit 2,640 tokens in 264 ms (10 tok/ms against
+# `none`'s 6.88), 20 plain ones; same tokens in all (3,072), 6 ms outside steps
+DRAFTING = run(556.5, (37, 240.5, 392), (20, 46.0, 40), draft=(40, 264.0, 2640), drafted=40)
+
+
+def test_a_split_puts_the_extra_prompt_steps_apart_from_the_decode_steps():
+    s = split(NONE, DRAFTING)
+    assert s["ratio"] == pytest.approx(529.7 / 556.5)
+    assert s["prompt_steps"] == (16, 37) and s["drafted"] == 40
+    assert s["prompt_ms"] == pytest.approx(128.5)
+    assert s["decode_ms"] == pytest.approx(310.0 - 412.7)
+    assert s["outside_ms"] == pytest.approx(1.0)
+    assert s["decode_rate_ratio"] == pytest.approx((2680 / 310.0) / (2840 / 412.7))
+    # less 21 prompt steps of 6.5 ms: 556.5 − 136.5 = 420 ms, so drafting would have been 1.26x
+    assert s["ratio_at_base_prompts"] == pytest.approx(529.7 / 420.0)
+
+
+def test_the_command_pools_repeats_per_cell_and_refuses_runs_without_step_kinds(tmp_path, capsys):
+    result = {"workloads": {"extraction.eval": {"16": {"rows": {"none": {"runs": [NONE, NONE]},
+                                                                "dspark": {"runs": [DRAFTING, DRAFTING]}}}}}}
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result))
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| extraction.eval | 16 | 2 | 40.0 | 0.952 | 16 → 37 | +128.5 | -102.7 | +1.0 | 1.256 | 1.261 |" in out
+    assert len(cell_splits([result], "dspark")[0][2]) == 2
+    old = {"workloads": {"w": {"1": {"rows": {"none": {"runs": [{"wall_s": 1.0}]},
+                                              "dspark": {"runs": [{"wall_s": 1.0}]}}}}}}
+    with pytest.raises(PoolError, match="step_kinds"):
+        cell_splits([old], "dspark")
+    with pytest.raises(SystemExit):
+        main([str(path), "--row", "eagle3"])
