@@ -16,8 +16,10 @@ plain ones loses the whole of it. This prints, per cell, the median over repeats
 - the prompt steps per run of both, and the row's extra milliseconds in prompt steps and in decode steps
   (draft, capture and plain), and outside steps (wall time no step kind holds);
 - the decode rate ratio: the row's tokens per millisecond of decode steps over `none`'s;
-- the ratio at `none`'s prompt steps: the row's wall time less its extra prompt steps, at its own mean cost
-  per prompt step. A what-if, not a measurement: it says how much of the gap the extra prompt steps explain.
+- the ratio at `none`'s prompt steps: the row's wall time with its prompt steps' time replaced by `none`'s,
+  and the extra tokens its prompt steps emitted (decoders beside the prompts emit one each there) produced by
+  its decode steps at its own decode rate instead. A what-if, not a measurement: it says how much of the gap
+  the extra prompt steps explain, and what is left is the decode steps' own rate.
 
 It reads only what ``bench speedup`` records; nothing is timed here.
 """
@@ -47,17 +49,18 @@ def split(base: dict, run: dict) -> dict:
     b_dec_ms, r_dec_ms = sum(k[1] for k in b_dec), sum(k[1] for k in r_dec)
     b_dec_tok, r_dec_tok = sum(k[2] for k in b_dec), sum(k[2] for k in r_dec)
     b_wall, r_wall = 1000 * base["wall_s"], 1000 * run["wall_s"]
-    extra_prompts = r_prompt[0] - b_prompt[0]
-    per_prompt = r_prompt[1] / r_prompt[0] if r_prompt[0] else 0.0
+    # the what-if: the row's prompt steps cost what `none`'s did, and the decode tokens its extra prompt steps
+    # emitted come from its decode steps at its own decode rate instead
+    r_rate = r_dec_tok / r_dec_ms if r_dec_ms and r_dec_tok else None
+    at_base = None if r_rate is None else (r_wall - r_prompt[1] + b_prompt[1] + (r_prompt[2] - b_prompt[2]) / r_rate)
     return {
         "ratio": b_wall / r_wall,
         "prompt_steps": (b_prompt[0], r_prompt[0]),
         "prompt_ms": r_prompt[1] - b_prompt[1],
         "decode_ms": r_dec_ms - b_dec_ms,
         "outside_ms": (r_wall - r_prompt[1] - r_dec_ms) - (b_wall - b_prompt[1] - b_dec_ms),
-        "decode_rate_ratio": (r_dec_tok / r_dec_ms) / (b_dec_tok / b_dec_ms) if r_dec_ms and b_dec_ms and b_dec_tok
-        else None,
-        "ratio_at_base_prompts": b_wall / (r_wall - extra_prompts * per_prompt),
+        "decode_rate_ratio": r_rate / (b_dec_tok / b_dec_ms) if r_rate and b_dec_ms and b_dec_tok else None,
+        "ratio_at_base_prompts": None if at_base is None else b_wall / at_base,
         "drafted": sum(run.get("gate_drafted_by", {}).values()),
     }
 
@@ -96,7 +99,7 @@ def table(by_cell: list[tuple[str, int, list[dict]]], row: str) -> str:
         lines.append(f"| {workload} | {level} | {len(s)} | {statistics.fmean(x['drafted'] for x in s):.1f} | "
                      f"{_med(s, 'ratio'):.3f} | {b_n:g} → {r_n:g} | {_fmt(_med(s, 'prompt_ms'), '+.1f')} | "
                      f"{_fmt(_med(s, 'decode_ms'), '+.1f')} | {_fmt(_med(s, 'outside_ms'), '+.1f')} | "
-                     f"{_fmt(_med(s, 'decode_rate_ratio'), '.3f')} | {_med(s, 'ratio_at_base_prompts'):.3f} |")
+                     f"{_fmt(_med(s, 'decode_rate_ratio'), '.3f')} | {_fmt(_med(s, 'ratio_at_base_prompts'), '.3f')} |")
     return "\n".join(lines)
 
 
