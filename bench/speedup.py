@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -43,6 +44,8 @@ from pathlib import Path
 
 import kvspec_kernels as kernels
 from bench.arg_types import positive_int, positive_ints
+from bench.cpu_pin import cpu_set, pin
+from bench.host_drift import host_drift_line
 from bench.row_profiles import RowProfiles, TorchProfiles
 from specd.engine.gating import gate_key_name
 from kvd.gc_pauses import GENERATIONS, freeze_heap
@@ -459,7 +462,7 @@ def render_markdown(result: dict) -> str:
     lines += ["", f"Timed runs that captured CUDA graphs: {capturing} of {len(timed)}; that built Triton kernels: "
                   f"{compiling}; eager steps in timed runs: "
                   f"{sum(r['eager_steps'] for r in timed)} of {sum(r['steps'] for r in timed)}.",
-              "", gc_line(timed, result.get("gc"))]
+              "", gc_line(timed, result.get("gc")), "", host_drift_line(result["workloads"])]
     verdicts = [c.get("never_slower") for cells in result["workloads"].values() for c in cells.values()]
     if any(v is not None for v in verdicts):
         lines += ["", f"Scheduled dspark never slower than none in every cell: "
@@ -540,6 +543,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--cpus", type=cpu_set, default=None,
+                   help="pin the process, every thread, to these CPUs (e.g. 2 or 2-5) before the model loads; "
+                        "default: unpinned (bench/cpu_pin.py says why one would)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=None,
                    help="wall-time budget: no (workload, concurrency) cell starts after it (the cells left are "
@@ -673,6 +679,8 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    if args.cpus is not None:
+        pin(args.cpus)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     engine = _engine(args)
@@ -681,6 +689,7 @@ def run(args: argparse.Namespace) -> int:
               "drafters": args.drafters, "concurrency": args.concurrency, "requests": args.requests, "waves": args.waves,
               "repeats": args.repeats, "max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos,
               "prompt_mode": PROMPT_MODE, "tolerance": args.tolerance, "gc": args.gc,
+              "cpus": None if args.cpus is None else sorted(os.sched_getaffinity(0)),
               # the one-launch norms and rotary (the default since session 15): which model path the run timed
               "fused_elementwise": kernels.fused_elementwise(engine.device), **measure(engine, args)}
     result["wall_s"] = time.perf_counter() - t0

@@ -4,6 +4,7 @@ never-slower verdict follows the scheduled row's ratios. Plus the pure summaries
 from __future__ import annotations
 
 import json
+import os
 import math
 from pathlib import Path
 
@@ -93,6 +94,8 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     assert result["gc"] == "freeze"             # the heap frozen after each cell's warm-ups, as specd does
     md = (out / "speedup.md").read_text()
     assert "Garbage-collector passes in timed runs (--gc freeze): generation 2: " in md
+    assert "Host drift (output and commit ms per step over the row's fastest repeat of the cell), timed runs of 56:" in md
+    assert result["cpus"] is None                # unpinned unless --cpus
     assert result["row_settings"]["ngram-gated"]["spec_schedule"] == "gated"
     assert result["row_settings"]["dspark-g7"] == {"speculation": "dspark", "spec_schedule": "fixed",
                                                    "num_speculative_tokens": 7}
@@ -197,13 +200,15 @@ def test_the_beside_prompts_row_drafts_beside_a_prompt_with_a_gate_of_its_own(mo
 
 def test_budget_cuts_cells_and_still_writes(tmp_path):
     """--budget-s 0: no cell starts, every one is listed as cut, and the report is still written."""
+    allowed = sorted(os.sched_getaffinity(0))
     greedy = _sessions(tmp_path / "stories-greedy.jsonl", "greedy", 0.0)
     out = tmp_path / "out"
     rc = bench_main(["speedup", "--model", str(MODEL), "--workloads", str(greedy), "--concurrency", "1,3",
                      "--rows", "none,ngram", "--requests", "2", "--max-tokens", "4", "--repeats", "1",
-                     "--budget-s", "0", "--out", str(out)])
+                     "--budget-s", "0", "--cpus", ",".join(map(str, allowed)), "--out", str(out)])
     assert rc == 0
     result = json.loads((out / "speedup.json").read_text())
+    assert result["cpus"] == allowed     # --cpus: pinned (here to every CPU it had, so the tests after run as before)
     assert result["cut"] == ["stories-greedy c=1", "stories-greedy c=3"]
     assert result["workloads"] == {"stories-greedy": {}}
     assert "Cells not run (past --budget-s): stories-greedy c=1, stories-greedy c=3." in (out / "speedup.md").read_text()
