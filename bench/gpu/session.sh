@@ -155,15 +155,18 @@ speedup_run() {  # speedup_run GPU DRAFTERS ROWS BUDGET_S OUT: bench speedup on 
                  # SPEED_PROFILE: a folder for cProfile tables of the timed runs, per row and concurrency;
                  # SPEED_TORCH_PROFILE: a folder for torch.profiler tables, the rows side by side;
                  # SPEED_GC: freeze (the default, session 18) or default, bench speedup's --gc;
-                 # SPEED_CPUS: pin the run to these CPUs, e.g. 2 (bench speedup's --cpus, bench/cpu_pin.py))
-  local W name
+                 # SPEED_CPUS: pin the run to these CPUs, e.g. 2 (bench speedup's --cpus, bench/cpu_pin.py);
+                 # SPEED_MAX_TOKENS: answer length, default 48 (every answer reaches it, so `none` runs a wave's
+                 # requests in lockstep: session 28); `turn`: each turn's own 128, answers end at EOS)
+  local W name len=(--max-tokens "${SPEED_MAX_TOKENS:-48}")
+  if [ "${SPEED_MAX_TOKENS:-}" = turn ]; then len=(); fi   # each turn's own max_tokens (128): EOS ends answers
   W=$(ls "$(train_data)"/*.eval.jsonl | paste -sd, -)    # the eval sessions beside the training ones (TRAIN_DATA)
   if [ -n "${SPEED_WORKLOADS:-}" ]; then
     W=$(for name in ${SPEED_WORKLOADS//,/ }; do ls "$(train_data)/$name.eval.jsonl"; done | paste -sd, -)
   fi
   CUDA_VISIBLE_DEVICES=$1 python -m bench speedup --model "$MODEL" --drafters "$2" --rows "$3" --workloads "$W" \
     --concurrency "${SPEED_CONCURRENCY:-1,4,8,16,32}" --requests "${SPEED_REQUESTS:-8}" --waves "${SPEED_WAVES:-1}" \
-    --max-tokens 48 ${SPEED_GC:+--gc "$SPEED_GC"} ${SPEED_CPUS:+--cpus "$SPEED_CPUS"} ${SPEED_PROFILE:+--profile "$SPEED_PROFILE"} ${SPEED_TORCH_PROFILE:+--torch-profile "$SPEED_TORCH_PROFILE"} \
+    "${len[@]}" ${SPEED_GC:+--gc "$SPEED_GC"} ${SPEED_CPUS:+--cpus "$SPEED_CPUS"} ${SPEED_PROFILE:+--profile "$SPEED_PROFILE"} ${SPEED_TORCH_PROFILE:+--torch-profile "$SPEED_TORCH_PROFILE"} \
     --repeats "${SPEED_REPEATS:-2}" --device cuda --budget-s "$4" --out "$5" > /tmp/logs/speedup.log 2>&1
   echo "speedup rc=$?"
 }
