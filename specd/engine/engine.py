@@ -7,6 +7,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Callable
 
 import torch
@@ -152,7 +153,7 @@ class SpecEngine(GateSteps):
 
     def _attach(self, source: BlockSource) -> None:
         self.source = source
-        self.drafts = DraftCache(source, self.layout.block_size, self._method)   # drafter context K/V in kvd
+        self.drafts = DraftCache(source, self.layout.block_size, attrgetter("method"))   # drafter context K/V in kvd
         for method, proposer in self._proposers.items():
             self.drafts.offer(method, proposer)
         if self.layout.hybrid:       # sliding-window layers: a cache group per kind (specd/engine/group_backend.py)
@@ -212,6 +213,7 @@ class SpecEngine(GateSteps):
         if request.params.seed is not None:
             gen = torch.Generator().manual_seed(request.params.seed)
         seq = Sequence(request, Detokenizer(self.tokenizer.decode, request.params.stop), gen)
+        seq.method = request.speculation or self.config.speculation
         seq.gate_key = self._gate_key_for(seq)
         if seq.gate_key is not None and self.spec_gate is not None:
             seq.gate_acceptance = self.spec_gate.record(seq.gate_key, request.prompt_ids)
@@ -405,19 +407,16 @@ class SpecEngine(GateSteps):
         self.sps = self.sps.with_overhead((1 - OVERHEAD_EMA) * self.sps.overhead_s + OVERHEAD_EMA * sample)
 
     # -- speculation -----------------------------------------------------------------------
-    def _method(self, seq: Sequence) -> str:
-        return seq.request.speculation or self.config.speculation
-
     def _add_drafts(self, batch: list[ScheduledSeq]) -> None:
         """Attach a draft to every decoding sequence that speculates: one batched proposal per method.
         Within a method, the requests on the confidence schedule go through the scheduler together;
         the fixed ones keep their γ drafts."""
         by_method: dict[str, list[ScheduledSeq]] = {}
         # a pure decode step (``_decode_step``, asked once a step) needs no per-sequence ``decodes``: at c = 32
-        # that walk and a second ``_method`` call per sequence were half this method's ~11 µs a step for
+        # that walk and a second method lookup per sequence were half this method's ~11 µs a step for
         # `none` on the CPU machine (tests/engine/gate_cost_probe.py)
         for sched in batch if self._decode_step else [s for s in batch if s.decodes]:
-            method = self._method(sched.seq)
+            method = sched.seq.method
             if method != "none":
                 by_method.setdefault(method, []).append(sched)
         for method, group in by_method.items():
@@ -491,7 +490,7 @@ class SpecEngine(GateSteps):
         # a steady rest); the test is spelled out here and in ``_keep_features``: a helper call per sequence
         # cost ~4 µs a resting step at c = 32 on the CPU machine, the kind of cost the steady rest removes
         for sched in batch:
-            method = self._method(sched.seq)
+            method = sched.seq.method
             if (method not in ("none", "ngram") and method not in found and id(sched.seq) not in self._resting
                     and sched.seq.gate_key not in self._resting_keys):
                 found[method] = self._proposer(method)
@@ -511,7 +510,7 @@ class SpecEngine(GateSteps):
         owners: dict[str, list[tuple[Sequence, int]]] = {}   # method -> (sequence, its row count)
         row = 0
         for sched in batch:
-            method = self._method(sched.seq)
+            method = sched.seq.method
             if (method in proposers and sched.seq.status is not SeqStatus.FINISHED
                     and id(sched.seq) not in self._resting and sched.seq.gate_key not in self._resting_keys):
                 rows.setdefault(method, []).extend(range(row, row + valid[id(sched)]))

@@ -6,7 +6,7 @@ part of it (asking before or after a proposer runs, resting prompts and decoders
 request's acceptance, reporting the step) had grown to a third of engine.py. ``GateSteps`` is mixed into
 ``SpecEngine``; it reads the engine's ``spec_gate``, ``sps``/``_track_overhead``, ``_counters`` and the
 per-step state initialised in ``SpecEngine.__init__`` (``_gate_arms``, ``_resting``, ``_resting_keys``,
-``_gate_drafting``, ``_profiled``, and ``_rest_chain`` across steps), and calls its ``_method``, ``_proposer``, ``_schedule_of`` and ``_wants_confidence``.
+``_gate_drafting``, ``_profiled``, and ``_rest_chain`` across steps), and calls its ``_proposer``, ``_schedule_of`` and ``_wants_confidence``.
 docs/design/speculation.md ("Measured pre-draft gate") says what each rule is for and what it measured.
 """
 from __future__ import annotations
@@ -289,7 +289,7 @@ class GateSteps:
             key = seq.gate_key
             if key is None or sched.decodes:          # not gated, or a decoder (gated in _add_drafts)
                 continue
-            if not getattr(self._proposer(self._method(seq)), "capture_layers", ()):
+            if not getattr(self._proposer(seq.method), "capture_layers", ()):
                 continue                              # nothing to capture (ngram)
             captures = seq.prompt_captures
             if captures is None:              # the first chunk decides for the whole prefill
@@ -412,7 +412,7 @@ class GateSteps:
         """``seq``'s gate key, or None when the gate does not decide for it. Its method and schedule never
         change, so the engine sets ``seq.gate_key`` once, at admission: asked for every request at every
         step, these checks were a third of the gate's host time per step on the CPU probe."""
-        method = self._method(seq)
+        method = seq.method
         if method == "none" or not self._gated(self._proposer(method), seq):
             return None
         return self._gate_key(method, seq)
@@ -454,7 +454,7 @@ class GateSteps:
         pending: dict[str, list[Sequence]] = {}
         for seq in seqs:
             if seq.draft_feats is not None and len(seq.draft_feats):
-                pending.setdefault(self._method(seq), []).append(seq)
+                pending.setdefault(seq.method, []).append(seq)
         for method, group in pending.items():
             absorb = getattr(self._proposer(method), "absorb_before_rest", None)
             if absorb is not None:
