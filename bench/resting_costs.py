@@ -16,27 +16,18 @@ import argparse
 import statistics
 from pathlib import Path
 
-from bench.speedup_pool import BASELINE, PoolError, cells, load
+from bench.speedup_pool import BASELINE, PoolError, load, repeat_pairs, step_kind
 
 
 def resting_pairs(runs: list[dict], row: str, max_drafted: int) -> dict[int, list[tuple[dict, dict]]]:
     """Concurrency -> (baseline run, row run) of every repeat where ``row``'s gate drafted ≤ ``max_drafted``
     steps, over every workload of every run."""
     out: dict[int, list[tuple[dict, dict]]] = {}
-    for workload, level in cells(runs):
-        for r in runs:
-            rows = r["workloads"][workload][level]["rows"]
-            if row not in rows or BASELINE not in rows:
-                raise PoolError(f"no {row!r} or {BASELINE!r} row at {workload} c = {level}")
-            for base, run in zip(rows[BASELINE]["runs"], rows[row]["runs"]):
-                if sum(run.get("gate_drafted_by", {}).values()) <= max_drafted:
-                    out.setdefault(int(level), []).append((base, run))
+    for _, level, pairs in repeat_pairs(runs, row):
+        for base, run in pairs:
+            if sum(run.get("gate_drafted_by", {}).values()) <= max_drafted:
+                out.setdefault(int(level), []).append((base, run))
     return dict(sorted(out.items()))
-
-
-def _prompt_ms(run: dict) -> tuple[float, int]:
-    kind = run.get("step_kinds", {}).get("prompt", {})
-    return kind.get("ms", 0.0), kind.get("steps", 0)
 
 
 def costs(pairs: list[tuple[dict, dict]]) -> dict:
@@ -45,7 +36,7 @@ def costs(pairs: list[tuple[dict, dict]]) -> dict:
     phases = list(pairs[0][0]["phase_ms_per_step"])
     extra_prompt = []
     for base, run in pairs:
-        (b_ms, b_n), (r_ms, r_n) = _prompt_ms(base), _prompt_ms(run)
+        (b_n, b_ms, _), (r_n, r_ms, _) = step_kind(base, "prompt"), step_kind(run, "prompt")
         if b_n and r_n:
             extra_prompt.append(r_ms / r_n - b_ms / b_n)
     return {
@@ -54,7 +45,7 @@ def costs(pairs: list[tuple[dict, dict]]) -> dict:
         "phase_us": {k: 1000 * statistics.median(run["phase_ms_per_step"].get(k, 0.0) - base["phase_ms_per_step"][k]
                                                  for base, run in pairs) for k in phases},
         "prompt_step_ms": statistics.median(extra_prompt) if extra_prompt else None,
-        "captures": statistics.fmean(run.get("step_kinds", {}).get("capture", {}).get("steps", 0) for _, run in pairs),
+        "captures": statistics.fmean(step_kind(run, "capture")[0] for _, run in pairs),
     }
 
 

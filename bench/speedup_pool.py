@@ -58,6 +58,25 @@ def cells(runs: list[dict]) -> list[tuple[str, str]]:
     return first
 
 
+def repeat_pairs(runs: list[dict], row: str):
+    """(workload, concurrency, [(baseline run, row run), ...]) per cell: each repeat of ``row`` in every run
+    beside the baseline's run of the same repeat (they ran back to back)."""
+    for workload, level in cells(runs):
+        pairs = []
+        for r in runs:
+            rows = r["workloads"][workload][level]["rows"]
+            if row not in rows or BASELINE not in rows:
+                raise PoolError(f"no {row!r} or {BASELINE!r} row at {workload} c = {level}")
+            pairs += zip(rows[BASELINE]["runs"], rows[row]["runs"])
+        yield workload, level, pairs
+
+
+def step_kind(run: dict, name: str) -> tuple[int, float, int]:
+    """(steps, ms, tokens) of one step kind in a timed run's ``step_kinds`` (zeros when it took none)."""
+    k = run.get("step_kinds", {}).get(name, {})
+    return k.get("steps", 0), k.get("ms", 0.0), k.get("tokens", 0)
+
+
 def pooled_cell(runs: list[dict], workload: str, level: str, row: str, key: str) -> list[float]:
     """Every run's per-repeat ratios of ``row`` to the baseline in one cell, for one of RATIOS."""
     out: list[float] = []

@@ -29,23 +29,18 @@ import argparse
 import statistics
 from pathlib import Path
 
-from bench.speedup_pool import BASELINE, PoolError, cells, load
+from bench.speedup_pool import BASELINE, PoolError, load, repeat_pairs, step_kind
 
 DECODE_KINDS = ("draft", "capture", "plain")
-
-
-def _kind(run: dict, name: str) -> tuple[int, float, int]:
-    k = run.get("step_kinds", {}).get(name, {})
-    return k.get("steps", 0), k.get("ms", 0.0), k.get("tokens", 0)
 
 
 def split(base: dict, run: dict) -> dict:
     """One repeat of a row against `none`'s run of the same repeat."""
     if "step_kinds" not in base or "step_kinds" not in run:
         raise PoolError("a run without step_kinds: bench speedup records them since session 17")
-    b_prompt, r_prompt = _kind(base, "prompt"), _kind(run, "prompt")
-    b_dec = [_kind(base, k) for k in DECODE_KINDS]
-    r_dec = [_kind(run, k) for k in DECODE_KINDS]
+    b_prompt, r_prompt = step_kind(base, "prompt"), step_kind(run, "prompt")
+    b_dec = [step_kind(base, k) for k in DECODE_KINDS]
+    r_dec = [step_kind(run, k) for k in DECODE_KINDS]
     b_dec_ms, r_dec_ms = sum(k[1] for k in b_dec), sum(k[1] for k in r_dec)
     b_dec_tok, r_dec_tok = sum(k[2] for k in b_dec), sum(k[2] for k in r_dec)
     b_wall, r_wall = 1000 * base["wall_s"], 1000 * run["wall_s"]
@@ -67,16 +62,8 @@ def split(base: dict, run: dict) -> dict:
 
 def cell_splits(runs: list[dict], row: str) -> list[tuple[str, int, list[dict]]]:
     """(workload, concurrency, the splits of every repeat of every run) for each cell."""
-    out = []
-    for workload, level in cells(runs):
-        splits = []
-        for r in runs:
-            rows = r["workloads"][workload][level]["rows"]
-            if row not in rows or BASELINE not in rows:
-                raise PoolError(f"no {row!r} or {BASELINE!r} row at {workload} c = {level}")
-            splits += [split(b, x) for b, x in zip(rows[BASELINE]["runs"], rows[row]["runs"])]
-        out.append((workload, int(level), splits))
-    return out
+    return [(workload, int(level), [split(b, x) for b, x in pairs])
+            for workload, level, pairs in repeat_pairs(runs, row)]
 
 
 def _med(splits: list[dict], key: str) -> float | None:
