@@ -137,7 +137,10 @@ def table(runs: list[dict], row: str, resamples: int = 10_000) -> tuple[str, dic
     for w in workloads:
         out = []
         for c in levels:
-            cell = found[w, c]
+            cell = found.get((w, c))
+            if cell is None:         # past the run's --budget-s: `bench speedup` lists it under "cut"
+                out.append("not run")
+                continue
             marks = {mark(lo, hi) for _, lo, hi, _ in cell.values()}
             counts["cells"] += 1
             counts["slower"] += "slower" in marks
@@ -150,6 +153,9 @@ def table(runs: list[dict], row: str, resamples: int = 10_000) -> tuple[str, dic
     for c in levels:
         parts = [f"{s[c][0]:.3f} ({s[c][1]:.3f}-{s[c][2]:.3f})" for s in summary if c in s]
         text = "<br>".join(parts)
+        ran = sum((w, c) in found for w in workloads)
+        if ran < len(workloads):     # a cut cell: the mean is over the workloads that ran, and says so
+            text += f"<br>({ran} of {len(workloads)} workloads)"
         by_level.append(f"**{text}** ↓" if any(s[c][2] < 1.0 for s in summary if c in s) else text)
     lines.append("| all workloads (geometric mean) | " + " | ".join(by_level) + " |")
     return "\n".join(lines), counts

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import math
 import json
 
 import pytest
@@ -67,3 +68,18 @@ def test_the_summary_row_weighs_every_workload_alike_and_resamples_within_cells(
         assert mean == pytest.approx(want) and lo == pytest.approx(want) and hi == pytest.approx(want)
     text, _ = table([run], "dspark", resamples=500)
     assert f"| all workloads (geometric mean) | {want:.3f} ({want:.3f}-{want:.3f})" in text
+
+
+def test_a_cell_cut_by_the_budget_reads_not_run_and_the_summary_says_how_many_workloads_it_holds():
+    # `bench speedup --budget-s` leaves the cells it did not start out of the result (session 29, run CL:
+    # support c = 32); the table marks them instead of failing, and the level's mean names its workloads
+    run = result([0.9, 0.9], [1.0, 1.0])
+    run["workloads"]["support.eval"] = {"1": result([1.2, 1.2], [1.0, 1.0])["workloads"]["coding.eval"]["1"]}
+    text, counts = table([run], "dspark", resamples=500)
+    rows = {line.split(" | ")[0]: line for line in text.splitlines()}
+    assert rows["| support.eval"].endswith("| not run |")
+    assert counts["cells"] == 3
+    summary = rows["| all workloads (geometric mean)"]
+    want = math.sqrt(0.9 * 1.2)
+    assert f"{want:.3f}" in summary.split(" | ")[1] and "workloads)" not in summary.split(" | ")[1]
+    assert "0.900" in summary.split(" | ")[2] and "(1 of 2 workloads)" in summary.split(" | ")[2]
