@@ -115,7 +115,7 @@ class SpecEngine(GateSteps):
                               spec_class_explore_steps_total=0, spec_scheduled_requests_total=0,
                               spec_scheduled_tokens_total=0, admission_seconds_total=0.0,
                               spec_scheduler_seconds_total=0.0, spec_rest_again_steps_total=0,
-                              spec_rest_leased_steps_total=0,
+                              spec_rest_leased_steps_total=0, spec_rest_whole_batch_steps_total=0,
                               spec_promptless_requests_total=0, forward_hook_steps_total=0,
                               forward_hook_calls_total=0, warmed_requests_total=0,
                               **{f"step_{kind}_{what}_total": 0 for kind in STEP_KINDS
@@ -140,6 +140,7 @@ class SpecEngine(GateSteps):
         self._decode_step = False               # this step: every sequence decodes one token (set by step)
         self._rest_chain = None                 # the last step rested a whole gated group (gating.RestChain)
         self._lease_step = None                 # this step rests on that chain's lease (``GateSteps._fold``)
+        self._whole_rest = False                # this step: the lease rests the whole batch (``_rests_whole_batch``)
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)
@@ -410,7 +411,10 @@ class SpecEngine(GateSteps):
     def _add_drafts(self, batch: list[ScheduledSeq]) -> None:
         """Attach a draft to every decoding sequence that speculates: one batched proposal per method.
         Within a method, the requests on the confidence schedule go through the scheduler together;
-        the fixed ones keep their γ drafts."""
+        the fixed ones keep their γ drafts. A rest lease over the whole batch returns before any walk
+        over it (``_rests_whole_batch``)."""
+        if self._decode_step and self._rests_whole_batch(batch):
+            return
         by_method: dict[str, list[ScheduledSeq]] = {}
         # a pure decode step (``_decode_step``, asked once a step) needs no per-sequence ``decodes``: at c = 32
         # that walk and a second method lookup per sequence were half this method's ~11 µs a step for
@@ -485,6 +489,8 @@ class SpecEngine(GateSteps):
     def _feature_proposers(self, batch: list[ScheduledSeq]) -> dict:
         """The proposers that read target features, for the methods of this batch's sequences that do
         not rest this step."""
+        if self._whole_rest:         # every sequence of the batch rests on the lease: nothing captures
+            return {}
         found = {}
         # a sequence rests if marked one by one (``_rest``) or with its whole gate key (``_resting_keys``,
         # a steady rest); the test is spelled out here and in ``_keep_features``: a helper call per sequence

@@ -70,6 +70,7 @@ class GateSteps:
         (``_gate_capturing``) is charged to that key's next drafting sample (``SpecGate.charge``)."""
         arms, self._gate_arms = self._gate_arms, {}
         leased, self._lease_step = self._lease_step, None
+        self._whole_rest = False
         self._resting = set()
         self._resting_keys = set()
         drafting, self._gate_drafting = self._gate_drafting, {}
@@ -151,6 +152,28 @@ class GateSteps:
                 self._gate_capturing.add(key)       # resting sample, it is charged to the next drafting one
             resting.update(id(s) for s in members)
         return [s for s in group if id(s) not in resting] if resting else group
+
+    def _rests_whole_batch(self, batch: list[ScheduledSeq]) -> bool:
+        """The leased steady rest of a chain whose group was the whole batch, taken before any walk over the
+        batch: ``SpecEngine._add_drafts`` then skips grouping the batch by method and ``_feature_proposers``
+        its pass (nothing captures). The proof that the batch is the chain's group: the chain's size and
+        count are equal only when its gated group was every request of the batch (``_gate_group`` creates
+        it so; ``_rests_again`` updates both from one full ask; ``_carries`` and ``_rest_prompts`` change
+        one or both but end the lease), and on consecutive pure decode steps with no admission in between
+        (the lease's own condition) a batch of the same size holds the same requests. The conditions are
+        the lease's in ``_rests_again``, so that call takes its leased branch, which always rests. Why: at
+        c = 32 those two walks were the resting row's largest host cost left over `none`'s (session 29,
+        cProfile of the H200 runs and the CPU probe, tests/engine/rest_host_probe.py)."""
+        chain = self._rest_chain
+        size = len(batch)
+        if (chain is None or not chain.lease or chain.size != size or chain.count != size
+                or chain.gate is not self.spec_gate or not self._gate_on()
+                or chain.admitted != self.spec_gate.admitted or chain.step + 1 != self._counters["steps_total"]):
+            return False
+        self._rest_chain = None
+        self._whole_rest = self._rests_again(batch, batch, chain)
+        self._counters["spec_rest_whole_batch_steps_total"] += self._whole_rest
+        return self._whole_rest
 
     def _rests_again(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], chain: "RestChain | None") -> bool:
         """The steady rest, without a pass over the group: when the previous step rested this whole group

@@ -824,7 +824,8 @@ def test_every_leased_step_reaches_the_gate_by_the_end_of_the_batch(engine, cloc
         d = gate.should_draft("dspark", 1)
         gate.observe("dspark", 1, d, 2 if d else 1, 0.08 if d else 0.01, Drafters(1, 2, 7) if d else None)
     gate.explores = staticmethod(lambda record: False)
-    before, leased = gate.cells[("dspark", 1)].plain.samples, engine.stats()["spec_rest_leased_steps_total"]
+    start = engine.stats()
+    before = gate.cells[("dspark", 1)].plain.samples
     params = SamplingParams(temperature=0.0, max_tokens=26, ignore_eos=True)
     engine.add_request(Request("lease", engine.tokenizer.encode(PROMPTS[0]), params, speculation="dspark"))
     got = []
@@ -832,11 +833,16 @@ def test_every_leased_step_reaches_the_gate_by_the_end_of_the_batch(engine, cloc
         while engine.has_work():
             for out in engine.step():
                 got += out.token_ids
-        leased = engine.stats()["spec_rest_leased_steps_total"] - leased
+        end = engine.stats()
     finally:
         engine.spec_gate = SpecGate()
+    leased = end["spec_rest_leased_steps_total"] - start["spec_rest_leased_steps_total"]
+    whole = end["spec_rest_whole_batch_steps_total"] - start["spec_rest_whole_batch_steps_total"]
     assert got == want
     assert leased > 0
+    # the batch is this one request, so every leased step rests the whole batch before any walk over it
+    # (``GateSteps._rests_whole_batch``)
+    assert whole == leased, (whole, leased)
     # 26 tokens: the prefill's, then 25 decode steps: asked in full, then 8-step leases each after one sure
     # answer (steps 2-10, 11-19), then step 20's lease ends with the batch after 5 steps (21-25)
     assert gate.cells[("dspark", 1)].plain.samples - before == 25
@@ -1765,3 +1771,57 @@ def test_a_capture_steps_time_over_plain_goes_on_the_next_drafting_sample():
     gate.observe("dspark", 4, True, 4, 0.005)                         # charged once
     assert cell.draft.seconds == pytest.approx((before[0] * 0.9 + 0.008) * 0.9 + 0.005)
     assert gate.stats()["spec_gate_capture_charged_seconds_total"] == pytest.approx(0.003)
+
+
+def test_a_lease_over_part_of_the_batch_walks_it_and_a_whole_batch_lease_does_not(engine, clock, monkeypatch):
+    """``_rests_whole_batch`` skips the walks over the batch only when the chain's group was the whole batch:
+    beside a `none` request (another method, so not in the group) the same rest runs on leases through the
+    full path, and both outputs are plain decoding's. At the whole-batch steps the feature walk
+    (``_feature_proposers``) returns at its first line, with nothing to capture."""
+    from specd.engine.request import Request
+    from specd.engine.spec_gate import Drafters
+    from specd.sampling_params import SamplingParams
+
+    want = run(engine, "none", max_tokens=26)
+    walks = []
+    inner = type(engine)._feature_proposers
+
+    def counted(self, batch):
+        skipped = self._whole_rest
+        found = inner(self, batch)
+        walks.append((skipped, found))
+        return found
+
+    monkeypatch.setattr(type(engine), "_feature_proposers", counted)
+    for mixed in (False, True):
+        gate = engine.spec_gate = SpecGate(probe_every=100_000, probe_max=100_000)
+        for b in (1, 2):                 # drafting loses at both loads: a quarter of plain decoding's rate
+            for _ in range(12):
+                d = gate.should_draft("dspark", b)
+                gate.observe("dspark", b, d, b * (2 if d else 1), 0.01 * (8 if d else 1),
+                             Drafters(b, 2 * b, 7 * b) if d else None)
+        gate.explores = staticmethod(lambda record: False)
+        start, walks[:] = engine.stats(), []
+        params = SamplingParams(temperature=0.0, max_tokens=26, ignore_eos=True)
+        specs = ("dspark", "none") if mixed else ("dspark", "dspark")
+        for i, spec in enumerate(specs):
+            engine.add_request(Request(str(i), engine.tokenizer.encode(PROMPTS[i]), params, speculation=spec))
+        got: dict[str, list[int]] = {}
+        try:
+            while engine.has_work():
+                for out in engine.step():
+                    got.setdefault(out.id, []).extend(out.token_ids)
+            end = engine.stats()
+        finally:
+            engine.spec_gate = SpecGate()
+        assert got == {k: v for k, v in want.items() if k in got}
+        leased = end["spec_rest_leased_steps_total"] - start["spec_rest_leased_steps_total"]
+        whole = end["spec_rest_whole_batch_steps_total"] - start["spec_rest_whole_batch_steps_total"]
+        steps = end["steps_total"] - start["steps_total"]
+        assert leased > 0, mixed
+        skipped = [found for was, found in walks if was]
+        assert len(walks) == steps and all(not found for found in skipped)
+        if mixed:
+            assert whole == 0 and not skipped
+        else:
+            assert whole == leased == len(skipped)
