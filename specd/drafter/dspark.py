@@ -216,22 +216,26 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
             context.append([(k[0], v[0]) for k, v in kvs])
         return feats[:0]
 
-    def absorb_many(self, contexts: Sequence[DraftContext], feats: Sequence[Tensor]) -> list[Tensor]:
+    def absorb_many(self, contexts: Sequence[DraftContext], feats: Sequence[Tensor], graphs=None) -> list[Tensor]:
         """``absorb`` for a batch of requests in one projection: the positions are independent (norm,
         linear, RoPE per position), so the requests' new features go through ``context_kv`` as one
         [1, Σm, d] row and the K/V are split back, then appended in one foreach copy
         (``context_cache.append_many``). Why: absorbing per request cost ~25 small kernels per request per
         round; at 32 requests that was a third of a drafting step's host time on the H200 (``bench speedup
-        --profile``; docs/results/speedup.md, session 4)."""
+        --profile``; docs/results/speedup.md, session 4). ``graphs``: a specd.engine.absorb_graphs.AbsorbGraphs
+        replaying that projection from a CUDA graph (None, or a batch too large for it: this reference)."""
         if len(contexts) != len(feats):
             raise DrafterError(f"{len(contexts)} contexts for {len(feats)} feature tensors")
         live = [(c, f) for c, f in zip(contexts, feats) if f.shape[0]]
         if live:
             dev, dtype = self.fc.weight.device, self.fc.weight.dtype
             sizes = [f.shape[0] for _, f in live]
-            pos = torch.tensor([p for (c, _), m in zip(live, sizes) for p in range(c.n, c.n + m)], device=dev)
-            x = torch.cat([f for _, f in live]).to(dev, dtype)
-            kvs = [(k[0].split(sizes), v[0].split(sizes)) for k, v in self.context_kv(x[None], pos[None])]
+            positions = [p for (c, _), m in zip(live, sizes) for p in range(c.n, c.n + m)]
+            projected = None if graphs is None else graphs.run(self, [f for _, f in live], positions)
+            if projected is None:
+                x = torch.cat([f for _, f in live]).to(dev, dtype)
+                projected = self.context_kv(x[None], torch.tensor(positions, device=dev)[None])
+            kvs = [(k[0].split(sizes), v[0].split(sizes)) for k, v in projected]
             append_many([c for c, _ in live], [[(ks[i], vs[i]) for ks, vs in kvs] for i in range(len(live))])
         return [f[:0] for f in feats]
 

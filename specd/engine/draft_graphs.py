@@ -149,6 +149,7 @@ class DraftGraphs(KeyedGraphs):
                          None if replay_eagerly else torch.cuda.graph_pool_handle())
         self.eager_rounds = 0
         self.blocks = None            # BlockGraphs, set by the proposer (specd/engine/proposers.py)
+        self.absorbs = None           # AbsorbGraphs (the context projection), set by the proposer too
 
     def block_hidden(self, drafter, contexts: Sequence, last_tokens: Sequence[int]) -> Tensor:
         """The round's block forward -> hidden [B, γ, d]: from the block graphs when there are any (a view

@@ -73,8 +73,9 @@ class FeatureProposer:
             return 0
         from specd.engine.draft_graphs import warm_keys
 
-        blocks = self.rounds.blocks
+        blocks, absorbs = self.rounds.blocks, self.rounds.absorbs
         fresh = 0 if blocks is None else blocks.warm(self.drafter, blocks.warm_keys())
+        fresh += 0 if absorbs is None else absorbs.warm(self.drafter, absorbs.warm_keys())
         return fresh + self.rounds.warm(self.drafter, warm_keys(self.rounds.max_batch, self.rounds.vocab))
 
     @property
@@ -82,7 +83,7 @@ class FeatureProposer:
         """Draft-round and block-forward graphs captured so far (0 without draft graphs)."""
         if self.rounds is None:
             return 0
-        return self.rounds.captures + (self.rounds.blocks.captures if self.rounds.blocks is not None else 0)
+        return self.rounds.captures + sum(g.captures for g in (self.rounds.blocks, self.rounds.absorbs) if g is not None)
 
     @torch.inference_mode()
     def fuse(self, captured):
@@ -148,7 +149,9 @@ class FeatureProposer:
             return
         for s in seqs:
             self._open_context(s)
-        for s, rest in zip(seqs, many([s.draft_ctx for s in seqs], [s.draft_feats for s in seqs])):
+        graphs = None if self.rounds is None else self.rounds.absorbs
+        extra = {"graphs": graphs} if graphs is not None else {}
+        for s, rest in zip(seqs, many([s.draft_ctx for s in seqs], [s.draft_feats for s in seqs], **extra)):
             s.draft_feats = rest
 
     def _absorb(self, seq) -> None:
@@ -208,15 +211,18 @@ def load_proposer(method: str, config, model) -> Proposer:
 
 def draft_rounds(drafter, config, max_len: int):
     """CUDA graphs for a block drafter's round on the GPU, when the deployment keeps CUDA graphs on: the
-    block forward per (batch, context-length) bucket (specd/engine/block_graphs.py) and the sampling round
-    (specd/engine/draft_graphs.py), in one graph pool. None elsewhere (the eager reference: the CPU path).
+    block forward per (batch, context-length) bucket (specd/engine/block_graphs.py), the sampling round
+    (specd/engine/draft_graphs.py) and the context projection of new features per token bucket
+    (specd/engine/absorb_graphs.py), in one graph pool. None elsewhere (the eager reference: the CPU path).
     ``max_len``: the engine's context limit (the largest context bucket)."""
     device = drafter.fc.weight.device
     if device.type != "cuda" or not config.cuda_graphs or not hasattr(drafter, "sample_drafts"):
         return None
+    from specd.engine.absorb_graphs import AbsorbGraphs
     from specd.engine.block_graphs import BlockGraphs
     from specd.engine.draft_graphs import DraftGraphs
 
     rounds = DraftGraphs(drafter, config.max_num_seqs, device)
     rounds.blocks = BlockGraphs(drafter, config.max_num_seqs, max_len, device, pool=rounds.pool, out=rounds.hidden)
+    rounds.absorbs = AbsorbGraphs(drafter, config.max_num_batched_tokens, device, pool=rounds.pool)
     return rounds
