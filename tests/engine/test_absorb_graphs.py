@@ -83,3 +83,33 @@ def test_cuda_graph_replay_fills_the_contexts_as_the_reference_does():
         for a, b in zip(held_kv(got), held_kv(ref)):
             assert all(torch.allclose(x, y, atol=1e-5, rtol=1e-4) for x, y in zip(a, b))
     assert graphs.capture_failures == 0 and graphs.replays == 3
+
+
+def test_the_engine_serves_through_the_absorb_graphs():
+    """The committed stories260K DSpark drafter in the engine, its rounds through the block, round and
+    context-projection graphs (their static functions, as on CUDA) and with the projection eager: the same
+    greedy output, and the projection replayed at every drafting step, warmed with the others."""
+    from specd.engine.block_graphs import BlockGraphs
+    from specd.engine.config import EngineConfig
+    from specd.engine.draft_graphs import DraftGraphs
+    from specd.engine.engine import SpecEngine
+    from tests.engine.test_block_graphs import STORIES
+    from tests.greedy_runs import greedy_outputs
+
+    engine = SpecEngine.from_config(EngineConfig(max_num_seqs=8, num_local_blocks=512, spec_schedule="fixed",
+                                                 drafter=STORIES.parent / "drafters" / "stories260K-dspark",
+                                                 speculation="dspark"))
+    proposer = engine._proposer("dspark")
+    outputs, used = [], None
+    for with_absorbs in (False, True):
+        rounds = DraftGraphs(proposer.drafter, 8, CPU, replay_eagerly=True)
+        rounds.blocks = BlockGraphs(proposer.drafter, 8, engine.max_model_len, CPU, replay_eagerly=True,
+                                    out=rounds.hidden)
+        if with_absorbs:
+            rounds.absorbs = used = AbsorbGraphs(proposer.drafter, 2048, CPU, replay_eagerly=True)
+        proposer.rounds = rounds
+        fresh = proposer.warm_rounds()
+        outputs.append(greedy_outputs(engine, f"{with_absorbs}-"))
+    assert outputs[0] == outputs[1]
+    assert fresh == len(rounds.blocks.graphs) + len(rounds.graphs) + len(used.buckets)
+    assert used.replays > 0 and used.eager_calls == 0 and used.replays >= rounds.blocks.replays
