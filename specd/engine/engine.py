@@ -413,6 +413,7 @@ class SpecEngine(GateSteps):
         Within a method, the requests on the confidence schedule go through the scheduler together;
         the fixed ones keep their γ drafts. A rest lease over the whole batch returns before any walk
         over it (``_rests_whole_batch``)."""
+        self._whole_rest = False     # set per step, here, so no step inherits it (``_feature_proposers``)
         if self._decode_step and self._rests_whole_batch(batch):
             return
         by_method: dict[str, list[ScheduledSeq]] = {}

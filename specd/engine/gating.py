@@ -70,7 +70,6 @@ class GateSteps:
         (``_gate_capturing``) is charged to that key's next drafting sample (``SpecGate.charge``)."""
         arms, self._gate_arms = self._gate_arms, {}
         leased, self._lease_step = self._lease_step, None
-        self._whole_rest = False
         self._resting = set()
         self._resting_keys = set()
         drafting, self._gate_drafting = self._gate_drafting, {}
