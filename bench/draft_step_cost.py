@@ -1,0 +1,79 @@
+"""What a drafting step costs against a plain step, cell by cell, from `bench speedup` results.
+
+    python -m bench.draft_step_cost docs/results/gpu/s29/runCK/speedup.json.gz
+
+Why: speculation pays where the tokens a drafting step emits outnumber its cost in plain steps. On the H200
+a drafting step of the 0.5B target with its one-layer DSpark drafter cost ~1.9 plain steps at c = 1 (session
+29, run CK, extraction: 3.38 against 1.77 ms), so a request that accepts ~2.4 tokens a step only breaks
+even, and the gate drafts near a tie. Changes that cut the drafting step's own cost (the context projection
+from graphs, session 29) show here first, in milliseconds, before they are large enough to move a cell's
+throughput ratio out of the noise. This prints, per cell, medians over the row's repeats that drafted:
+
+- ms per drafting step (step kind ``draft``) and ms per plain step of `none`'s run of the same repeat;
+- their ratio (the drafting step in plain steps) and the tokens a drafting step emitted (every request of
+  the step together, over `none`'s tokens per plain step: the same batch emits one each there);
+- the break-even: the cost ratio over the token ratio (below 1, drafting steps are faster per token).
+
+It reads only what ``bench speedup`` records (``step_kinds``); nothing is timed here.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from bench.speedup_pool import BASELINE, PoolError, load, repeat_pairs, step_kind
+
+
+def cost(base: dict, run: dict) -> dict | None:
+    """One repeat: the row's drafting steps against `none`'s plain steps; None if it did not draft."""
+    d_steps, d_ms, d_tok = step_kind(run, "draft")
+    p_steps, p_ms, p_tok = step_kind(base, "plain")
+    if not d_steps or not p_steps or not p_tok:
+        return None
+    step_ratio = (d_ms / d_steps) / (p_ms / p_steps)
+    token_ratio = (d_tok / d_steps) / (p_tok / p_steps)
+    return {"steps": d_steps, "draft_ms": d_ms / d_steps, "plain_ms": p_ms / p_steps, "step_ratio": step_ratio,
+            "token_ratio": token_ratio, "per_token": step_ratio / token_ratio}
+
+
+def cell_costs(runs: list[dict], row: str) -> list[tuple[str, int, list[dict]]]:
+    """(workload, concurrency, the costs of the repeats that drafted) for each cell where any did."""
+    out = []
+    for workload, level, pairs in repeat_pairs(runs, row):
+        got = [c for c in (cost(b, r) for b, r in pairs) if c is not None]
+        if got:
+            out.append((workload, int(level), got))
+    return out
+
+
+def table(by_cell: list[tuple[str, int, list[dict]]], row: str) -> str:
+    lines = [f"| workload | c | repeats that drafted | drafting steps/run | ms a drafting step | ms a {BASELINE} "
+             f"plain step | drafting step in plain steps | tokens a drafting step, in plain steps' | cost a "
+             f"token against plain |", "|---" * 9 + "|"]
+    if not by_cell:
+        return f"No repeat of {row} drafted a step."
+    for workload, level, s in by_cell:
+        med = lambda key: statistics.median(x[key] for x in s)     # noqa: E731
+        lines.append(f"| {workload} | {level} | {len(s)} | {statistics.fmean(x['steps'] for x in s):.1f} | "
+                     f"{med('draft_ms'):.2f} | {med('plain_ms'):.2f} | {med('step_ratio'):.2f} | "
+                     f"{med('token_ratio'):.2f} | {med('per_token'):.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.draft_step_cost", description=__doc__.splitlines()[0])
+    p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz files of bench speedup runs "
+                                                          "with the same cells (pooled repeat by repeat)")
+    p.add_argument("--row", default="dspark", help="the drafting row (default dspark)")
+    args = p.parse_args(argv)
+    try:
+        runs = [load(path) for path in args.result]
+        print(table(cell_costs(runs, args.row), args.row))
+    except PoolError as e:
+        p.error(str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""bench.draft_step_cost: a drafting step's time and tokens against `none`'s plain step, cell by cell."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from bench.draft_step_cost import cell_costs, cost, main
+from tests.bench.test_step_split import NONE, DRAFTING, run
+
+
+def test_a_drafting_step_is_priced_in_plain_steps_of_the_same_repeat():
+    c = cost(NONE, DRAFTING)
+    plain_ms, plain_tok = 412.7 / 179, 2840 / 179
+    assert c["steps"] == 40 and c["draft_ms"] == pytest.approx(264.0 / 40) and c["plain_ms"] == pytest.approx(plain_ms)
+    assert c["step_ratio"] == pytest.approx((264.0 / 40) / plain_ms)
+    assert c["token_ratio"] == pytest.approx((2640 / 40) / plain_tok)
+    # 6.6 ms a drafting step = 2.86 plain steps, emitting 66 tokens = 4.16 plain steps' 15.9: 0.69 a token
+    assert c["per_token"] == pytest.approx(c["step_ratio"] / c["token_ratio"]) and 0.68 < c["per_token"] < 0.70
+    assert cost(NONE, NONE) is None                      # a repeat that never drafted has no price
+
+
+def test_cells_keep_only_the_repeats_that_drafted(tmp_path, capsys):
+    resting = run(530.0, (16, 112.0, 232), (179, 413.0, 2840))
+    cell = {"rows": {"none": {"runs": [NONE, NONE]}, "dspark": {"runs": [DRAFTING, resting]}}}
+    result = {"workloads": {"extraction.eval": {"16": cell}, "coding.eval": {"16": {
+        "rows": {"none": {"runs": [NONE]}, "dspark": {"runs": [resting]}}}}}}
+    got = cell_costs([result], "dspark")
+    assert [(w, c, len(s)) for w, c, s in got] == [("extraction.eval", 16, 1)]
+    path = tmp_path / "speedup.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(result, f)
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| extraction.eval | 16 | 1 | 40.0 | 6.60 | 2.31 | 2.86 | 4.16 | 0.69 |" in out and "coding" not in out
+    with pytest.raises(SystemExit):
+        main([str(path), "--row", "eagle3"])
