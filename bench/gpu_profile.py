@@ -235,11 +235,14 @@ def profile_draft_round(shape: str, batches: list[int], out: Path, gamma: int = 
     hidden difference), the Markov loop + sampling + confidence head eager and from the draft
     graph (specd/engine/draft_graphs.py; on the CPU the same static function without a graph), and
     verification: the former per-sequence loop, the vectorized one (``verify``: the argmax chain where
-    every row is greedy) and the rejection sampler it stands in for there. Also checks the graph
+    every row is greedy) and the rejection sampler it stands in for there; and the context projection of
+    γ + 1 new features per request eager and from its graph (specd/engine/absorb_graphs.py, with its
+    largest K/V difference). Also checks the graph
     against the eager reference (equal tokens, largest probability difference). Writes
     ``draft_round-<shape>.json``; runs on the CPU (``tiny``: the CI smoke test)."""
     from specd.drafter import DrafterConfig, build_drafter
     from specd.drafter.base import BlockOut
+    from specd.engine.absorb_graphs import AbsorbGraphs
     from specd.engine.block_graphs import BlockGraphs
     from specd.engine.draft_graphs import DraftGraphs
     from specd.engine.speculation import VerifyInputs, verify, verify_prepared
@@ -258,6 +261,8 @@ def profile_draft_round(shape: str, batches: list[int], out: Path, gamma: int = 
     graphs = DraftGraphs(drafter, max(batches), dev, replay_eagerly=dev.type != "cuda")
     blocks = BlockGraphs(drafter, max(batches), max(2048, context + 1), dev, replay_eagerly=dev.type != "cuda",
                          pool=graphs.pool)
+    absorbs = AbsorbGraphs(drafter, max(batches) * (gamma + 1), dev, replay_eagerly=dev.type != "cuda",
+                           pool=graphs.pool)
     settings = {"greedy": SamplingParams(temperature=0.0),
                 "T0.7-k20-p0.9": SamplingParams(temperature=0.7, top_k=20, top_p=0.9)}
     res: dict = {"shape": shape, "device": str(dev) if dev.type != "cuda" else torch.cuda.get_device_name(),
@@ -293,11 +298,30 @@ def profile_draft_round(shape: str, batches: list[int], out: Path, gamma: int = 
                 # chain (specd/engine/greedy_verify.py), and this is the path it replaced
                 row["verify_rejection"] = _timed(lambda: verify_prepared(logits, VerifyInputs.of(
                     starts, drafts, params, gens(), model.config.vocab_size, dev)), dev)
+                row.update(_absorb_rows(drafter, absorbs, b, gamma + 1, dev, dtype))
                 res[f"b{b}_{name}"] = row
                 print(b, name, {k: (v["host_ms_p50"], v["total_ms_p50"]) if isinstance(v, dict) else v
                                 for k, v in row.items()}, flush=True)
     (out / f"draft_round-{shape}.json").write_text(json.dumps(res, indent=1))
     return res
+
+
+def _absorb_rows(drafter, absorbs, b: int, m: int, dev: torch.device, dtype: torch.dtype) -> dict:
+    """The context projection of m new features for each of b requests (a drafting step's accepted tokens),
+    eager and from the graph, and the largest K/V difference between the contexts the two fill."""
+    d = drafter.config.hidden_size
+    held = [torch.randn(16, d, device=dev, dtype=dtype) for _ in range(b)]
+    new = [torch.randn(m, d, device=dev, dtype=dtype) for _ in range(b)]
+    sink = drafter.contexts_of(held)       # grows by m a call: the timed calls append, as drafting steps do
+    out = {"absorb_eager": _timed(lambda: drafter.absorb_many(sink, new), dev),
+           "absorb_graph": _timed(lambda: drafter.absorb_many(sink, new, graphs=absorbs), dev)}
+    eager, graph = drafter.contexts_of(held), drafter.contexts_of(held)
+    drafter.absorb_many(eager, new)
+    drafter.absorb_many(graph, new, graphs=absorbs)
+    out["absorb_graph_max_abs_kv_diff"] = max(
+        (x.float() - y.float()).abs().max().item()
+        for a, c in zip(eager, graph) for layer in range(a.num_layers) for x, y in zip(a.layer(layer), c.layer(layer)))
+    return out
 
 
 def _block_identity(drafter, blocks, graphs, contexts, last, hidden, params, gens) -> dict:

@@ -219,3 +219,5 @@ def test_the_draft_round_profile_times_the_block_graph(tmp_path):
         assert row["block_forward_graph"]["total_ms_p50"] > 0 and row["block_forward"]["total_ms_p50"] > 0
         assert row["block_graph_max_abs_hidden_diff"] <= 1e-5
         assert row["block_graph_tokens_equal_fraction"] >= 0.9
+        assert row["absorb_graph"]["total_ms_p50"] > 0 and row["absorb_eager"]["total_ms_p50"] > 0
+        assert row["absorb_graph_max_abs_kv_diff"] <= 1e-5
