@@ -29,6 +29,9 @@
 #   bash bench/gpu/session.sh last         # GPU0: prefill tile sweep, bench speedup (none/dspark/dspark-g7), gpu-agentic
 #                                          #   | GPU1: serve-plan gpu-agentic-idle (session 4's closing measurements)
 #   bash bench/gpu/session.sh speedup      # one GPU: bench speedup only (${SPEED_ROWS}, ${SPEED_REPEATS:-2} repeats)
+#   bash bench/gpu/session.sh graphs-check # one GPU, no GGUF: the drafter graphs' CUDA tests and the draft-round
+#                                          #   profile (absorb_eager vs absorb_graph: the context projection,
+#                                          #   built in session 29 without a GPU run)
 #   bash bench/gpu/session.sh verdict      # one GPU: the chain against the rejection sampler on extraction (fresh
 #                                          #   engine), the full table, the draft-round profile (session 16)
 #   bash bench/gpu/session.sh idle         # one GPU: serve-plan ${KV_PLAN:-gpu-agentic-idle} only; with
@@ -504,6 +507,16 @@ PY
     grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
     pack closing
     ;;
+  graphs-check)
+    mkdir -p "$RES/graphs-check"
+    timeout "${CHECK_TIMEOUT:-240}" python -m pytest -q -p no:cacheprovider tests/engine/test_absorb_graphs.py \
+      tests/engine/test_block_graphs.py tests/engine/test_draft_graphs.py > "$RES/graphs-check/pytest.txt" 2>&1
+    echo "pytest rc=$?"; tail -n 3 "$RES/graphs-check/pytest.txt"
+    CUDA_VISIBLE_DEVICES=0 timeout "${PROFILE_TIMEOUT:-120}" python -m bench.gpu_profile --draft-round \
+      --out "$RES/graphs-check" > /tmp/logs/draft-round.log 2>&1
+    echo "draft-round rc=$?"; tail -n 4 /tmp/logs/draft-round.log
+    pack graphs-check
+    ;;
   *)
-    sed -n 2,38p "$0"; exit 2 ;;
+    sed -n 2,41p "$0"; exit 2 ;;
 esac
