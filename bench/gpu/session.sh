@@ -518,5 +518,5 @@ PY
     pack graphs-check
     ;;
   *)
-    sed -n 2,41p "$0"; exit 2 ;;
+    sed -n 2,50p "$0"; exit 2 ;;   # the usage block above
 esac
