@@ -77,6 +77,21 @@ def step_kind(run: dict, name: str) -> tuple[int, float, int]:
     return k.get("steps", 0), k.get("ms", 0.0), k.get("tokens", 0)
 
 
+def row_tool_main(prog: str, description: str, render, argv: list[str] | None, row_help: str) -> int:
+    """The command line of a tool that reads one row of ``bench speedup`` results against the baseline
+    (``bench.step_split``, ``bench.draft_step_cost``): result files, ``--row``; prints ``render(runs, row)``."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz files of bench speedup runs "
+                                                          "with the same cells (pooled repeat by repeat)")
+    p.add_argument("--row", default="dspark", help=row_help)
+    args = p.parse_args(argv)
+    try:
+        print(render([load(path) for path in args.result], args.row))
+    except PoolError as e:
+        p.error(str(e))
+    return 0
+
+
 def pooled_cell(runs: list[dict], workload: str, level: str, row: str, key: str) -> list[float]:
     """Every run's per-repeat ratios of ``row`` to the baseline in one cell, for one of RATIOS."""
     out: list[float] = []

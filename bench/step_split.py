@@ -25,11 +25,9 @@ It reads only what ``bench speedup`` records; nothing is timed here.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
-from pathlib import Path
 
-from bench.speedup_pool import BASELINE, PoolError, load, repeat_pairs, step_kind
+from bench.speedup_pool import BASELINE, PoolError, repeat_pairs, row_tool_main, step_kind
 
 DECODE_KINDS = ("draft", "capture", "plain")
 
@@ -91,17 +89,8 @@ def table(by_cell: list[tuple[str, int, list[dict]]], row: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.step_split", description=__doc__.splitlines()[0])
-    p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz files of bench speedup runs "
-                                                          "with the same cells (pooled repeat by repeat)")
-    p.add_argument("--row", default="dspark", help="the row to split against none (default dspark)")
-    args = p.parse_args(argv)
-    try:
-        runs = [load(path) for path in args.result]
-        print(table(cell_splits(runs, args.row), args.row))
-    except PoolError as e:
-        p.error(str(e))
-    return 0
+    return row_tool_main("python -m bench.step_split", __doc__.splitlines()[0],
+                         lambda runs, row: table(cell_splits(runs, row), row), argv, "the row to split against none (default dspark)")
 
 
 if __name__ == "__main__":
