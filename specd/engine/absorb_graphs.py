@@ -9,8 +9,8 @@ from graphs (block_graphs.py, draft_graphs.py); this was the round's last eager 
 
 A graph is captured per token bucket T (``ABSORB_BUCKETS`` up to the largest that fits ``max_tokens``):
 static inputs x [T, d] and positions [T], static outputs per layer k, v [T, Hkv, D]. Padding is inert: the
-projection is row-wise (norm, linear, RoPE per position), so a padded row (position 0, features left from an
-earlier call or the warm-up's zeros: finite) changes no real row, and only the first n rows are read back. A batch of more new tokens than the largest bucket
+projection is row-wise (norm, linear, RoPE per position), so a padded row (a position and features left from
+an earlier call, or the warm-up's zeros: finite) changes no real row, and only the first n rows are read back. A batch of more new tokens than the largest bucket
 (a long prompt's first draft) runs the eager reference, ``BlockDrafter.context_kv``.
 
 The outputs are views of the static buffers, valid until the next call: ``absorb_many`` copies them into the
@@ -48,7 +48,6 @@ class AbsorbGraphs(KeyedGraphs):
         t, dtype, layers = self.buckets[-1], drafter.fc.weight.dtype, len(drafter.layers)
         self._x = torch.zeros(t, drafter.config.hidden_size, dtype=dtype, device=device)
         self._pos = torch.zeros(t, dtype=torch.int64, device=device)
-        self._h_pos = torch.zeros(t, dtype=torch.int64, pin_memory=device.type == "cuda")
         self._kv = torch.zeros(layers, 2, t, c.num_kv_heads, c.head_dim, dtype=dtype, device=device)
         super().__init__(len(self.buckets), "context projection", replay_eagerly,
                          pool if pool is not None or replay_eagerly else torch.cuda.graph_pool_handle())
@@ -76,9 +75,11 @@ class AbsorbGraphs(KeyedGraphs):
         if not self.can_run(key):
             self.eager_calls += 1
             return None
-        self._h_pos[:n] = torch.tensor(positions, dtype=torch.int64)
-        self._h_pos[n:key] = 0
-        self._pos[:key].copy_(self._h_pos[:key], non_blocking=True)
+        # a blocking copy from pageable memory, as the eager path's: two calls may come in one step (a rest's
+        # absorb, then the drafting requests' proposal) with no sync between, and a pinned buffer reused by
+        # the second could be overwritten before the first's asynchronous copy ran. Rows n..key-1 keep
+        # earlier positions (valid ones: their rows are never read)
+        self._pos[:n].copy_(torch.tensor(positions, dtype=torch.int64))
         if len(feats) == 1 or feats[0].dtype != self._x.dtype:
             self._x[:n].copy_(feats[0] if len(feats) == 1 else torch.cat(list(feats)))
         else:
