@@ -10,8 +10,9 @@ from graphs (block_graphs.py, draft_graphs.py); this was the round's last eager 
 A graph is captured per token bucket T (``ABSORB_BUCKETS`` up to the largest that fits ``max_tokens``):
 static inputs x [T, d] and positions [T], static outputs per layer k, v [T, Hkv, D]. Padding is inert: the
 projection is row-wise (norm, linear, RoPE per position), so a padded row (a position and features left from
-an earlier call, or the warm-up's zeros: finite) changes no real row, and only the first n rows are read back. A batch of more new tokens than the largest bucket
-(a long prompt's first draft) runs the eager reference, ``BlockDrafter.context_kv``.
+an earlier call, or the warm-up's zeros: finite) changes no real row, and only the first n rows are read
+back. A batch of more new tokens than the largest bucket (a long prompt's first draft) runs the eager
+reference, ``BlockDrafter.context_kv``.
 
 The outputs are views of the static buffers, valid until the next call: ``absorb_many`` copies them into the
 contexts (``context_cache.append_many``) at once.

@@ -159,15 +159,15 @@ class GateSteps:
         count are equal only when its gated group was every request of the batch (``_gate_group`` creates
         it so; ``_rests_again`` updates both from one full ask; ``_carries`` and ``_rest_prompts`` change
         one or both but end the lease), and on consecutive pure decode steps with no admission in between
-        (the lease's own condition) a batch of the same size holds the same requests. The conditions are
-        the lease's in ``_rests_again``, so that call takes its leased branch, which always rests. Why: at
+        (the lease's own condition) a batch of the same size holds the same requests. The lease is asked
+        as ``_rests_again`` asks it (``_lease_covers``), so that call takes its leased branch, which always
+        rests. Why: at
         c = 32 those two walks were the resting row's largest host cost left over `none`'s (session 29,
         cProfile of the H200 runs and the CPU probe, tests/engine/rest_host_probe.py)."""
         chain = self._rest_chain
         size = len(batch)
-        if (chain is None or not chain.lease or chain.size != size or chain.count != size
-                or chain.gate is not self.spec_gate or not self._gate_on()
-                or chain.admitted != self.spec_gate.admitted or chain.step + 1 != self._counters["steps_total"]):
+        if (chain is None or chain.count != chain.size or chain.gate is not self.spec_gate or not self._gate_on()
+                or chain.step + 1 != self._counters["steps_total"] or not self._lease_covers(chain, size, size)):
             return False
         self._rest_chain = None
         self._whole_rest = self._rests_again(batch, batch, chain)
@@ -194,8 +194,7 @@ class GateSteps:
         counters = self._counters
         # a lease granted at an earlier step of this chain covers this one: the same requests rest, no
         # question asked (``SpecGate.rest_lease``); else the gate is asked (``rests_again``) after the fold
-        leased = (chain.lease and size == chain.size and count == chain.count
-                  and self.spec_gate.admitted == chain.admitted)
+        leased = self._lease_covers(chain, size, count)
         if not leased:
             self._fold(chain)
             exact = chain.exact and size == chain.size and count == chain.count
@@ -222,6 +221,13 @@ class GateSteps:
             chain.gate = self.spec_gate
         self._rest_chain = chain
         return True
+
+    def _lease_covers(self, chain: RestChain, size: int, count: int) -> bool:
+        """Does a lease granted at an earlier step of ``chain`` cover this step (the same batch and group
+        sizes, no admission since it was granted)? Asked by ``_rests_again`` and, before any walk over the
+        batch, by ``_rests_whole_batch``."""
+        return bool(chain.lease) and size == chain.size and count == chain.count \
+            and self.spec_gate.admitted == chain.admitted
 
     def _fold(self, chain: RestChain | None) -> None:
         """End ``chain``'s rest lease: the gate that granted it takes its steps (clock) and their plain
