@@ -694,6 +694,9 @@ def run(args: argparse.Namespace) -> int:
               "cpus": None if args.cpus is None else sorted(os.sched_getaffinity(0)),
               # the one-launch norms and rotary (the default since session 15): which model path the run timed
               "fused_elementwise": kernels.fused_elementwise(engine.device), **measure(engine, args)}
+    # the drafter's context projection from CUDA graphs (session 29; KVSPEC_ABSORB_GRAPHS=0 keeps it eager)
+    result["absorb_graphs"] = any(getattr(getattr(p, "rounds", None), "absorbs", None) is not None
+                                  for p in engine._proposers.values())
     result["wall_s"] = time.perf_counter() - t0
     if engine.sps is not None:
         result["sps_profile"] = {str(b): s for b, s in engine.sps.to_table().items()}

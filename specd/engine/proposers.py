@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import torch
 
@@ -214,7 +215,9 @@ def draft_rounds(drafter, config, max_len: int):
     block forward per (batch, context-length) bucket (specd/engine/block_graphs.py), the sampling round
     (specd/engine/draft_graphs.py) and the context projection of new features per token bucket
     (specd/engine/absorb_graphs.py), in one graph pool. None elsewhere (the eager reference: the CPU path).
-    ``max_len``: the engine's context limit (the largest context bucket)."""
+    ``max_len``: the engine's context limit (the largest context bucket). ``KVSPEC_ABSORB_GRAPHS=0`` keeps
+    the projection eager with the other graphs on: it is the newest of them (session 29), so a deployment
+    can turn it off alone, and a benchmark can set it beside the eager path."""
     device = drafter.fc.weight.device
     if device.type != "cuda" or not config.cuda_graphs or not hasattr(drafter, "sample_drafts"):
         return None
@@ -224,5 +227,6 @@ def draft_rounds(drafter, config, max_len: int):
 
     rounds = DraftGraphs(drafter, config.max_num_seqs, device)
     rounds.blocks = BlockGraphs(drafter, config.max_num_seqs, max_len, device, pool=rounds.pool, out=rounds.hidden)
-    rounds.absorbs = AbsorbGraphs(drafter, config.max_num_batched_tokens, device, pool=rounds.pool)
+    if os.environ.get("KVSPEC_ABSORB_GRAPHS", "1") != "0":
+        rounds.absorbs = AbsorbGraphs(drafter, config.max_num_batched_tokens, device, pool=rounds.pool)
     return rounds
