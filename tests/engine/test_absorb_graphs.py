@@ -98,7 +98,8 @@ def test_the_engine_serves_through_the_absorb_graphs():
 
     engine = SpecEngine.from_config(EngineConfig(max_num_seqs=8, num_local_blocks=512, spec_schedule="fixed",
                                                  drafter=STORIES.parent / "drafters" / "stories260K-dspark",
-                                                 speculation="dspark"))
+                                                 speculation="dspark",
+                                                 device="cpu"))  # the static functions on CPU buffers
     proposer = engine._proposer("dspark")
     outputs, used = [], None
     for with_absorbs in (False, True):

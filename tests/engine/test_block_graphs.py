@@ -196,7 +196,8 @@ def test_the_engine_serves_through_the_block_graphs():
 
     drafter_dir = STORIES.parent / "drafters" / "stories260K-dspark"
     engine = SpecEngine.from_config(EngineConfig(max_num_seqs=8, num_local_blocks=512, spec_schedule="fixed",
-                                                 drafter=drafter_dir, speculation="dspark"))
+                                                 drafter=drafter_dir, speculation="dspark",
+                                                 device="cpu"))  # the static functions on CPU buffers
     proposer = engine._proposer("dspark")
     rounds = DraftGraphs(proposer.drafter, 8, CPU, replay_eagerly=True)
     rounds.blocks = BlockGraphs(proposer.drafter, 8, engine.max_model_len, CPU, replay_eagerly=True, out=rounds.hidden)

@@ -187,7 +187,8 @@ def test_the_engine_serves_through_the_draft_rounds():
 
     drafter_dir = STORIES.parent / "drafters" / "stories260K-dspark"
     engine = SpecEngine.from_config(EngineConfig(max_num_seqs=8, num_local_blocks=512, spec_schedule="fixed",
-                                                 drafter=drafter_dir, speculation="dspark"))
+                                                 drafter=drafter_dir, speculation="dspark",
+                                                 device="cpu"))  # the static functions on CPU buffers
     proposer = engine._proposer("dspark")
     outputs = []
     for rounds in (None, DraftGraphs(proposer.drafter, 8, torch.device("cpu"), replay_eagerly=True)):
