@@ -76,8 +76,13 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # a gate of its own; diagnostics, not default rows
     "dspark-rejection": {"method": "dspark", "schedule": "confidence", "gamma": None, "verify": "rejection"},
     "dspark-g7-rejection": {"method": "dspark", "schedule": "fixed", "gamma": 7, "verify": "rejection"},
+    # scheduled dspark with the drafter's context projection eager instead of replayed from its CUDA graphs
+    # (specd/engine/absorb_graphs.py, session 29), through a gate of its own: what the graphs save, in the
+    # same run; a diagnostic, not a default row (on the CPU both rows run the eager projection)
+    "dspark-absorb-eager": {"method": "dspark", "schedule": "confidence", "gamma": None, "absorb": "eager"},
 }
-DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection")
+DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
+                   "dspark-absorb-eager")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -267,8 +272,8 @@ def gc_split(d: dict) -> dict[str, list[float]]:
             for g in GENERATIONS if d.get(f"gc_gen{g}_passes_total")}
 
 
-GATE_SETTINGS = ("beside_prompts", "gate", "verify")   # ROWS keys for the row's own gate (and verify path),
-                                                        # not request fields
+GATE_SETTINGS = ("beside_prompts", "gate", "verify", "absorb")   # ROWS keys for the row's own gate (and verify
+                                                                  # or projection path), not request fields
 
 
 @contextmanager
@@ -287,6 +292,11 @@ def row_gate(engine, row: str, own: dict):
         yield
         return
     rejection = settings.pop("verify", None) == "rejection"
+    rounds = getattr(engine._proposer(ROWS[row]["method"]), "rounds", None) \
+        if settings.pop("absorb", None) == "eager" else None
+    absorbs = None if rounds is None else rounds.absorbs
+    if rounds is not None:
+        rounds.absorbs = None        # ``FeatureProposer``: no graphs, the eager projection (``absorb_many``)
     if row not in own:
         if settings.pop("gate", None) == "resting":
             from bench.resting_gate import RestingGate
@@ -301,6 +311,8 @@ def row_gate(engine, row: str, own: dict):
     finally:
         engine.spec_gate = gate
         engine.greedy_chain = True
+        if rounds is not None:
+            rounds.absorbs = absorbs
 
 
 def repeat_order(rows: list[str], rep: int) -> list[str]:

@@ -328,6 +328,33 @@ def test_the_rejection_rows_verify_greedy_drafts_through_the_rejection_sampler(t
     assert tokens["dspark-g7"] == tokens["dspark-g7-rejection"]
 
 
+def test_the_absorb_eager_row_runs_without_the_projection_graphs_and_puts_them_back():
+    """dspark-absorb-eager: while the row runs, the proposer's round graphs keep no projection graphs (the
+    eager ``absorb_many``) and a gate of its own decides; after it, both are the engine's again, also when the
+    row fails. Not a default row."""
+    from types import SimpleNamespace
+
+    from bench.speedup import DEFAULT_ROWS, row_gate
+    from specd.engine.spec_gate import SpecGate
+
+    assert "dspark-absorb-eager" not in DEFAULT_ROWS
+    graphs = object()
+    proposer = SimpleNamespace(rounds=SimpleNamespace(absorbs=graphs))
+    gate = SpecGate()
+    engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: proposer)
+    own: dict = {}
+    with row_gate(engine, "dspark-absorb-eager", own):
+        assert proposer.rounds.absorbs is None
+        assert engine.spec_gate is own["dspark-absorb-eager"] and engine.spec_gate is not gate
+        assert engine.greedy_chain
+    assert proposer.rounds.absorbs is graphs and engine.spec_gate is gate
+    with pytest.raises(RuntimeError), row_gate(engine, "dspark-absorb-eager", own):
+        raise RuntimeError("a failed run")
+    assert proposer.rounds.absorbs is graphs and engine.spec_gate is gate
+    with row_gate(engine, "dspark", own):           # the default row keeps the graphs and the engine's gate
+        assert proposer.rounds.absorbs is graphs and engine.spec_gate is gate
+
+
 def test_collector_passes_are_split_by_generation_and_summed_over_runs():
     d = {"gc_gen0_passes_total": 3, "gc_gen0_seconds_total": 0.0006, "gc_gen1_passes_total": 0,
          "gc_gen1_seconds_total": 0.0, "gc_gen2_passes_total": 1, "gc_gen2_seconds_total": 0.15}
