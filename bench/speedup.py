@@ -80,9 +80,15 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # (specd/engine/absorb_graphs.py, session 29), through a gate of its own: what the graphs save, in the
     # same run; a diagnostic, not a default row (on the CPU both rows run the eager projection)
     "dspark-absorb-eager": {"method": "dspark", "schedule": "confidence", "gamma": None, "absorb": "eager"},
+    # scheduled dspark behind a gate that probes the losing arm at half the default budget (0.5% of a cell's
+    # throughput, waits up to 2,048 steps), through a gate of its own: at c >= 16, where the gate rests,
+    # probes were ~1% of the time by design (PROBE_BUDGET), as much as the engine's resting host time
+    # (session 30, runs CO and CP); a candidate measured against the default in the same run, not a default row
+    "dspark-probe-half": {"method": "dspark", "schedule": "confidence", "gamma": None, "probe_budget": 0.005,
+                          "probe_max": 2048},
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
-                   "dspark-absorb-eager")
+                   "dspark-absorb-eager", "dspark-probe-half")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -272,8 +278,8 @@ def gc_split(d: dict) -> dict[str, list[float]]:
             for g in GENERATIONS if d.get(f"gc_gen{g}_passes_total")}
 
 
-GATE_SETTINGS = ("beside_prompts", "gate", "verify", "absorb")   # ROWS keys for the row's own gate (and verify
-                                                                  # or projection path), not request fields
+# ROWS keys for the row's own gate (SpecGate settings, or its verify or projection path), not request fields
+GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "gate", "verify", "absorb")
 
 
 @contextmanager
