@@ -188,14 +188,16 @@ class GateSteps:
         if chain is None or not self._decode_step or not self._gate_on():
             return False
         size, count = len(batch), len(group)
-        if (chain.step + 1 != self._counters["steps_total"] or load_bucket(size) != chain.bucket
-                or size > chain.size or count > chain.count):
-            return False
         counters = self._counters
+        if chain.step + 1 != counters["steps_total"]:
+            return False
         # a lease granted at an earlier step of this chain covers this one: the same requests rest, no
-        # question asked (``SpecGate.rest_lease``); else the gate is asked (``rests_again``) after the fold
+        # question asked (``SpecGate.rest_lease``); else the gate is asked (``rests_again``) after the fold.
+        # Asked first: a leased step has the chain's sizes, so its bucket and sizes need no check
         leased = self._lease_covers(chain, size, count)
         if not leased:
+            if load_bucket(size) != chain.bucket or size > chain.size or count > chain.count:
+                return False
             self._fold(chain)
             exact = chain.exact and size == chain.size and count == chain.count
             if not self.spec_gate.rests_again(chain.key, size, subset=not exact):

@@ -702,6 +702,37 @@ def test_a_rest_lease_ends_where_the_step_by_step_rest_ends():
     assert leased.stats() == pytest.approx(step_by_step.stats())
 
 
+@pytest.mark.parametrize("samples", [[(4, 4, 0.004), (4, 4, 0.0041), (4, 3, 0.0045), (4, 4, 0.0042)],
+                                     [(4, 4, 0.004), (4, 4, 0.0041), (5, 5, 0.0046), (4, 4, 0.0042)]])
+def test_fold_rest_leaves_the_cell_as_observing_each_sample_would(samples):
+    """``fold_rest`` takes a lease's samples inline (session 30): the same sums, warm-ups, reports, reason and
+    basis as an ``observe`` per sample under the granting answer, warm-up samples and a sample of another
+    batch size (the general path) included; a bad sample is refused as ``observe`` refuses it."""
+    import copy
+
+    from specd.engine.spec_gate import Acceptance
+
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=50, probe_max=50, probe_steps=1)
+    drive(gate, 4, draft_tok_s=300.0)
+    gate.should_draft("dspark", 4, requests=[Acceptance()] * 4)
+    gate.cells[("dspark", 4)].lease_basis = (1.5, 700.0, 1000.0)
+    gate.warmup = 2
+    gate.cells[("dspark", 4)].plain.warmups = 0                  # the next two plain samples are warm-ups
+    inline, stepwise = gate, copy.deepcopy(gate)
+    inline.fold_rest("dspark", 4, len(samples), samples)
+    cell = stepwise.cells[("dspark", 4)]
+    cell.clock += len(samples)
+    for n, tokens, seconds in samples:
+        cell.reason, cell.basis = "winner", cell.lease_basis
+        stepwise.observe("dspark", n, False, tokens, seconds)
+    a, b = stepwise.cells[("dspark", 4)], inline.cells[("dspark", 4)]
+    assert a.plain == b.plain and a.draft == b.draft and a.plain.warmups == 2
+    assert (a.clock, a.reason, a.basis, a.trace, list(a.recent)) == (b.clock, b.reason, b.basis, b.trace, list(b.recent))
+    assert [r[5] for r in b.recent][-4:] == ["winner"] * 4
+    with pytest.raises(GateError):
+        inline.fold_rest("dspark", 4, 1, [(4, 4, 0.0)])
+
+
 def test_a_rest_lease_stops_short_of_a_probe_and_of_a_probe_running():
     gate = SpecGate(warmup=0, min_samples=2, probe_every=6, probe_max=6, probe_steps=1)
     drive(gate, 4, draft_tok_s=300.0)
