@@ -14,8 +14,9 @@ that cannot differ: its count of "slower" cells is the rule's false alarms. On t
 than the bootstrap assumes (their order in the run, the machine's drift): read a row's count against the A/A
 row's, not one cell's interval as a verdict.
 
-Runs must share their workloads and concurrencies; pool runs of one commit (the files' ``COMMIT`` neighbours
-are printed when present), or the interval mixes code versions.
+Runs must share their workloads and concurrencies, or, with ``--shared``, are pooled over the cells all of them
+have (session 30: a full table and a run of c = 16 and 32 alone, of one commit); pool runs of one commit (the
+files' ``COMMIT`` neighbours are printed when present), or the interval mixes code versions.
 """
 from __future__ import annotations
 
@@ -56,6 +57,17 @@ def cells(runs: list[dict]) -> list[tuple[str, str]]:
         if sorted(other) != sorted(first):
             raise PoolError(f"run {i} has other cells than run 1: pool runs of one table")
     return first
+
+
+def shared_cells(runs: list[dict]) -> list[dict]:
+    """The runs cut to the cells every one of them has (workloads and concurrencies in run 1's order), so
+    that ``cells`` accepts them; the results themselves are not changed."""
+    common = set.intersection(*({(w, c) for w, levels in r["workloads"].items() for c in levels} for r in runs))
+    if not common:
+        raise PoolError("the runs share no cell")
+    return [{**r, "workloads": {w: {c: cell for c, cell in levels.items() if (w, c) in common}
+                                for w, levels in r["workloads"].items() if any((w, c) in common for c in levels)}}
+            for r in runs]
 
 
 def repeat_pairs(runs: list[dict], row: str):
@@ -182,9 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default=None,
                    help="comma-separated rows to pool (default: every row of run 1 but the baseline 'none')")
     p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples per cell (seeded)")
+    p.add_argument("--shared", action="store_true",
+                   help="pool the cells every run has, instead of refusing runs of different tables")
     args = p.parse_args(argv)
     try:
         runs = [load(path) for path in args.result]
+        if args.shared:
+            runs = shared_cells(runs)
         shared = cells(runs)
         first = runs[0]["workloads"][shared[0][0]][shared[0][1]]["rows"]
         rows = args.rows.split(",") if args.rows else [r for r in first if r != BASELINE]

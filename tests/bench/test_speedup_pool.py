@@ -83,3 +83,23 @@ def test_a_cell_cut_by_the_budget_reads_not_run_and_the_summary_says_how_many_wo
     want = math.sqrt(0.9 * 1.2)
     assert f"{want:.3f}" in summary.split(" | ")[1] and "workloads)" not in summary.split(" | ")[1]
     assert "0.900" in summary.split(" | ")[2] and "(1 of 2 workloads)" in summary.split(" | ")[2]
+
+
+def test_shared_pools_the_cells_every_run_has(tmp_path, capsys):
+    """--shared: a full table and a run of some of its cells pool over the cells both have; the run with
+    more cells alone would say otherwise at the cell the other lacks. Runs sharing no cell are refused."""
+    full = tmp_path / "full.json"
+    full.write_text(json.dumps(result([0.95, 0.96, 0.94], [1.0, 1.0, 1.0], levels=("1", "4"))))
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps(result([1.05, 1.06, 1.04], [1.0, 1.0, 1.0], levels=("4",))))
+    with pytest.raises(SystemExit):
+        main([str(full), str(part)])                        # other tables: refused without --shared
+    assert main([str(full), str(part), "--shared", "--rows", "dspark", "--resamples", "500"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| dspark |"))
+    assert header == "| dspark | c = 4 |"                  # c = 1 is only in one run: left out
+    assert "dspark: 0 of 1 cells slower" in out            # 0.95 and 1.05 pooled: neither slower nor faster
+    alone = tmp_path / "alone.json"
+    alone.write_text(json.dumps(result([1.0], [1.0], levels=("8",))))
+    with pytest.raises(SystemExit):
+        main([str(full), str(alone), "--shared"])
