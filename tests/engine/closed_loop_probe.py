@@ -15,26 +15,19 @@ not collect it); run it per tree, alternating trees:
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import gc
 import statistics
 import time
 
-import torch
-from resting_probe_engine import BASE, resting_engine, time_methods   # this script's folder
+from resting_probe_engine import BASE, probe_arguments, resting_engine, time_methods   # this script's folder
 
 METHODS = ("_add_drafts", "_observe_gate", "_rest_prompts", "_capture_layers", "_plan_sampling", "_emit",
            "_update_overhead", "_keep_features", "_sample", "_commit_held")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=4, help="rounds of both rows, after one warm-up round each")
-    p.add_argument("--max-tokens", type=int, default=48)
-    args = p.parse_args()
-    torch.set_num_threads(1)
+    args = probe_arguments(__doc__, 16, 4, 48, "rounds of both rows, after one warm-up round each")
     from specd.engine.request import Request
     from specd.sampling_params import SamplingParams
 

@@ -14,24 +14,17 @@ test (pytest does not collect it); run it per tree, alternating trees:
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 import time
 
-import torch
-from resting_probe_engine import BASE, resting_engine   # this script's folder
+from resting_probe_engine import BASE, probe_arguments, resting_engine   # this script's folder
 
 PHASES = ("schedule", "forward", "output", "commit")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=7, help="rounds of both rows (the first is not counted)")
-    p.add_argument("--max-tokens", type=int, default=120)
-    args = p.parse_args()
-    torch.set_num_threads(1)
+    args = probe_arguments(__doc__, 4, 7, 120, "rounds of both rows (the first is not counted)")
     from specd.engine.request import Request
     from specd.sampling_params import SamplingParams
 

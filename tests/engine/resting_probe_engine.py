@@ -35,6 +35,22 @@ def resting_engine(concurrency: int, num_local_blocks: int = 2048):
     return engine
 
 
+def probe_arguments(doc: str, concurrency: int, rounds: int, max_tokens: int, rounds_help: str):
+    """The probes' shared command line (--concurrency, --rounds, --max-tokens, from the script's docstring),
+    parsed, with torch held to one thread as the probes time it."""
+    import argparse
+
+    import torch
+
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--concurrency", type=int, default=concurrency)
+    p.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    return args
+
+
 def time_methods(engine, names=TIMED) -> dict[str, float]:
     """Wrap ``engine``'s methods ``names``; returns the dict each call adds its seconds to (clear it to
     start a measurement)."""
