@@ -546,29 +546,16 @@ class SpecGate:
         if cell is None or not steps:
             return
         cell.clock += steps
-        # ``observe``'s plain-arm path inline, sample by sample (the same sums, reports and warm-ups): a lease's
-        # samples all have its batch size, so they are this cell's. Why: an ``observe`` call per leased step
-        # (its checks, cell lookup and report) was the largest item of a resting step's gate time left on the
-        # CPU machine's cProfile at c = 16 (session 30)
+        # a lease's samples all have its batch size, so they are this cell's: ``observe`` without its cell
+        # lookup (``_take``). Why: an ``observe`` call per leased step was the largest item of a resting
+        # step's gate time left on the CPU machine's cProfile at c = 16 (session 30)
         for n, tokens, seconds in samples:
+            cell.reason, cell.basis = "winner", cell.lease_basis
             if n != sequences:                   # not the lease's batch size: the general path
-                cell.reason, cell.basis = "winner", cell.lease_basis
                 self.observe(method, n, False, tokens, seconds)
                 continue
             self._check_sample(n, tokens, seconds)
-            plain = cell.plain
-            used = plain.warmups >= self.warmup
-            report = (False, tokens, seconds, n, used, "winner", cell.lease_basis)
-            cell.reason, cell.basis = "", ()
-            if len(cell.trace) < TRACE_STEPS:
-                cell.trace.append(report)
-            cell.recent.append(report)
-            if not used:
-                plain.warmups += 1
-                continue
-            cell.draft.age(self.decay)
-            plain.age(self.decay)
-            plain.add(tokens, seconds, n)
+            self._take(cell, False, tokens, seconds, n)
 
     def join_rest(self, method: str, sequences: int, requests: list[Acceptance]) -> bool:
         """Requests join a steady rest of this cell (``rests_again``): fold the most their records can reach
@@ -712,7 +699,12 @@ class SpecGate:
         if drafters is not None and not (0 <= drafters.count <= sequences and 0 <= drafters.emitted <= tokens
                                          and drafters.verified >= 0):
             raise GateError(f"drafters {drafters} do not fit a step of {sequences} sequences and {tokens} tokens")
-        cell = self._cell(method, sequences)
+        self._take(self._cell(method, sequences), drafted, tokens, seconds, sequences, drafters)
+
+    def _take(self, cell: Cell, drafted: bool, tokens: int, seconds: float, sequences: int,
+              drafters: Drafters | None = None) -> None:
+        """``observe`` once its sample is checked and its cell found (``fold_rest`` comes here directly):
+        the report under the cell's reason and basis, then a warm-up or a sample of the arm."""
         arm = cell.draft if drafted else cell.plain
         used = arm.warmups >= self.warmup
         report = (drafted, tokens, seconds, sequences, used, cell.reason, cell.basis)    # formatted by ``trace``
