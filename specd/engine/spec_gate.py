@@ -26,7 +26,7 @@ the share of the batch that found none: on the H200, ngram-gated drafted on at c
 
 Recovery: the losing arm is probed for ``probe_steps`` steps, as often as a probe budget allows: the wait
 before the next probe is the probe's expected cost (its steps × their length in winner's steps × the
-fraction of its rate the loser loses) over ``PROBE_BUDGET`` (1% of the cell's time), between
+fraction of its rate the loser loses) over ``PROBE_BUDGET`` (0.5% of the cell's time), between
 ``probe_every`` and ``probe_max`` steps. A
 near-tie is probed often (it is cheap and likely to flip), a clear loser rarely. (Until session 4 the wait
 doubled after each confirming probe; after two workloads where drafting lost, it had grown to hundreds of
@@ -68,8 +68,11 @@ from math import ceil
 MIN_SAMPLES = 5      # measured steps per arm before the comparison is trusted (drafting explored first);
                      # a step's accepted drafts vary a lot, so fewer samples often misjudge drafting
 PROBE_EVERY = 16     # the shortest wait (measured steps of a cell) between probes of the losing arm
-PROBE_MAX = 1024     # the longest wait
-PROBE_BUDGET = 0.01  # a probe's expected cost over the steps waited before it: ≤ 1% of a cell's throughput
+PROBE_MAX = 2048     # the longest wait (~5-7 s of a resting cell at c = 16-32 on the H200)
+PROBE_BUDGET = 0.005 # a probe's expected cost over the steps waited before it: ≤ 0.5% of a cell's throughput.
+                     # 1% until session 31: where the gate rested, exploration cost 0.55-0.95% of a run's wall at
+                     # c = 16 / 32 against 0.23-0.47% at 0.5% (H200, session 30, runs CQ and CR, the same runs;
+                     # ``python -m bench.exploration_cost``), and 1% was as much as the row's whole gap to `none`
 PROBE_STEPS = 3      # consecutive steps of a probe
 DECAY = 0.9          # weight of the older measurements at each measured step of a cell (~10 steps of memory)
 MARGIN = 0.03        # drafting must beat plain decoding by this fraction: a rate measured over a 2-step probe

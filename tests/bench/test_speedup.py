@@ -355,23 +355,22 @@ def test_the_absorb_eager_row_runs_without_the_projection_graphs_and_puts_them_b
         assert proposer.rounds.absorbs is graphs and engine.spec_gate is gate
 
 
-def test_the_probe_half_row_runs_behind_a_gate_with_half_the_probe_budget():
-    """dspark-probe-half: a gate of its own with probe_budget 0.005 and probe_max 2,048, the engine's gate
-    (the defaults) back after the row. Not a default row."""
+def test_the_probe_full_row_runs_behind_a_gate_with_the_old_probe_budget():
+    """dspark-probe-full: a gate of its own with probe_budget 0.01 and probe_max 1,024 (the defaults until
+    session 31), the engine's gate (the defaults) back after the row. Not a default row."""
     from types import SimpleNamespace
 
     from bench.speedup import DEFAULT_ROWS, row_gate
     from specd.engine.spec_gate import PROBE_BUDGET, PROBE_MAX, SpecGate
 
-    assert "dspark-probe-half" not in DEFAULT_ROWS
+    assert "dspark-probe-full" not in DEFAULT_ROWS
     gate = SpecGate()
     engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: SimpleNamespace(rounds=None))
     own: dict = {}
-    with row_gate(engine, "dspark-probe-half", own):
+    with row_gate(engine, "dspark-probe-full", own):
         assert engine.spec_gate is not gate
-        assert (engine.spec_gate.probe_budget, engine.spec_gate.probe_max) == (0.005, 2048)
-    assert engine.spec_gate is gate and (gate.probe_budget, gate.probe_max) == (PROBE_BUDGET, PROBE_MAX)
-    assert 0.005 < PROBE_BUDGET                       # the row is a smaller budget than the default
+        assert (engine.spec_gate.probe_budget, engine.spec_gate.probe_max) == (0.01, 1024)
+    assert engine.spec_gate is gate and (gate.probe_budget, gate.probe_max) == (PROBE_BUDGET, PROBE_MAX) == (0.005, 2048)
 
 
 def test_collector_passes_are_split_by_generation_and_summed_over_runs():

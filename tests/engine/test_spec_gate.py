@@ -67,7 +67,7 @@ def test_an_exploring_cells_unmeasured_answer_is_the_arm_it_explores():
 
 
 def test_rests_when_drafting_is_measured_slower_and_probes_within_the_budget():
-    gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=2, probe_max=400)
+    gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=2, probe_max=400, probe_budget=0.01)
     arms = drive(gate, 606, draft_tok_s=500.0)[6:]
     starts = [i for i in range(len(arms)) if arms[i] and not arms[i - 1]]
     # a drafting step emits the same tokens in twice a plain step's time: a 2-step probe lasts 4 plain
@@ -106,7 +106,7 @@ def test_probes_cost_at_most_the_budget_in_time_and_a_near_tie_is_probed_more_of
 
 
 def test_keeps_drafting_when_it_is_measured_faster():
-    gate = SpecGate(warmup=0, min_samples=3, probe_every=50, probe_steps=2)
+    gate = SpecGate(warmup=0, min_samples=3, probe_every=50, probe_steps=2, probe_budget=0.01)
     arms = drive(gate, 306, draft_tok_s=1500.0)[6:]
     # only the probes of plain decoding: 2 steps, each 1.5 drafting steps long, losing a third: every 100 steps
     assert sum(not a for a in arms) == 4
@@ -1676,7 +1676,8 @@ def test_a_batch_resting_on_its_prediction_is_probed_within_the_budget_of_its_ow
     (500 against 1,000 tok/s). Its probes are budgeted by that predicted loss (a 2-step probe of steps
     twice as long, losing half: 2 x 2 x 0.5 / 1% = 200 steps), not by the cell's rates, whose loss is
     below zero and made the wait the shortest one (10 steps) before session 12."""
-    gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=2, probe_max=1000, prior_steps=0.0)
+    gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=2, probe_max=1000, prior_steps=0.0,
+                    probe_budget=0.01)
     for _ in range(3):
         assert gate.should_draft("dspark", 4)
         gate.observe("dspark", 4, True, 16, 16 / 2000.0)
