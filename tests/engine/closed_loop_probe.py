@@ -1,17 +1,24 @@
-"""Host time per step of a resting dspark row over `none` in a closed loop, method by method.
+"""Host time per step of a resting dspark row over `none` in a closed loop, method by method, decode steps
+apart from prompt steps.
 
 Why: ``rest_host_probe.py`` admits every request at once and decodes long answers, so nearly every step is a
-leased rest; ``bench speedup`` on the H200 keeps ``concurrency`` requests in flight with 48-token answers, so a
-request finishes every few steps, its successor's prompt ends the lease, and the next decode step asks the gate
-in full. This probe runs that loop on the CPU machine: stories260K and its committed drafter behind a gate
-taught that drafting loses (resting_probe_engine.py), ``4 x concurrency`` requests per round, rows alternated per
-round (the first round of each is not counted), the collector's heap frozen after warm-up. It prints the median
-µs a step spent in each wrapped engine method, and in ``add_request``, for `none` and `dspark`, and the
-difference. The forward dominates a CPU step; compare the host methods. Session 30 (commit 4db38ae) used it:
-at c = 16, ``_add_drafts`` over `none` +11.5/+12.0 µs a step before, +8.6/+9.5 after. Not a test (pytest does
+leased rest; ``bench speedup`` on the H200 keeps ``concurrency`` requests in flight with answers of different
+lengths, so a request finishes every few steps, its successor's prompt ends the lease, and the next decode step
+asks the gate in full. This probe runs that loop on the CPU machine: stories260K and its committed drafter behind
+a gate taught that drafting loses (resting_probe_engine.py), ``4 x concurrency`` requests per round, rows
+alternated per round (the first round of each is not counted), the collector's heap frozen after warm-up. It
+prints the median µs each wrapped engine method spent per decode step and per prompt step, and ``add_request``
+per request, for `none` and `dspark`, and the difference. The forward dominates a CPU step; compare the host
+methods.
+
+Answer lengths are spread over ``--stagger`` tokens around ``--max-tokens`` (session 31): with equal lengths
+every request of a wave finished in the same step, so a round at c = 32 had 4 prompt steps of ~190, where the
+H200 runs had 47-80 of ~200 (CR, coding and support), and the prompt steps' gate cost (~50 µs each over
+`none`, the largest item left) did not show. ``--stagger 0`` runs the equal lengths of session 30 (commit 4db38ae:
+at c = 16, ``_add_drafts`` over `none` +11.5/+12.0 µs a step before, +8.6/+9.5 after). Not a test (pytest does
 not collect it); run it per tree, alternating trees:
 
-    PYTHONPATH=<tree> python tests/engine/closed_loop_probe.py [--concurrency 16] [--rounds 4]
+    PYTHONPATH=<tree> python tests/engine/closed_loop_probe.py [--concurrency 16] [--rounds 4] [--stagger 40]
 """
 from __future__ import annotations
 
@@ -27,44 +34,56 @@ METHODS = ("_add_drafts", "_observe_gate", "_rest_prompts", "_capture_layers", "
 
 
 def main() -> None:
-    args = probe_arguments(__doc__, 16, 4, 48, "rounds of both rows, after one warm-up round each")
+    args = probe_arguments(__doc__, 16, 4, 48, "rounds of both rows, after one warm-up round each",
+                           stagger=(40, "answer lengths spread over this many tokens around --max-tokens (0: all "
+                                        "equal, the probe before session 31)"))
     from specd.engine.request import Request
     from specd.sampling_params import SamplingParams
 
     conc = args.concurrency
     engine = resting_engine(conc)
-    spent = time_methods(engine, METHODS)
+    spent = time_methods(engine, METHODS, kind=lambda: "decode" if engine._decode_step else "prompt")
     prompts = [engine.tokenizer.encode(BASE[i % len(BASE)]) for i in range(4 * conc)]
+    lengths = [max(1, args.max_tokens - args.stagger // 2 + (i * 7) % (args.stagger + 1)) for i in range(len(prompts))]
 
-    def run(spec: str, tag: str) -> dict[str, float]:
-        params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-        queue, inflight, steps, admit = collections.deque(range(len(prompts))), 0, 0, 0.0
+    def run(spec: str, tag: str) -> dict:
+        queue, inflight, admit = collections.deque(range(len(prompts))), 0, 0.0
+        before = dict(engine._counters)
         spent.clear()
         while queue or inflight:
             while queue and inflight < conc:
                 i = queue.popleft()
+                params = SamplingParams(temperature=0.0, max_tokens=lengths[i], ignore_eos=True)
                 t0 = time.perf_counter()
                 engine.add_request(Request(f"{tag}-{i}", list(prompts[i]), params, speculation=spec))
                 admit += time.perf_counter() - t0
                 inflight += 1
             inflight -= sum(out.finished for out in engine.step())
-            steps += 1
-        out = {name: 1e6 * s / steps for name, s in spent.items()}
-        out["add_request"] = 1e6 * admit / steps
+        steps = {kind: engine._counters[f"step_{kind}_steps_total"] - before.get(f"step_{kind}_steps_total", 0)
+                 for kind in ("plain", "prompt")}
+        out = {(name, kind): 1e6 * s / max(1, steps["plain" if kind == "decode" else "prompt"])
+               for (name, kind), s in spent.items()}
+        out["steps"] = steps
+        out["add_request"] = 1e6 * admit / len(prompts)
         return out
 
     run("none", "warm-none")
     run("dspark", "warm-dspark")
     gc.collect()
     gc.freeze()
-    got: dict[str, list[dict[str, float]]] = {"none": [], "dspark": []}
+    got: dict[str, list[dict]] = {"none": [], "dspark": []}
     for rnd in range(args.rounds):
         for spec in ("none", "dspark") if rnd % 2 else ("dspark", "none"):
             got[spec].append(run(spec, f"{spec}{rnd}"))
-    for name in (*METHODS, "add_request"):
-        a = statistics.median(r.get(name, 0.0) for r in got["none"])
-        b = statistics.median(r.get(name, 0.0) for r in got["dspark"])
-        print(f"{name:17s} none {a:8.1f} µs  dspark {b:8.1f} µs  dspark - none {b - a:+6.1f} µs a step")
+    print(f"steps a round (none, then dspark): {got['none'][0]['steps']}, {got['dspark'][0]['steps']}")
+    for kind in ("decode", "prompt"):
+        for name in METHODS:
+            a = statistics.median(r.get((name, kind), 0.0) for r in got["none"])
+            b = statistics.median(r.get((name, kind), 0.0) for r in got["dspark"])
+            print(f"{name:17s} {kind:6s} step: none {a:8.1f} µs  dspark {b:8.1f} µs  dspark - none {b - a:+6.1f} µs")
+    a = statistics.median(r["add_request"] for r in got["none"])
+    b = statistics.median(r["add_request"] for r in got["dspark"])
+    print(f"{'add_request':17s} a request:   none {a:8.1f} µs  dspark {b:8.1f} µs  dspark - none {b - a:+6.1f} µs")
 
 
 if __name__ == "__main__":

@@ -35,9 +35,11 @@ def resting_engine(concurrency: int, num_local_blocks: int = 2048):
     return engine
 
 
-def probe_arguments(doc: str, concurrency: int, rounds: int, max_tokens: int, rounds_help: str):
-    """The probes' shared command line (--concurrency, --rounds, --max-tokens, from the script's docstring),
-    parsed, with torch held to one thread as the probes time it."""
+def probe_arguments(doc: str, concurrency: int, rounds: int, max_tokens: int, rounds_help: str,
+                    stagger: tuple[int, str] | None = None):
+    """The probes' shared command line (--concurrency, --rounds, --max-tokens, and --stagger when given as
+    (default, help); from the script's docstring), parsed, with torch held to one thread as the probes
+    time it."""
     import argparse
 
     import torch
@@ -46,22 +48,25 @@ def probe_arguments(doc: str, concurrency: int, rounds: int, max_tokens: int, ro
     p.add_argument("--concurrency", type=int, default=concurrency)
     p.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
     p.add_argument("--max-tokens", type=int, default=max_tokens)
+    if stagger is not None:
+        p.add_argument("--stagger", type=int, default=stagger[0], help=stagger[1])
     args = p.parse_args()
     torch.set_num_threads(1)
     return args
 
 
-def time_methods(engine, names=TIMED) -> dict[str, float]:
+def time_methods(engine, names=TIMED, kind=None) -> dict:
     """Wrap ``engine``'s methods ``names``; returns the dict each call adds its seconds to (clear it to
-    start a measurement)."""
-    spent: dict[str, float] = {}
+    start a measurement), keyed by name, or by (name, ``kind()`` at the call) when ``kind`` is given."""
+    spent: dict = {}
     for name in names:
         inner = getattr(engine, name)
 
         def timed(*a, _inner=inner, _name=name, **k):
             t0 = time.perf_counter()
             out = _inner(*a, **k)
-            spent[_name] = spent.get(_name, 0.0) + time.perf_counter() - t0
+            key = _name if kind is None else (_name, kind())
+            spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
             return out
         setattr(engine, name, timed)
     return spent
