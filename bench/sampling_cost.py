@@ -4,6 +4,8 @@ kvspec_kernels/inverse_cdf.py, eager and replayed from a CUDA graph, beside soft
 
     python -m bench.sampling_cost --out sampling_cost.json            # CUDA
     python -m bench.sampling_cost --tiny --out /tmp/s.json            # CPU smoke test (reference only)
+    git show acf227e:kvspec_kernels/nucleus.py > /tmp/one_level.py   # the one-level ladder (before session 31)
+    python -m bench.sampling_cost --out s.json --against /tmp/one_level.py   # both versions' kernels, one run
 
 Why: run AD (session 10) showed a plain step 0.6-1.7 ms slower on the four top-p workloads than on the
 greedy one, and a draft round 1.5-7 ms slower; this separates the transform from the rest of a step.
@@ -15,6 +17,7 @@ tokens to thousands; the JSON records each row set's nucleus sizes. Each cell is
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import time
@@ -77,8 +80,22 @@ def _graphed(fn):
     return capture_graph(fn, None).replay
 
 
+def load_against(path: Path):
+    """Another version of kvspec_kernels/nucleus.py as a module of its own (``--against``), e.g. the file at
+    an older commit (`git show COMMIT:kvspec_kernels/nucleus.py > F`), so both are timed in one run."""
+    if not path.is_file():
+        raise SystemExit(f"--against: no file {path}")
+    spec = importlib.util.spec_from_file_location("nucleus_against", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name in ("nucleus_probs_triton", "bucket_nucleus_probs_triton"):
+        if not callable(getattr(module, name, None)):
+            raise SystemExit(f"--against: {path} has no {name}")
+    return module
+
+
 def measure(rows_list: list[int], vocab: int, device: str, repeats: int, top_p: float,
-            a_range: tuple[float, float] = (0.9, 2.2)) -> list[dict]:
+            a_range: tuple[float, float] = (0.9, 2.2), against=None) -> list[dict]:
     cuda = device.startswith("cuda")
     records = []
     for rows in rows_list:
@@ -111,6 +128,17 @@ def measure(rows_list: list[int], vocab: int, device: str, repeats: int, top_p: 
             rec["rounded_rows_with_other_kept_set"] = int(((got > 0) != (rounded > 0)).any(1).sum())
             rec["rounded"] = _time(lambda: bucket_nucleus_probs_triton(logits, p), repeats, cuda)
             rec["rounded_graph"] = _time(_graphed(lambda: bucket_nucleus_probs_triton(logits, p)), repeats, cuda)
+            if against is not None:      # the other version's kernels on the same rows, in the same run
+                other = against.nucleus_probs_triton(logits, p)
+                rec["against_rows_with_other_kept_set"] = int(((other > 0) != (ref > 0)).any(1).sum())
+                rec["against_kernel_graph"] = _time(_graphed(lambda: against.nucleus_probs_triton(logits, p)),
+                                                    repeats, cuda)
+                rec["against_rounded_graph"] = _time(
+                    _graphed(lambda: against.bucket_nucleus_probs_triton(logits, p)), repeats, cuda)
+                rec["kernel_graph_again"] = _time(_graphed(lambda: nucleus_probs_triton(logits, p)), repeats, cuda)
+                rec["kernel_over_against_graph"] = (min(rec["kernel_graph"]["ms_p50"], rec["kernel_graph_again"]["ms_p50"])
+                                                    / rec["against_kernel_graph"]["ms_p50"])
+                rec["rounded_over_against_graph"] = rec["rounded_graph"]["ms_p50"] / rec["against_rounded_graph"]["ms_p50"]
             rec["kernel_speedup_eager"] = rec["sorted_ref"]["ms_p50"] / rec["kernel"]["ms_p50"]
             rec["kernel_speedup_graph"] = rec["sorted_ref_graph"]["ms_p50"] / rec["kernel_graph"]["ms_p50"]
         records.append(rec)
@@ -126,13 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--zipf-a", default="0.9,2.2",
                     help="the rows' Zipf exponents, LO,HI (0.9,2.2: nuclei up to 72k tokens; 1.3,3.0: up to ~650)")
     ap.add_argument("--tiny", action="store_true", help="CPU, vocabulary 4,096, 3 repeats (a smoke test)")
+    ap.add_argument("--against", type=Path, default=None,
+                    help="another version of kvspec_kernels/nucleus.py (e.g. `git show COMMIT:kvspec_kernels/"
+                         "nucleus.py > F`): its kernels are timed beside this tree's on the same rows (CUDA)")
     args = ap.parse_args(argv)
+    against = load_against(args.against) if args.against is not None else None
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     vocab = 4096 if args.tiny else VOCAB
     repeats = 3 if args.tiny else args.repeats
     rows = [int(r) for r in args.rows.split(",")]
     a_range = tuple(float(a) for a in args.zipf_a.split(","))
-    records = measure(rows, vocab, device, repeats, args.top_p, a_range)
+    records = measure(rows, vocab, device, repeats, args.top_p, a_range, against)
     for r in records:
         print(f"rows {r['rows']:4d}  sorted {r['sorted_ref']['ms_p50']:.3f} ms"
               + (f"  exact {r['kernel']['ms_p50']:.3f}  rounded {r['rounded']['ms_p50']:.3f}  |  in a graph: sorted "
@@ -141,9 +173,13 @@ def main(argv: list[str] | None = None) -> int:
                  f"{r['kernel_rows_with_other_kept_set']}, rounded {r['rounded_rows_with_other_kept_set']}  |  draw: "
                  f"cumsum {r['draw_cumsum_graph']['ms_p50']:.3f}  kernel {r['draw_kernel_graph']['ms_p50']:.3f} in a "
                  f"graph, same tokens {r['draw_same_tokens']}"
-                 if "kernel" in r else ""), flush=True)
+                 if "kernel" in r else "")
+              + (f"  |  against {args.against}: exact {r['against_kernel_graph']['ms_p50']:.3f}  rounded "
+                 f"{r['against_rounded_graph']['ms_p50']:.3f} in a graph ({r['kernel_over_against_graph']:.2f}x, "
+                 f"{r['rounded_over_against_graph']:.2f}x), rows off the reference "
+                 f"{r['against_rows_with_other_kept_set']}" if "against_kernel_graph" in r else ""), flush=True)
     meta = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-            "zipf_a": list(a_range)}
+            "zipf_a": list(a_range), "against": None if args.against is None else str(args.against)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "records": records}, indent=1))
     return 0

@@ -32,6 +32,10 @@
 #   bash bench/gpu/session.sh graphs-check # one GPU, no GGUF: the drafter graphs' CUDA tests and the draft-round
 #                                          #   profile (absorb_eager vs absorb_graph: the context projection,
 #                                          #   built in session 29 without a GPU run)
+#   bash bench/gpu/session.sh nucleus      # one GPU, no GGUF: bench.sampling_cost on spread and peaked rows, this
+#                                          #   tree's two-level nucleus kernels against ${AGAINST:-.carry/one_level.py}
+#                                          #   (`git show acf227e:kvspec_kernels/nucleus.py`, the one-level ladder)
+#                                          #   in the same call (session 31, not yet run)
 #   bash bench/gpu/session.sh verdict      # one GPU: the chain against the rejection sampler on extraction (fresh
 #                                          #   engine), the full table, the draft-round profile (session 16)
 #   bash bench/gpu/session.sh idle         # one GPU: serve-plan ${KV_PLAN:-gpu-agentic-idle} only; with
@@ -506,6 +510,16 @@ PY
     grep -v "it/s" /tmp/logs/zero-hit.log | tail -n 8
     grep -v "it/s" /tmp/logs/serve-plan.log | tail -n 8
     pack closing
+    ;;
+  nucleus)
+    mkdir -p "$RES/nucleus"
+    for rows in spread:0.9,2.2 peaked:1.3,3.0; do
+      CUDA_VISIBLE_DEVICES=0 timeout "${NUCLEUS_TIMEOUT:-200}" python -m bench.sampling_cost --zipf-a "${rows#*:}" \
+        --against "${AGAINST:-.carry/one_level.py}" --out "$RES/nucleus/sampling_cost-${rows%%:*}.json" \
+        > "/tmp/logs/nucleus-${rows%%:*}.log" 2>&1
+      echo "${rows%%:*} rc=$?"; tail -n 8 "/tmp/logs/nucleus-${rows%%:*}.log"
+    done
+    pack nucleus
     ;;
   graphs-check)
     mkdir -p "$RES/graphs-check"

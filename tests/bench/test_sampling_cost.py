@@ -12,3 +12,27 @@ def test_tiny_run_writes_a_record_per_row_count(tmp_path):
     assert [r["rows"] for r in records] == [1, 3]
     assert len(records[1]["nucleus_sizes"]) == 3 and min(records[1]["nucleus_sizes"]) >= 1
     assert all(r["sorted_ref"]["ms_p50"] > 0 for r in records)
+
+
+def test_against_loads_another_version_of_the_kernels_or_says_why_not(tmp_path):
+    """--against times another nucleus.py beside this tree's (CUDA only); on the CPU the module still has to
+    load, and a missing file or one without the kernels is a clear error."""
+    from pathlib import Path
+
+    import pytest
+
+    import kvspec_kernels.nucleus as nucleus
+    from bench.sampling_cost import load_against
+
+    copy = tmp_path / "nucleus_copy.py"
+    copy.write_text(Path(nucleus.__file__).read_text())
+    module = load_against(copy)
+    assert module is not nucleus and module.nucleus_probs_triton is not nucleus.nucleus_probs_triton
+    with pytest.raises(SystemExit, match="no file"):
+        load_against(tmp_path / "missing.py")
+    (tmp_path / "empty.py").write_text("X = 1\n")
+    with pytest.raises(SystemExit, match="nucleus_probs_triton"):
+        load_against(tmp_path / "empty.py")
+    out = tmp_path / "s.json"
+    assert main(["--tiny", "--rows", "2", "--out", str(out), "--against", str(copy)]) == 0
+    assert json.loads(out.read_text())["meta"]["against"] == str(copy)

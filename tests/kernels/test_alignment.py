@@ -59,8 +59,8 @@ def _inputs(batch=3, k=4, vocab=40):
 @pytest.mark.parametrize("launch, names", [
     ("rejection", ["_rejection_sample_kernel"]),
     ("draw", ["_chunk_sums", "_pick"]),
-    ("nucleus", ["_ladder", "_compact", "_search", "_write"]),
-    ("bucket", ["_ladder", "_rounded_write"]),
+    ("nucleus", ["_coarse_ladder", "_fine_ladder", "_compact", "_search", "_write"]),
+    ("bucket", ["_coarse_ladder", "_fine_ladder", "_rounded_write"]),
 ])
 def test_every_tensor_a_kernel_receives_is_aligned(launch, names, monkeypatch):
     seen: list = []

@@ -8,8 +8,8 @@ import torch
 
 from bench.sampling_cost import zipf_logits
 from kvspec_kernels.errors import KernelArgumentError
-from kvspec_kernels.nucleus import (CHUNK, SEARCH_BLOCK, STEP, bucket_nucleus_probs_ref, bucket_nucleus_probs_triton,
-                             nucleus_probs_ref, nucleus_probs_triton)
+from kvspec_kernels.nucleus import (CHUNK, FINE, NB, SEARCH_BLOCK, STEP, bucket_nucleus_probs_ref,
+                                    bucket_nucleus_probs_triton, nucleus_probs_ref, nucleus_probs_triton)
 
 
 def _assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -25,6 +25,47 @@ def test_kernel_keeps_the_reference_nucleus(vocab):
     logits = torch.cat([torch.randn(5, vocab, generator=g) * 3, zipf_logits(4, vocab, "cpu", vocab)])
     top_p = torch.tensor([0.9, 0.5, 1.0, 0.99, 0.1, 0.9, 0.95, 0.6, 0.999])
     _assert_same(nucleus_probs_triton(logits, top_p), nucleus_probs_ref(logits, top_p))
+
+
+def _offset_rows(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows spanning ~45 nats (past the last fine bucket, NB - 1 = 63 half-nats below the max), with the
+    max at every quarter-nat offset of the coarse grid (FINE fine buckets, 4 nats), so the bracket falls at
+    each position inside a coarse bucket and the last fine bucket starts in either of the two coarse
+    buckets it can; top-p from a handful of tokens to every one. Not p near 1: over a long flat tail the
+    boundary is decided by fp32 rounding in the one-level kernel as in this one (p = 0.9999 at V = 5,001:
+    1,087 tokens kept against the reference's 1,088, either kernel)."""
+    g = torch.Generator().manual_seed(vocab + 7)
+    base = -torch.rand(vocab, generator=g) * 45.0
+    base[:8] = torch.tensor([0.0, -0.3, -1.1, -2.0, -3.9, -4.2, -6.0, -8.5])
+    offsets = torch.arange(0, STEP * FINE, 0.25)
+    logits = torch.stack([base + o for o in offsets])
+    top_p = torch.tensor([0.3, 0.9, 0.99, 0.98, 1.0, 0.5, 0.95, 0.8, 0.6, 0.7, 0.85, 0.97, 0.2, 0.4, 0.93, 1.0])
+    return logits, top_p[: len(offsets)]
+
+
+@pytest.mark.parametrize("vocab", [300, CHUNK + 905])
+def test_both_ladders_keep_the_references_nucleus_at_every_offset_of_the_coarse_grid(vocab):
+    """The two-level bracket (a coarse bucket of FINE fine ones, then the fine bucket inside it) must
+    give the one-level grid's answer wherever the max sits on the coarse grid, the last fine bucket
+    (everything NB - 1 or more below the max) included."""
+    assert NB - 1 < 9 * FINE                       # the fine buckets below a max lie in 9 coarse buckets
+    logits, top_p = _offset_rows(vocab)
+    _assert_same(nucleus_probs_triton(logits, top_p), nucleus_probs_ref(logits, top_p))
+    _assert_same(bucket_nucleus_probs_triton(logits, top_p), bucket_nucleus_probs_ref(logits, top_p))
+
+
+def test_the_last_fine_bucket_is_a_bracket_of_its_own_when_the_nucleus_reaches_it():
+    """p = 1: the bracket is the last fine bucket, every token NB - 1 or more half-nats below the max, counted
+    apart from the coarse bracket's fine buckets; the row's lowest token is the list's last entry, so a
+    count that missed the bucket at exactly NB - 1 would cut it off."""
+    deep = -STEP * (NB - 1) - 0.1                      # in the last fine bucket, at its top
+    logits = torch.tensor([[0.0, -1.0, deep, deep - 0.2, -20.0, deep - 3.0, -60.0],
+                           [-5.0, deep - 5.0, 0.0, -2.0, deep, -3.0, -45.0]])
+    top_p = torch.ones(2)
+    want = torch.softmax(logits, dim=1)
+    for fn in (nucleus_probs_triton, bucket_nucleus_probs_triton):
+        got = fn(logits, top_p)
+        assert (got > 0).all() and torch.allclose(got, want, rtol=1e-5, atol=1e-30), fn.__name__
 
 
 def test_a_bracket_larger_than_the_register_search_is_searched_in_passes():
