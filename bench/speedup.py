@@ -83,7 +83,7 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # scheduled dspark behind a gate that probes the losing arm at the budget that was the default until
     # session 31 (1% of a cell's throughput, waits up to 1,024 steps), through a gate of its own. Session 30
     # ran it the other way round (`dspark-probe-half`, 0.5% beside the 1% default; runs CQ and CR): where
-    # the gate rested, exploration cost 0.55-0.95% of a run's wall at 1% against 0.23-0.47% at 0.5%
+    # the gate rested, exploration cost 0.55-0.75% of a run's wall at 1% against 0.23-0.47% at 0.5%
     # (``python -m bench.exploration_cost``), so 0.5% is the default now; this row keeps the old setting
     # measurable against it in the same run. A diagnostic, not a default row
     "dspark-probe-full": {"method": "dspark", "schedule": "confidence", "gamma": None, "probe_budget": 0.01,

@@ -70,7 +70,7 @@ MIN_SAMPLES = 5      # measured steps per arm before the comparison is trusted (
 PROBE_EVERY = 16     # the shortest wait (measured steps of a cell) between probes of the losing arm
 PROBE_MAX = 2048     # the longest wait (~5-7 s of a resting cell at c = 16-32 on the H200)
 PROBE_BUDGET = 0.005 # a probe's expected cost over the steps waited before it: ≤ 0.5% of a cell's throughput.
-                     # 1% until session 31: where the gate rested, exploration cost 0.55-0.95% of a run's wall at
+                     # 1% until session 31: where the gate rested, exploration cost 0.55-0.75% of a run's wall at
                      # c = 16 / 32 against 0.23-0.47% at 0.5% (H200, session 30, runs CQ and CR, the same runs;
                      # ``python -m bench.exploration_cost``), and 1% was as much as the row's whole gap to `none`
 PROBE_STEPS = 3      # consecutive steps of a probe
