@@ -43,9 +43,17 @@ def run_cost(run: dict) -> dict | None:
 
 
 def by_level(runs: list[dict], row: str) -> dict[int, dict]:
-    """Concurrency -> the summed costs of every repeat of its resting cells (cells: how many)."""
+    """Concurrency -> the summed costs of every repeat of its resting cells over all ``runs`` (cells: how
+    many, a cell of each run counted apart). Runs are read one by one, so runs of different tables (session
+    30's CQ, every load, and CR, c = 16 and 32 only) pool over the loads they share."""
     out: dict[int, dict] = defaultdict(lambda: defaultdict(float))
-    for _workload, level, pairs in repeat_pairs(runs, row):
+    for run in runs:
+        _add_run(out, run, row)
+    return dict(sorted(out.items()))
+
+
+def _add_run(out: dict, run: dict, row: str) -> None:
+    for _workload, level, pairs in repeat_pairs([run], row):
         repeats = [r for _base, r in pairs]
         if any(r.get("gate_drafted_by", {}).get("winner", 0) for r in repeats):
             continue                      # the gate drafted as the winner: not a resting cell
@@ -58,7 +66,6 @@ def by_level(runs: list[dict], row: str) -> dict[int, dict]:
         for c in costs:
             for key, value in c.items():
                 acc[key] += value
-    return dict(sorted(out.items()))
 
 
 def table(levels: dict[int, dict], row: str) -> str:

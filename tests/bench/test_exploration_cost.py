@@ -48,3 +48,14 @@ def test_levels_keep_resting_cells_only_and_print_percent_of_wall(tmp_path, caps
     assert (f"| 16 | 1 | 2 | 1.00 | 1.50 / 0.00 / 0.00 | 0.50 | {100 * excess / 1069.7:.2f}% | "
             f"{100 * gain / 1069.7:.2f}% | {100 * capture / 1069.7:.2f}% | {net:.2f}% |") in out
     assert table({}, "dspark").startswith("No resting cell")
+
+
+def test_runs_of_different_tables_pool_over_the_loads_they_share():
+    """CQ ran every load, CR only c = 16 and 32: each run is read on its own, and a level sums both."""
+    one = {"workloads": {"coding.eval": {"16": {"rows": {"none": {"runs": [NONE]}, "dspark": {"runs": [probed()]}}},
+                                         "4": {"rows": {"none": {"runs": [NONE]}, "dspark": {"runs": [probed()]}}}}}}
+    two = {"workloads": {"support.eval": {"16": {"rows": {"none": {"runs": [NONE]}, "dspark": {"runs": [probed()]}}}}}}
+    levels = by_level([one, two], "dspark")
+    assert sorted(levels) == [4, 16]
+    assert (levels[16]["cells"], levels[16]["repeats"], levels[4]["cells"]) == (2, 2, 1)
+    assert levels[16]["draft_excess_ms"] == pytest.approx(2 * run_cost(probed())["draft_excess_ms"])
