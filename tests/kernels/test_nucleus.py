@@ -162,3 +162,27 @@ def test_the_rounded_nucleus_holds_the_exact_one_and_whole_buckets():
     for row in range(logits.shape[0]):
         boundary = logits[row][exact[row] > 0].min()
         assert (logits[row][extra[row]] > boundary - STEP).all()
+
+
+# -- the CUDA compile (no GPU needed) --------------------------------------------------------------------
+
+def test_every_nucleus_kernel_compiles_for_the_h200():
+    """The interpreter runs the kernels as numpy and lets through what the CUDA compiler refuses (types
+    it would not promote, shapes it cannot lay out). tests/kernels/nucleus_cuda_compile.py compiles each
+    kernel for sm_90 (the H200) ahead of time, down to a cubin with Triton's own ptxas, in a process of its
+    own (this one runs Triton interpreted); it needs no GPU."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("this Triton has no CUDA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("nucleus_cuda_compile.py")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["_coarse_ladder", "_fine_ladder", "_fine_ladder", "_rounded_write", "_compact",
+                                   "_search", "_write"]
