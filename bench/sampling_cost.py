@@ -94,6 +94,23 @@ def load_against(path: Path):
     return module
 
 
+def compare_against(rec: dict, logits: torch.Tensor, p: torch.Tensor, ref: torch.Tensor, against, timed) -> None:
+    """Add to ``rec`` (which holds this tree's ``kernel_graph`` and ``rounded_graph`` timings) the other
+    version's kernels on the same rows: its rows off the sorted reference, its timings, and this tree's
+    over its. ``timed(fn)``: a timing of ``fn`` (measure: replayed from a CUDA graph). This tree's kernels
+    are timed once more after the other's, so each ratio's numerator is the mean of two timings that
+    bracket its denominator (a drift during the record cancels to first order)."""
+    other = against.nucleus_probs_triton(logits, p)
+    rec["against_rows_with_other_kept_set"] = int(((other > 0) != (ref > 0)).any(1).sum())
+    rec["against_kernel_graph"] = timed(lambda: against.nucleus_probs_triton(logits, p))
+    rec["against_rounded_graph"] = timed(lambda: against.bucket_nucleus_probs_triton(logits, p))
+    rec["kernel_graph_again"] = timed(lambda: nucleus_probs_triton(logits, p))
+    rec["rounded_graph_again"] = timed(lambda: bucket_nucleus_probs_triton(logits, p))
+    for name in ("kernel", "rounded"):
+        mine = (rec[f"{name}_graph"]["ms_p50"] + rec[f"{name}_graph_again"]["ms_p50"]) / 2
+        rec[f"{name}_over_against_graph"] = mine / rec[f"against_{name}_graph"]["ms_p50"]
+
+
 def measure(rows_list: list[int], vocab: int, device: str, repeats: int, top_p: float,
             a_range: tuple[float, float] = (0.9, 2.2), against=None) -> list[dict]:
     cuda = device.startswith("cuda")
@@ -129,16 +146,8 @@ def measure(rows_list: list[int], vocab: int, device: str, repeats: int, top_p: 
             rec["rounded"] = _time(lambda: bucket_nucleus_probs_triton(logits, p), repeats, cuda)
             rec["rounded_graph"] = _time(_graphed(lambda: bucket_nucleus_probs_triton(logits, p)), repeats, cuda)
             if against is not None:      # the other version's kernels on the same rows, in the same run
-                other = against.nucleus_probs_triton(logits, p)
-                rec["against_rows_with_other_kept_set"] = int(((other > 0) != (ref > 0)).any(1).sum())
-                rec["against_kernel_graph"] = _time(_graphed(lambda: against.nucleus_probs_triton(logits, p)),
-                                                    repeats, cuda)
-                rec["against_rounded_graph"] = _time(
-                    _graphed(lambda: against.bucket_nucleus_probs_triton(logits, p)), repeats, cuda)
-                rec["kernel_graph_again"] = _time(_graphed(lambda: nucleus_probs_triton(logits, p)), repeats, cuda)
-                rec["kernel_over_against_graph"] = (min(rec["kernel_graph"]["ms_p50"], rec["kernel_graph_again"]["ms_p50"])
-                                                    / rec["against_kernel_graph"]["ms_p50"])
-                rec["rounded_over_against_graph"] = rec["rounded_graph"]["ms_p50"] / rec["against_rounded_graph"]["ms_p50"]
+                compare_against(rec, logits, p, ref, against,
+                                lambda fn: _time(_graphed(fn), repeats, cuda))     # noqa: B023 (called at once)
             rec["kernel_speedup_eager"] = rec["sorted_ref"]["ms_p50"] / rec["kernel"]["ms_p50"]
             rec["kernel_speedup_graph"] = rec["sorted_ref_graph"]["ms_p50"] / rec["kernel_graph"]["ms_p50"]
         records.append(rec)

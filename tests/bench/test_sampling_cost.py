@@ -36,3 +36,22 @@ def test_against_loads_another_version_of_the_kernels_or_says_why_not(tmp_path):
     out = tmp_path / "s.json"
     assert main(["--tiny", "--rows", "2", "--out", str(out), "--against", str(copy)]) == 0
     assert json.loads(out.read_text())["meta"]["against"] == str(copy)
+
+
+def test_the_other_versions_kernels_are_compared_on_the_same_rows():
+    """compare_against (CUDA in measure; here the kernels interpreted, timed once on the CPU): the other
+    version's rows off the reference, and each ratio's numerator the mean of this tree's two timings."""
+    import torch
+
+    import kvspec_kernels.nucleus as nucleus
+    from bench.sampling_cost import compare_against, zipf_logits
+
+    logits = zipf_logits(3, 300, "cpu", 1)
+    p = torch.full((3,), 0.9)
+    ref = nucleus.nucleus_probs_ref(logits, p)
+    rec = {"kernel_graph": {"ms_p50": 2.0}, "rounded_graph": {"ms_p50": 1.0}}
+    times = iter([4.0, 3.0, 6.0, 5.0])            # against exact, against rounded, this exact, this rounded
+    compare_against(rec, logits, p, ref, nucleus, lambda fn: (fn(), {"ms_p50": next(times)})[1])
+    assert rec["against_rows_with_other_kept_set"] == 0
+    assert rec["kernel_over_against_graph"] == (2.0 + 6.0) / 2 / 4.0
+    assert rec["rounded_over_against_graph"] == (1.0 + 5.0) / 2 / 3.0
