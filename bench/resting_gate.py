@@ -40,14 +40,14 @@ class RestingGate(SpecGate):
         self._drafts(cell, "winner", False)
         return True
 
-    def rest_lease(self, method: str, sequences: int) -> int:
+    def rest_lease(self, method: str, sequences: int, most: int = LEASE_STEPS) -> int:
         """The steady rest takes leases as the real gate's does between probes (``SpecGate.rest_lease``);
-        no probe ever comes here, so every lease is the longest."""
+        no probe ever comes here, so every lease is the longest (``most``: a rest span's)."""
         cell = self.cells.get((method, load_bucket(sequences)))
         if cell is None:
             return 0
         cell.lease_basis = cell.basis
-        return LEASE_STEPS
+        return most
 
     def exploring(self, method: str) -> list[int]:
         return []                             # nothing to explore: no extra warm-ups (``finish_exploring``)

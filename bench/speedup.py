@@ -88,9 +88,13 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # measurable against it in the same run. A diagnostic, not a default row
     "dspark-probe-full": {"method": "dspark", "schedule": "confidence", "gamma": None, "probe_budget": 0.01,
                           "probe_max": 1024},
+    # scheduled dspark without rest spans (``SpecEngine.rest_spans`` off while the row runs, session 32:
+    # whole-batch leases end at every admission and prompt step, as before), through a gate of its own:
+    # what the spans save, in the same run. A diagnostic, not a default row
+    "dspark-no-span": {"method": "dspark", "schedule": "confidence", "gamma": None, "spans": False},
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
-                   "dspark-absorb-eager", "dspark-probe-full")
+                   "dspark-absorb-eager", "dspark-probe-full", "dspark-no-span")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -281,7 +285,7 @@ def gc_split(d: dict) -> dict[str, list[float]]:
 
 
 # ROWS keys for the row's own gate (SpecGate settings, or its verify or projection path), not request fields
-GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "gate", "verify", "absorb")
+GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "gate", "verify", "absorb", "spans")
 
 
 @contextmanager
@@ -300,6 +304,7 @@ def row_gate(engine, row: str, own: dict):
         yield
         return
     rejection = settings.pop("verify", None) == "rejection"
+    spans = settings.pop("spans", True)
     rounds = getattr(engine._proposer(ROWS[row]["method"]), "rounds", None) \
         if settings.pop("absorb", None) == "eager" else None
     absorbs = None if rounds is None else rounds.absorbs
@@ -314,11 +319,13 @@ def row_gate(engine, row: str, own: dict):
             own[row] = SpecGate(**settings)
     engine.spec_gate = own[row]
     engine.greedy_chain = not rejection
+    engine.rest_spans = spans
     try:
         yield
     finally:
         engine.spec_gate = gate
         engine.greedy_chain = True
+        engine.rest_spans = True
         if rounds is not None:
             rounds.absorbs = absorbs
 

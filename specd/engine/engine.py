@@ -116,6 +116,7 @@ class SpecEngine(GateSteps):
                               spec_scheduled_tokens_total=0, admission_seconds_total=0.0,
                               spec_scheduler_seconds_total=0.0, spec_rest_again_steps_total=0,
                               spec_rest_leased_steps_total=0, spec_rest_whole_batch_steps_total=0,
+                              spec_rest_span_steps_total=0,
                               spec_promptless_requests_total=0, forward_hook_steps_total=0,
                               forward_hook_calls_total=0, warmed_requests_total=0,
                               **{f"step_{kind}_{what}_total": 0 for kind in STEP_KINDS
@@ -141,6 +142,7 @@ class SpecEngine(GateSteps):
         self._rest_chain = None                 # the last step rested a whole gated group (gating.RestChain)
         self._lease_step = None                 # this step rests on that chain's lease (``GateSteps._fold``)
         self._whole_rest = False                # this step: the lease rests the whole batch (``_rests_whole_batch``)
+        self.rest_spans = True                  # whole-batch leases may span prompt steps and admissions (``_span_rests``)
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)
@@ -220,6 +222,8 @@ class SpecEngine(GateSteps):
             seq.gate_acceptance = self.spec_gate.record(seq.gate_key, request.prompt_ids)
         self._seqs[request.id] = seq
         self.scheduler.add(seq)
+        if self._rest_chain is not None and self._rest_chain.span:
+            self._join_span(seq)            # a rest span covers the requests that join its bound (gating.py)
         self._counters["requests_total"] += 1
         self._counters["prompt_tokens_total"] += n
 
@@ -414,7 +418,7 @@ class SpecEngine(GateSteps):
         the fixed ones keep their γ drafts. A rest lease over the whole batch returns before any walk
         over it (``_rests_whole_batch``)."""
         self._whole_rest = False     # set per step, here, so no step inherits it (``_feature_proposers``)
-        if self._decode_step and self._rests_whole_batch(batch):
+        if self._span_rests(batch) or self._decode_step and self._rests_whole_batch(batch):
             return
         by_method: dict[str, list[ScheduledSeq]] = {}
         # a pure decode step (``_decode_step``, asked once a step) needs no per-sequence ``decodes``: at c = 32

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from specd.engine.scheduler import ScheduledSeq
 from specd.engine.sequence import Sequence
-from specd.engine.spec_gate import RESTING_DECAY, Acceptance, Drafters, load_bucket
+from specd.engine.spec_gate import RESTING_DECAY, SPAN_STEPS, Acceptance, Drafters, load_bucket
 from specd.engine.speculation import Draft
 
 RESUME_EVERY = 4   # resting steps between asks whether aged records would draft again (``_resumes``)
@@ -43,14 +43,24 @@ class RestChain:
     admitted: int = 0        # the gate's admission count when the lease was granted: a new request ends it
     gate: object = None      # the gate that granted it, which takes the fold (a test may swap the engine's)
     pending: list = field(default_factory=list)   # the leased steps' plain samples (sequences, tokens, seconds)
+    span: bool = False       # the lease is a rest span: it covers prompt steps and admissions (``_span_rests``)
+    preemptions: int = 0     # the scheduler's preemption count when the span was granted: a preemption ends it
+    joined: list = field(default_factory=list)    # a span's joiners: (record, ``owed`` when it joined)
 
     def settle(self) -> None:
         """Age the records by the resting steps they owe, in one pass: decay^n once, where the full path
         multiplies by decay at each step (equal up to rounding). Nothing reads a record while it owes:
-        the chain's steps decide on the gate's bound, and the chain settles before it ends."""
+        the chain's steps decide on the gate's bound, and the chain settles before it ends. A span's
+        joiners owe only the steps since they joined."""
+        for record, at in self.joined:
+            if self.owed > at:
+                Acceptance.rest_all([record], RESTING_DECAY ** (self.owed - at))
         if self.owed:
             Acceptance.rest_all(self.records, RESTING_DECAY ** self.owed)
             self.owed = 0
+        if self.joined:
+            self.records.extend(record for record, _ in self.joined)
+            self.joined = []
 
 
 def gate_key_name(method: str, schedule: str | None) -> str:
@@ -221,8 +231,94 @@ class GateSteps:
             chain.size, chain.count, chain.exact = size, count, exact
             chain.lease, chain.admitted = self.spec_gate.rest_lease(chain.key, size), self.spec_gate.admitted
             chain.gate = self.spec_gate
+            if chain.lease and self.rest_spans and count == size and self._may_span(chain.key):
+                chain.span, chain.lease = True, self.spec_gate.rest_lease(chain.key, size, SPAN_STEPS)
+                chain.preemptions = self.scheduler.num_preemptions
         self._rest_chain = chain
         return True
+
+    def _may_span(self, key: str) -> bool:
+        """May a whole-batch lease of gate key ``key`` become a rest span? Only where every request the
+        engine holds is `none` or rests under ``key`` with nothing captured: the running ones decode or
+        prefill without capturing (``prompt_captures`` False), and none waits or is parked with another
+        method or an undecided prompt. A span skips the walks that would notice another method's request
+        or a prompt that captures, so each later request is vetted as it is admitted (``_join_span``).
+        One pass over the requests, once per span."""
+        sched = self.scheduler
+        for seq in sched.running:
+            if seq.method != "none" and (seq.gate_key != key or seq.draft_feats is not None or (
+                    seq.prompt_captures is not False and seq.num_computed_tokens < len(seq.request.prompt_ids))):
+                return False
+        return all(seq.method == "none" for queue in (sched.waiting, sched.parked) for seq in queue)
+
+    def _span_rests(self, batch: list[ScheduledSeq]) -> bool:
+        """A step inside a rest span, taken before any walk over the batch; False (and the span ended) when
+        the span no longer covers it. A span is a whole-batch lease (``_rests_whole_batch``) that goes on
+        through steps with prompt chunks, through requests finishing and through admissions: its decode
+        steps are leased steps (aged records, a plain sample kept for the fold, no capture), its prompt
+        steps rest the batch as a carried rest does (``_carries``) without walking it, and each request
+        admitted meanwhile joins the rest's bound at admission (``_join_span``) or ends the span. It ends
+        after ``SPAN_STEPS`` decode steps (sooner where a probe is near: ``SpecGate.rest_lease``), at a
+        step in another load bucket, at a preemption (its prompt is run again, undecided), and when the
+        batch empties; the next step then asks the gate in full.
+
+        Why: at c = 32 under a closed loop a request finishes every step or two, so a lease (same requests,
+        no admission) rarely lasts, and the resting row paid the gate's walks at nearly every step. H200,
+        session 32 (runs CS and CT): runs that rested throughout took 1.5% more wall time than `none` at
+        c = 32 (the A/A row 0.2%), the schedule phase +41 µs a step, the step's end +7 µs, admissions +8
+        µs a step; on the CPU probe (tests/engine/closed_loop_probe.py) prompt steps cost +59 µs
+        (``_add_drafts`` and ``_rest_prompts``), decode steps +26 µs.
+        What it gives up: a joiner is weighed against the rest's bound at its admission, not at its first
+        chunk (the same bound ``_rest_prompts`` folds joiners into), and the newest plain samples reach
+        the gate up to ``SPAN_STEPS`` steps late."""
+        chain = self._rest_chain
+        if chain is None or not chain.span:
+            return False
+        counters = self._counters
+        if (not chain.lease or chain.gate is not self.spec_gate or not self._gate_on()
+                or chain.step + 1 != counters["steps_total"] or load_bucket(len(batch)) != chain.bucket
+                or self.scheduler.num_preemptions != chain.preemptions):
+            self._fold(chain)
+            chain.settle()
+            self._rest_chain = None
+            return False
+        counters["spec_paused_steps_total"] += 1
+        counters["spec_rest_again_steps_total"] += 1
+        counters["spec_rest_span_steps_total"] += 1
+        chain.step += 1
+        self._whole_rest = True
+        if self._decode_step:
+            chain.owed += 1
+            chain.lease -= 1
+            chain.leased += 1
+            counters["spec_rest_leased_steps_total"] += 1
+            counters["spec_rest_whole_batch_steps_total"] += 1
+            self._lease_step = chain
+            self._gate_arms[chain.key] = False
+            self._resting_keys.add(chain.key)
+        return True
+
+    def _join_span(self, seq: Sequence) -> None:
+        """A request admitted during a rest span (``add_request``, once it is queued): `none` passes; a request
+        of the span's key joins when the most its record can reach folds into the rest's bound at the span's
+        bucket (``SpecGate.join_rest``: not when its class explores), and its
+        prompt then captures nothing, as ``_rest_prompts`` would decide; anything else ends the span at
+        the next step (the full path then asks about it)."""
+        chain = self._rest_chain
+        if chain is None or not chain.span or not chain.lease or seq.method == "none":
+            return
+        # weighed at the span's bucket, not at the queue's size now: in a closed loop the requests that
+        # finished in one step are replaced one by one, so the first replacements see a smaller load
+        # (stories260K, c = 8: 7 of 8, bucket 4, ended three spans of one loop); a batch that does leave
+        # the bucket ends the span at its first step (``_span_rests``)
+        if seq.gate_key != chain.key or not self.spec_gate.join_rest(chain.key, chain.bucket, [seq.gate_acceptance]):
+            chain.lease = 0
+            return
+        seq.prompt_captures = False
+        chain.joined.append((seq.gate_acceptance, chain.owed))
+        if not seq.gate_acceptance.lacks_prompt:
+            seq.gate_acceptance.lacks_prompt = True
+            self._counters["spec_promptless_requests_total"] += 1
 
     def _lease_covers(self, chain: RestChain, size: int, count: int) -> bool:
         """Does a lease granted at an earlier step of ``chain`` cover this step (the same batch and group
@@ -305,8 +401,8 @@ class GateSteps:
         context without its start (session 12, CPU: a 45-token prompt in 16-token chunks kept 13).
         Lossless: the features only feed drafts, and the answer depends on earlier steps' measurements
         only."""
-        if self._decode_step or not self._gate_on():
-            return                                    # a pure decode step has no prompt chunk
+        if self._decode_step or self._whole_rest or not self._gate_on():
+            return                                    # a pure decode step has no prompt chunk; a span's were vetted
         chain = self._rest_chain
         if chain is not None:
             chain.settle()     # a preempted request of the chain may prefill again: read below

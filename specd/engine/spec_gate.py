@@ -89,6 +89,8 @@ MAX_CLASSES = 4096   # classes remembered (least recently admitted forgotten fir
 WARMUP = 1           # first measured steps of each arm of a cell that are no sample (one-off costs)
 TRACE_STEPS = 16     # reports kept per cell, in order, for the records (``SpecGate.trace``)
 LEASE_STEPS = 8      # steps of a steady rest the engine may take after one sure answer without asking (``rest_lease``)
+SPAN_STEPS = 32      # decode steps of a rest span: a whole-batch lease that also covers prompt steps and the
+                     # admissions that join the rest's bound (``GateSteps._span_rests``, session 32)
 DRAFT_REASONS = ("explore", "probe", "winner")   # a new cell's exploration, a probe of the losing arm, the winner
 
 
@@ -520,7 +522,7 @@ class SpecGate:
         cell.clock += 1
         return not self._drafts(cell, "winner", False)
 
-    def rest_lease(self, method: str, sequences: int) -> int:
+    def rest_lease(self, method: str, sequences: int, most: int = LEASE_STEPS) -> int:
         """After ``rests_again`` answered yes: how many more steps the same requests may rest without asking
         (0: ask at the next step), while no request is admitted and the group keeps its size (the engine
         checks both). The lease ends before a probe could be announced (``probe_next``), so the steps it
@@ -533,12 +535,13 @@ class SpecGate:
         (session 18, runs BH and BI) ~38 µs of host time on a 2.05 ms plain step, ~1.8%, in every cell where
         the gate rests (scheduled dspark ran 0.97-0.99× `none` there; docs/results/speedup.md, session 26).
         What it gives up: for at most ``LEASE_STEPS`` steps the answer does not see the newest plain
-        samples, so a rest can outlast a sudden slowdown of plain steps by that many steps."""
+        samples, so a rest can outlast a sudden slowdown of plain steps by that many steps. ``most``: the
+        lease's length where no probe is near (``SPAN_STEPS`` for a rest span)."""
         cell = self.cells.get((method, load_bucket(sequences)))
         if cell is None or cell.rest_bound is None or cell.probe_left:
             return 0
         cell.lease_basis = cell.basis          # what the granting answer was made from, for its steps' reports
-        return max(0, min(LEASE_STEPS, cell.wait - cell.clock - 2))
+        return max(0, min(most, cell.wait - cell.clock - 2))
 
     def fold_rest(self, method: str, sequences: int, steps: int, samples: list[tuple[int, int, float]]) -> None:
         """A lease's ``steps`` resting steps in a batch of ``sequences`` (``rest_lease``): advance the clock as

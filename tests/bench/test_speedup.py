@@ -355,6 +355,29 @@ def test_the_absorb_eager_row_runs_without_the_projection_graphs_and_puts_them_b
         assert proposer.rounds.absorbs is graphs and engine.spec_gate is gate
 
 
+def test_the_no_span_row_runs_without_rest_spans_and_puts_them_back():
+    """dspark-no-span: while the row runs, the engine takes no rest spans and a gate of its own decides;
+    after it (also when the row fails) spans are on and the gate is the engine's again. Not a default row."""
+    from types import SimpleNamespace
+
+    from bench.speedup import DEFAULT_ROWS, row_gate
+    from specd.engine.spec_gate import SpecGate
+
+    assert "dspark-no-span" not in DEFAULT_ROWS
+    gate = SpecGate()
+    engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, rest_spans=True)
+    own: dict = {}
+    with row_gate(engine, "dspark-no-span", own):
+        assert engine.rest_spans is False
+        assert engine.spec_gate is own["dspark-no-span"] and engine.spec_gate is not gate
+    assert engine.rest_spans is True and engine.spec_gate is gate
+    with pytest.raises(RuntimeError), row_gate(engine, "dspark-no-span", own):
+        raise RuntimeError("a failed run")
+    assert engine.rest_spans is True and engine.spec_gate is gate
+    with row_gate(engine, "dspark", own):
+        assert engine.rest_spans is True and engine.spec_gate is gate
+
+
 def test_the_probe_full_row_runs_behind_a_gate_with_the_old_probe_budget():
     """dspark-probe-full: a gate of its own with probe_budget 0.01 and probe_max 1,024 (the defaults until
     session 31), the engine's gate (the defaults) back after the row. Not a default row."""

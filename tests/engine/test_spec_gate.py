@@ -1714,11 +1714,13 @@ def test_arms_sampled_at_different_batch_sizes_of_one_bucket_are_compared_per_se
     assert gate.stats()["spec_gate_dspark_b2_drafting"] == 0
 
 
-def serve_resting(carry: bool, explorer: int | None = None, concurrency: int = 8, requests: int = 24):
+def serve_resting(carry: bool, explorer: int | None = None, concurrency: int = 8, requests: int = 24,
+                  spans: bool = False):
     """A closed loop on the resting probe engine (tests/engine/resting_probe_engine.py: the gate rests every
     bucket): answers of 4-25 tokens, so requests finish apart and their successors' prompts arrive beside
     resting decoders. ``carry`` False turns off carrying the steady rest through prompt steps
-    (``GateSteps._carries``); ``explorer``: that request's class explores, so its prompt captures. Returns
+    (``GateSteps._carries``); ``spans`` turns on rest spans (``GateSteps._span_rests``); ``explorer``: that
+    request's class explores, so its prompt captures. Returns
     the outputs, each step's captured layers, and the engine's counters over the loop; with an explorer,
     the captured layers of the steps that ran its prompt instead of every step's (its drafting steps go
     through the confidence scheduler, whose lengths follow the measured SPS profile: not repeatable)."""
@@ -1728,11 +1730,22 @@ def serve_resting(carry: bool, explorer: int | None = None, concurrency: int = 8
     from specd.sampling_params import SamplingParams
 
     engine = resting_engine(concurrency, num_local_blocks=1024)
+    engine.rest_spans = spans
     if not carry:
         engine._carries = lambda *a: False
     target = []
     gate = engine.spec_gate
     gate.explores = lambda record: bool(target) and record is target[0]
+    record = gate.record             # the explorer's record is known as it is made, before anything asks
+    admitted = []
+
+    def recorded(method, prompt):
+        made = record(method, prompt)
+        if len(admitted) == explorer:
+            target.append(made)
+        admitted.append(made)
+        return made
+    gate.record = recorded
     observe = gate.observe           # steps timed as the gate was taught (drafting 8x a plain step): the
     gate.observe = lambda method, n, drafted, tokens, seconds, drafters=None: observe(   # decisions do
         method, n, drafted, tokens, 0.01 * (8 if drafted else 1), drafters)             # not ride on timing
@@ -1753,8 +1766,7 @@ def serve_resting(carry: bool, explorer: int | None = None, concurrency: int = 8
             params = SamplingParams(temperature=0.0, max_tokens=4 + (i * 7) % 22, ignore_eos=True)
             engine.add_request(Request(f"r{i}", engine.tokenizer.encode(BASE[i % len(BASE)]), params,
                                        speculation="dspark"))
-            if i == explorer:
-                target.append(engine._seqs[f"r{i}"].gate_acceptance)
+            assert i != explorer or target == [engine._seqs[f"r{i}"].gate_acceptance]
             inflight += 1
         for out in engine.step():
             got[out.id] += out.token_ids
@@ -1782,6 +1794,64 @@ def test_a_rest_carried_through_prompt_steps_rests_and_captures_as_the_full_path
         assert not any(caps)
     else:               # the explorer's prompt captured in its one step: the carried rest ended there
         assert len(caps) == 1 and caps[0]
+
+
+@pytest.mark.parametrize("explorer", [None, 13])
+def test_a_rest_span_rests_and_captures_as_the_carried_rest_without_walking_prompt_steps(explorer):
+    """A rest span (``GateSteps._span_rests``: a whole-batch lease through prompt steps, finishing requests and
+    admissions) changes no decision of the carried rest it replaces: the same outputs, the same captured
+    layers, the same rested steps, prompt-less requests and verifications; it takes prompt steps too (their
+    count grows the span steps past the leased decode steps). With an exploring request the span ends at its
+    admission (``_join_span``: ``SpecGate.join_rest`` refuses an exploring class), and its prompt captures."""
+    from specd.engine.gating import GateSteps
+
+    walked = []
+    inner = GateSteps._rest_prompts
+
+    def counted(self, batch):
+        walked.append(self._whole_rest)
+        return inner(self, batch)
+    GateSteps._rest_prompts = counted
+    try:
+        carried_out, carried_caps, carried = serve_resting(True, explorer)
+        walked.clear()
+        out, caps, spanned = serve_resting(True, explorer, spans=True)
+    finally:
+        GateSteps._rest_prompts = inner
+    assert out == carried_out and caps == carried_caps
+    for key in ("spec_promptless_requests_total", "spec_paused_steps_total", "spec_verifications_total"):
+        assert spanned[key] == carried[key], key
+    assert carried["spec_rest_span_steps_total"] == 0
+    span = spanned["spec_rest_span_steps_total"]
+    assert span > spanned["spec_rest_leased_steps_total"] - carried["spec_rest_leased_steps_total"] > 0
+    assert span > spanned["spec_rest_whole_batch_steps_total"] > carried["spec_rest_whole_batch_steps_total"]
+    assert sum(walked) > 10             # prompt steps inside a span return before any walk
+    if explorer is None:
+        assert span > 0.75 * spanned["spec_paused_steps_total"] and not any(caps)
+    else:
+        assert len(caps) == 1 and caps[0]
+
+
+def test_a_span_ages_its_joiners_from_when_they_joined():
+    """``RestChain.settle``: the records a span began with age by every resting decode step it owes, a
+    joiner by the steps since it joined, each once (decay^n), and the joiners become members."""
+    from specd.engine.gating import RestChain
+    from specd.engine.spec_gate import RESTING_DECAY, Acceptance
+
+    def record():
+        r = Acceptance()
+        r.add(5)
+        return r
+    members, early, late = [record(), record()], record(), record()
+    chain = RestChain("dspark", 8, 8, 2, 0, list(members), span=True)
+    chain.owed = 2
+    chain.joined.append((early, chain.owed))
+    chain.owed = 5
+    chain.joined.append((late, chain.owed))
+    chain.settle()
+    weight = [(r.tokens, r.steps) for r in (members[0], members[1], early, late)]
+    assert weight == pytest.approx([(5 * RESTING_DECAY ** n, RESTING_DECAY ** n) for n in (5, 5, 3, 0)])
+    assert chain.records == [*members, early, late] and chain.joined == [] and chain.owed == 0
 
 
 def test_a_capture_steps_time_over_plain_goes_on_the_next_drafting_sample():
@@ -1857,3 +1927,46 @@ def test_a_lease_over_part_of_the_batch_walks_it_and_a_whole_batch_lease_does_no
             assert whole == 0 and not skipped
         else:
             assert whole == leased == len(skipped)
+
+
+def test_a_request_a_rest_span_cannot_cover_ends_it_and_drafts():
+    """A rest span skips the walks that would notice a request of another method or schedule, so such a
+    request ends the span at its admission (``_join_span``): a fixed-γ dspark request (never gated)
+    admitted into a resting batch drafts from its first decode step, and every output is still plain
+    decoding's (greedy)."""
+    from resting_probe_engine import BASE, resting_engine
+
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    engine = resting_engine(4, num_local_blocks=512)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = [engine.tokenizer.encode(p) for p in BASE[:5]]
+
+    def serve(specs: list[tuple[str, str | None]], late: int) -> tuple[dict, dict]:
+        got = collections.defaultdict(list)
+        before = engine.stats()
+        for i, (spec, schedule) in enumerate(specs[:late]):
+            engine.add_request(Request(f"{spec}{i}", prompts[i], params, speculation=spec, spec_schedule=schedule))
+        steps = 0
+        while engine.has_work():
+            steps += 1
+            if steps == 10:          # inside a span: the batch rests, its prompts long done
+                chain = engine._rest_chain
+                assert specs[0][0] == "none" or chain is not None and chain.span and chain.lease
+                for i, (spec, schedule) in enumerate(specs[late:], late):
+                    engine.add_request(Request(f"{spec}{i}", prompts[i], params, speculation=spec,
+                                               spec_schedule=schedule))
+                verified = engine.stats()["spec_verifications_total"]
+            if steps == 13 and specs[-1][1] == "fixed":   # its prefill was step 10, its first decode step 11
+                assert engine.stats()["spec_verifications_total"] > verified
+            for out in engine.step():
+                got[out.id] += out.token_ids
+        after = engine.stats()
+        return dict(got), {k: after[k] - before[k] for k in after if k.startswith("spec_") and isinstance(after[k], int)}
+
+    want, _ = serve([("none", None)] * 5, 3)
+    got, counts = serve([("dspark", None)] * 3 + [("dspark", "fixed")], 3)
+    assert counts["spec_rest_span_steps_total"] > 0
+    assert counts["spec_verifications_total"] > 0          # the fixed request drafted
+    assert got["dspark3"] == want["none3"] and all(got[f"dspark{i}"] == want[f"none{i}"] for i in range(3))
