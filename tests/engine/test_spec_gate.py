@@ -1819,7 +1819,10 @@ def test_a_rest_span_rests_and_captures_as_the_carried_rest_without_walking_prom
     finally:
         GateSteps._rest_prompts = inner
     assert out == carried_out and caps == carried_caps
-    for key in ("spec_promptless_requests_total", "spec_paused_steps_total", "spec_verifications_total"):
+    # with an explorer, its drafting steps' lengths follow the SPS profile timed at start-up (not repeatable),
+    # and so do the number of them and the steps before it finishes
+    same = ("spec_promptless_requests_total",) + (() if explorer else ("spec_paused_steps_total", "spec_verifications_total"))
+    for key in same:
         assert spanned[key] == carried[key], key
     assert carried["spec_rest_span_steps_total"] == 0
     span = spanned["spec_rest_span_steps_total"]
