@@ -19,13 +19,15 @@ from pathlib import Path
 from bench.speedup_pool import BASELINE, PoolError, load, repeat_pairs, step_kind
 
 
-def resting_pairs(runs: list[dict], row: str, max_drafted: int) -> dict[int, list[tuple[dict, dict]]]:
+def resting_pairs(runs: list[dict], row: str, max_drafted: int,
+                  no_captures: bool = False) -> dict[int, list[tuple[dict, dict]]]:
     """Concurrency -> (baseline run, row run) of every repeat where ``row``'s gate drafted ≤ ``max_drafted``
-    steps, over every workload of every run."""
+    steps (and, with ``no_captures``, ran no capture step either), over every workload of every run."""
     out: dict[int, list[tuple[dict, dict]]] = {}
     for _, level, pairs in repeat_pairs(runs, row):
         for base, run in pairs:
-            if sum(run.get("gate_drafted_by", {}).values()) <= max_drafted:
+            if sum(run.get("gate_drafted_by", {}).values()) <= max_drafted and not (
+                    no_captures and step_kind(run, "capture")[0]):
                 out.setdefault(int(level), []).append((base, run))
     return dict(sorted(out.items()))
 
@@ -42,6 +44,7 @@ def costs(pairs: list[tuple[dict, dict]]) -> dict:
     return {
         "runs": len(pairs),
         "wall_ratio": statistics.median(run["wall_s"] / base["wall_s"] for base, run in pairs),
+        "wall_geomean": statistics.geometric_mean(run["wall_s"] / base["wall_s"] for base, run in pairs),
         "phase_us": {k: 1000 * statistics.median(run["phase_ms_per_step"].get(k, 0.0) - base["phase_ms_per_step"][k]
                                                  for base, run in pairs) for k in phases},
         "prompt_step_ms": statistics.median(extra_prompt) if extra_prompt else None,
@@ -53,13 +56,13 @@ def table(by_level: dict[int, list[tuple[dict, dict]]], row: str) -> str:
     if not by_level:
         return f"no run of {row!r} rested"
     phases = list(next(iter(by_level.values()))[0][0]["phase_ms_per_step"])
-    head = (f"| c | resting runs | wall {row} / {BASELINE} (median) | "
+    head = (f"| c | resting runs | wall {row} / {BASELINE} (median) | (geometric mean) | "
             + " | ".join(f"{p} µs/step" for p in phases) + " | prompt step +ms | captures/run |")
-    lines = [head, "|---" * (len(phases) + 5) + "|"]
+    lines = [head, "|---" * (len(phases) + 6) + "|"]
     for level, pairs in by_level.items():
         c = costs(pairs)
         prompt = "-" if c["prompt_step_ms"] is None else f"{c['prompt_step_ms']:+.3f}"
-        lines.append(f"| {level} | {c['runs']} | {c['wall_ratio']:.4f} | "
+        lines.append(f"| {level} | {c['runs']} | {c['wall_ratio']:.4f} | {c['wall_geomean']:.4f} | "
                      + " | ".join(f"{c['phase_us'][p]:+.1f}" for p in phases)
                      + f" | {prompt} | {c['captures']:.2f} |")
     return "\n".join(lines)
@@ -71,10 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--row", default="dspark", help="the gated row to read (default dspark)")
     p.add_argument("--max-drafted", type=int, default=1,
                    help="a repeat counts as resting when its gate let at most this many steps draft (default 1)")
+    p.add_argument("--no-captures", action="store_true",
+                   help="also require no capture step (feature captures before probes and resumptions): runs "
+                        "that did no drafter work at all, whose whole difference from `none` is overhead; "
+                        "--max-drafted 0 --no-captures, and the same for --row none-aa (the A/A row never "
+                        "drafts), gives the noise floor beside it")
     args = p.parse_args(argv)
     try:
-        runs = [load(path) for path in args.result]
-        print(table(resting_pairs(runs, args.row, args.max_drafted), args.row))
+        by_level: dict[int, list[tuple[dict, dict]]] = {}
+        for path in args.result:         # each file on its own, so runs of different tables pool by concurrency
+            for level, pairs in resting_pairs([load(path)], args.row, args.max_drafted, args.no_captures).items():
+                by_level.setdefault(level, []).extend(pairs)
+        print(table(dict(sorted(by_level.items())), args.row))
     except PoolError as e:
         p.error(str(e))
     return 0

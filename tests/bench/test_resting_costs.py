@@ -31,6 +31,11 @@ def test_only_resting_repeats_count_and_each_pairs_with_its_own_baseline_repeat(
     assert c["prompt_step_ms"] == pytest.approx(0.025) and c["captures"] == pytest.approx(0.5)
     strict = costs(resting_pairs([result()], "dspark", max_drafted=0)[32])
     assert strict["runs"] == 1 and strict["phase_us"]["schedule"] == pytest.approx(30.0)
+    assert c["wall_geomean"] == pytest.approx((1.02 * 1.01) ** 0.5)
+    # no capture step either: only the repeat that drafted once and captured nothing is left
+    bare = resting_pairs([result()], "dspark", max_drafted=1, no_captures=True)[32]
+    assert [run["wall_s"] for _, run in bare] == [1.01]
+    assert resting_pairs([result()], "dspark", max_drafted=0, no_captures=True) == {}
 
 
 def test_the_command_prints_a_row_per_concurrency_and_refuses_a_missing_row(tmp_path, capsys):
@@ -38,6 +43,12 @@ def test_the_command_prints_a_row_per_concurrency_and_refuses_a_missing_row(tmp_
     path.write_text(json.dumps(result()))
     assert main([str(path)]) == 0
     out = capsys.readouterr().out
-    assert "| 32 | 2 | 1.0150 | +35.0 | +0.0 | +0.025 | 0.50 |" in out
+    assert "| 32 | 2 | 1.0150 | 1.0150 | +35.0 | +0.0 | +0.025 | 0.50 |" in out
     with pytest.raises(SystemExit):
         main([str(path), "--row", "eagle3"])
+    other = result()                 # a run of another table (c = 16 only) pools with it by concurrency
+    other["workloads"]["coding.eval"]["16"] = other["workloads"]["coding.eval"].pop("32")
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert main([str(path), str(path), str(tmp_path / "other.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| 16 | 2 | 1.0150 |" in out and "| 32 | 4 | 1.0150 |" in out
