@@ -47,6 +47,7 @@ class RestChain:
     preemptions: int = 0     # the scheduler's preemption count when the span was granted: a preemption ends it
     joined: list = field(default_factory=list)    # a span's joiners: (record, ``owed`` when it joined)
     broken: bool = False     # a request the span could not cover was admitted (``_join_span``): it ends the chain
+    classes: dict = field(default_factory=dict)   # id -> prompt class record of the new requests that joined it
 
     def settle(self) -> None:
         """Age the records by the resting steps they owe, in one pass: decay^n once, where the full path
@@ -324,13 +325,24 @@ class GateSteps:
         # finished in one step are replaced one by one, so the first replacements see a smaller load
         # (stories260K, c = 8: 7 of 8, bucket 4, ended three spans of one loop); a batch that does leave
         # the bucket ends the span at its first step (``_span_rests``)
-        if seq.gate_key != chain.key or not self.spec_gate.join_rest(chain.key, chain.bucket, [seq.gate_acceptance]):
+        record, gate = seq.gate_acceptance, self.spec_gate
+        group = record.group
+        fresh = group is not None and not record.steps        # its top is its class's start (``_acceptance``)
+        if seq.gate_key != chain.key:
+            joins = False
+        elif fresh and chain.classes.get(id(group)) is group and not gate.explores(record):
+            joins = gate.rejoin_rest(chain.key, chain.bucket)   # its class's top is in the bound already
+        else:
+            joins = gate.join_rest(chain.key, chain.bucket, [record])
+            if joins and fresh:
+                chain.classes[id(group)] = group
+        if not joins:
             chain.lease, chain.broken = 0, True
             return
         seq.prompt_captures = False
-        chain.joined.append((seq.gate_acceptance, chain.owed))
-        if not seq.gate_acceptance.lacks_prompt:
-            seq.gate_acceptance.lacks_prompt = True
+        chain.joined.append((record, chain.owed))
+        if not record.lacks_prompt:
+            record.lacks_prompt = True
             self._counters["spec_promptless_requests_total"] += 1
 
     def _lease_covers(self, chain: RestChain, size: int, count: int) -> bool:

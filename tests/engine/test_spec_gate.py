@@ -1835,6 +1835,53 @@ def test_a_rest_span_rests_and_captures_as_the_carried_rest_without_walking_prom
         assert len(caps) == 1 and caps[0]
 
 
+def test_a_new_request_of_a_class_that_joined_the_rest_leaves_its_bound_as_it_was():
+    """``SpecGate.rejoin_rest``'s premise: a new request of a class a new request of which joined the rest
+    (nothing drafted since) reaches the same top, so ``join_rest`` would leave the bound as it was; both
+    take the admission as folded, and both refuse without a rest to join."""
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=50, probe_max=50, probe_steps=1)
+    drive(gate, 4, draft_tok_s=300.0)                            # explored: plain (1,000 tok/s) wins
+    seed = gate.record("dspark", [5])
+    for _ in range(3):                                           # the class has drafted: it explores no more
+        seed.add(2)
+    assert not gate.rejoin_rest("dspark", 4)                     # no prediction's rest yet
+    assert not gate.should_draft("dspark", 4, requests=[seed] * 4)
+    gate.observe("dspark", 4, False, 4, 0.004)
+    assert not gate.should_draft("dspark", 4, requests=[seed] * 4)
+    cell = gate.cells[("dspark", 4)]
+    one = gate.record("dspark", [5])
+    assert not gate.explores(one) and gate.join_rest("dspark", 4, [one])
+    bound = cell.rest_bound
+    two = gate.record("dspark", [5])
+    assert gate.join_rest("dspark", 4, [two]) and cell.rest_bound == bound and cell.rest_admitted == gate.admitted
+    gate.record("dspark", [5])                                   # a third: admitted, not yet folded
+    assert cell.rest_admitted != gate.admitted
+    assert gate.rejoin_rest("dspark", 4) and cell.rest_bound == bound and cell.rest_admitted == gate.admitted
+    assert not gate.rejoin_rest("dspark", 8)                     # no cell at this load
+
+
+def test_a_span_asks_join_rest_once_per_class():
+    """In a rest span (``_join_span``) only a class's first new request asks ``SpecGate.join_rest``; the
+    others of its class take ``rejoin_rest``, and the loop serves what the carried rest serves."""
+    calls = []
+    inner = SpecGate.join_rest
+
+    def counted(self, method, sequences, requests):
+        calls.append(len(requests))
+        return inner(self, method, sequences, requests)
+    SpecGate.join_rest = counted
+    try:
+        out, caps, spanned = serve_resting(True, None, spans=True)
+    finally:
+        SpecGate.join_rest = inner
+    carried_out, _, carried = serve_resting(True, None)
+    assert out == carried_out and not any(caps)
+    assert spanned["spec_promptless_requests_total"] == carried["spec_promptless_requests_total"] == 24
+    # BASE has 8 prompts, each its own class; the joins asked in full are at most one per class per span,
+    # plus those of the carried chain's prompt steps between spans
+    assert 0 < len(calls) < 16, calls
+
+
 def test_a_span_ages_its_joiners_from_when_they_joined():
     """``RestChain.settle``: the records a span began with age by every resting decode step it owes, a
     joiner by the steps since it joined, each once (decay^n), and the joiners become members."""
