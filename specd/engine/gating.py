@@ -262,8 +262,9 @@ class GateSteps:
         admitted meanwhile joins the rest's bound at admission (``_join_span``) or ends the span. It ends
         after ``SPAN_STEPS`` decode steps (sooner where a probe is near: ``SpecGate.rest_lease``) and at a
         step in another load bucket, where the chain goes on as a carried rest (``_rests_again`` asks for
-        any subset of its requests); at a preemption (its prompt is run again, undecided), at an admission
-        it could not cover, and when the batch empties, where the chain ends and the gate is asked in full.
+        any subset of its requests), as it does after an idle step (``step`` folds the lease); at a
+        preemption (its prompt is run again, undecided) and at an admission it could not cover, where the
+        chain ends and the gate is asked in full.
 
         Why: at c = 32 under a closed loop a request finishes every step or two, so a lease (same requests,
         no admission) rarely lasts, and the resting row paid the gate's walks at nearly every step. H200,
