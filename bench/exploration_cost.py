@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from bench.speedup_pool import repeat_pairs, row_tool_main, step_kind
+from bench.speedup_pool import each_run_pairs, row_tool_main, step_kind
 
 REASONS = ("probe", "explore", "class")
 
@@ -47,13 +47,7 @@ def by_level(runs: list[dict], row: str) -> dict[int, dict]:
     many, a cell of each run counted apart). Runs are read one by one, so runs of different tables (session
     30's CQ, every load, and CR, c = 16 and 32 only) pool over the loads they share."""
     out: dict[int, dict] = defaultdict(lambda: defaultdict(float))
-    for run in runs:
-        _add_run(out, run, row)
-    return dict(sorted(out.items()))
-
-
-def _add_run(out: dict, run: dict, row: str) -> None:
-    for _workload, level, pairs in repeat_pairs([run], row):
+    for _workload, level, pairs in each_run_pairs(runs, row):
         repeats = [r for _base, r in pairs]
         if any(r.get("gate_drafted_by", {}).get("winner", 0) for r in repeats):
             continue                      # the gate drafted as the winner: not a resting cell
@@ -66,6 +60,7 @@ def _add_run(out: dict, run: dict, row: str) -> None:
         for c in costs:
             for key, value in c.items():
                 acc[key] += value
+    return dict(sorted(out.items()))
 
 
 def table(levels: dict[int, dict], row: str) -> str:

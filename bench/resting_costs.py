@@ -16,15 +16,16 @@ import argparse
 import statistics
 from pathlib import Path
 
-from bench.speedup_pool import BASELINE, PoolError, load, repeat_pairs, step_kind
+from bench.speedup_pool import BASELINE, PoolError, each_run_pairs, load, step_kind
 
 
 def resting_pairs(runs: list[dict], row: str, max_drafted: int,
                   no_captures: bool = False) -> dict[int, list[tuple[dict, dict]]]:
     """Concurrency -> (baseline run, row run) of every repeat where ``row``'s gate drafted ≤ ``max_drafted``
-    steps (and, with ``no_captures``, ran no capture step either), over every workload of every run."""
+    steps (and, with ``no_captures``, ran no capture step either), over every workload of every run; runs
+    of different tables pool by concurrency."""
     out: dict[int, list[tuple[dict, dict]]] = {}
-    for _, level, pairs in repeat_pairs(runs, row):
+    for _, level, pairs in each_run_pairs(runs, row):
         for base, run in pairs:
             if sum(run.get("gate_drafted_by", {}).values()) <= max_drafted and not (
                     no_captures and step_kind(run, "capture")[0]):
@@ -81,11 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                         "drafts), gives the noise floor beside it")
     args = p.parse_args(argv)
     try:
-        by_level: dict[int, list[tuple[dict, dict]]] = {}
-        for path in args.result:         # each file on its own, so runs of different tables pool by concurrency
-            for level, pairs in resting_pairs([load(path)], args.row, args.max_drafted, args.no_captures).items():
-                by_level.setdefault(level, []).extend(pairs)
-        print(table(dict(sorted(by_level.items())), args.row))
+        runs = [load(path) for path in args.result]
+        print(table(resting_pairs(runs, args.row, args.max_drafted, args.no_captures), args.row))
     except PoolError as e:
         p.error(str(e))
     return 0

@@ -83,6 +83,14 @@ def repeat_pairs(runs: list[dict], row: str):
         yield workload, level, pairs
 
 
+def each_run_pairs(runs: list[dict], row: str):
+    """``repeat_pairs`` of each run on its own: runs of different tables (a full table and a run of c = 16
+    and 32 alone) pool by concurrency, and a cell of each run comes apart (``bench.exploration_cost`` counts
+    them; ``bench.resting_costs`` pools their repeats)."""
+    for run in runs:
+        yield from repeat_pairs([run], row)
+
+
 def step_kind(run: dict, name: str) -> tuple[int, float, int]:
     """(steps, ms, tokens) of one step kind in a timed run's ``step_kinds`` (zeros when it took none)."""
     k = run.get("step_kinds", {}).get(name, {})

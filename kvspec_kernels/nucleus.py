@@ -28,8 +28,9 @@ all 64 fine buckets and counted them too (128 compare-and-adds a token); on the 
 exact nucleus's ~3 ms at 256 rows (verify at c = 32) and 0.36 ms of the rounded one at 32 rows (each of a
 draft round's seven positions; docs/design/kernels.md). Two levels take 16 + 8 (+ 8 counts): ~4x fewer.
 The result is the one-level grid's by construction (the same buckets, the same bracket, sums in another
-fixed order); not yet timed on a GPU (``python -m bench.sampling_cost --against`` the old file does both
-in one run; ``bash bench/gpu/session.sh nucleus``).
+fixed order). H200, session 32 (``bash bench/gpu/session.sh nucleus``: ``python -m bench.sampling_cost
+--against`` the old file, both in one run): 0.36x / 0.25x the one-level exact / rounded transforms at 256
+rows, the same kept sets (docs/design/kernels.md).
 
 The kernels (grid ``(rows, chunks of CHUNK tokens)`` except ``_search``):
 1. ``_coarse_ladder``: each chunk's largest logit and the mass of its tokens per coarse bucket, counted

@@ -35,7 +35,7 @@
 #   bash bench/gpu/session.sh nucleus      # one GPU, no GGUF: bench.sampling_cost on spread and peaked rows, this
 #                                          #   tree's two-level nucleus kernels against ${AGAINST:-.carry/one_level.py}
 #                                          #   (`git show acf227e:kvspec_kernels/nucleus.py`, the one-level ladder)
-#                                          #   in the same call (session 31, not yet run)
+#                                          #   in the same call (session 31; run in session 32)
 #   bash bench/gpu/session.sh verdict      # one GPU: the chain against the rejection sampler on extraction (fresh
 #                                          #   engine), the full table, the draft-round profile (session 16)
 #   bash bench/gpu/session.sh idle         # one GPU: serve-plan ${KV_PLAN:-gpu-agentic-idle} only; with

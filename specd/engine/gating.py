@@ -279,13 +279,12 @@ class GateSteps:
         if chain is None or not chain.span:
             return False
         counters = self._counters
-        if (not chain.lease or chain.gate is not self.spec_gate or not self._gate_on()
-                or chain.step + 1 != counters["steps_total"] or load_bucket(len(batch)) != chain.bucket
-                or self.scheduler.num_preemptions != chain.preemptions):
+        lost = (chain.broken or chain.gate is not self.spec_gate or not self._gate_on()   # the chain ends
+                or chain.step + 1 != counters["steps_total"] or self.scheduler.num_preemptions != chain.preemptions)
+        if lost or not chain.lease or load_bucket(len(batch)) != chain.bucket:
             self._fold(chain)
             chain.settle()
-            if (chain.broken or chain.gate is not self.spec_gate or not self._gate_on()
-                    or chain.step + 1 != counters["steps_total"] or self.scheduler.num_preemptions != chain.preemptions):
+            if lost:
                 self._rest_chain = None
             else:
                 # its lease ran out, or the batch left the bucket: a plain chain from here (``_rests_again``,
