@@ -6,7 +6,7 @@ part of it (asking before or after a proposer runs, resting prompts and decoders
 request's acceptance, reporting the step) had grown to a third of engine.py. ``GateSteps`` is mixed into
 ``SpecEngine``; it reads the engine's ``spec_gate``, ``sps``/``_track_overhead``, ``_counters`` and the
 per-step state initialised in ``SpecEngine.__init__`` (``_gate_arms``, ``_resting``, ``_resting_keys``,
-``_gate_drafting``, ``_profiled``, and ``_rest_chain`` across steps), and calls its ``_proposer``, ``_schedule_of`` and ``_wants_confidence``.
+``_gate_drafting``, ``_profiled``, and ``_rest_chain`` across steps) and ``config.spec_schedule``, and calls its ``_proposer``.
 docs/design/speculation.md ("Measured pre-draft gate") says what each rule is for and what it measured.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ class RestChain:
         the chain's steps decide on the gate's bound, and the chain settles before it ends. A span's
         joiners owe only the steps since they joined."""
         for record, at in self.joined:
-            if self.owed > at:
+            if self.owed > at and record.steps:    # a record that never drafted has nothing to age
                 Acceptance.rest_all([record], RESTING_DECAY ** (self.owed - at))
         if self.owed:
             Acceptance.rest_all(self.records, RESTING_DECAY ** self.owed)
@@ -286,16 +286,22 @@ class GateSteps:
             chain.settle()
             if lost:
                 self._rest_chain = None
-            else:
-                # its lease ran out, or the batch left the bucket: a plain chain from here (``_rests_again``,
-                # ``_carries``), for this batch or part of it. Every request it now holds rested under the
-                # span or joined its bound (``_join_span``), so the bound for a subset covers them. Why: a
-                # span that ended dropped its chain, and at c = 32 on long prompts (knowledge, three
-                # prompt steps in four) the full path then ran until a decode step made a new one (H200,
-                # session 32, run CU: 61 of 111 rested steps took a shortcut against 77 without spans)
-                chain.span, chain.exact = False, False
-                chain.size, chain.count = len(batch), len(chain.records)
-            return False
+                return False
+            # its lease ran out, or the batch left the bucket: a plain chain from here (``_rests_again``,
+            # ``_carries``), for this batch or part of it. Every request it now holds rested under the
+            # span or joined its bound (``_join_span``), so the bound for a subset covers them. Why: a
+            # span that ended dropped its chain, and at c = 32 on long prompts (knowledge, three
+            # prompt steps in four) the full path then ran until a decode step made a new one (H200,
+            # session 32, run CU: 61 of 111 rested steps took a shortcut against 77 without spans)
+            chain.span, chain.exact = False, False
+            # the members now, as ``_carries`` takes them: a span never walks its batch, so its records had
+            # kept every request that joined it since the chain began, finished or not (a chain renewed span
+            # after span at c = 32 held 128 records after 128 requests, and each settle aged them all). A
+            # joiner still waiting for its prompt is left out: admitted in the span, it never drafted, so
+            # its record has nothing to age, and its prompt joins the chain again (``_rest_prompts``)
+            chain.records = [s.seq.gate_acceptance for s in batch if s.seq.gate_key == chain.key]
+            chain.size, chain.count = len(batch), len(chain.records)
+            return self._renews_span(batch, chain)
         counters["spec_paused_steps_total"] += 1
         counters["spec_rest_again_steps_total"] += 1
         counters["spec_rest_span_steps_total"] += 1
@@ -310,6 +316,27 @@ class GateSteps:
             self._lease_step = chain
             self._gate_arms[chain.key] = False
             self._resting_keys.add(chain.key)
+        return True
+
+    def _renews_span(self, batch: list[ScheduledSeq], chain: RestChain) -> bool:
+        """A span whose lease ran out at a pure decode step, in its bucket, with every request of the batch
+        under its key (``chain`` just made a plain chain of it, by ``_span_rests``): asked here as the full path
+        would ask it (``_rests_again``: the gate's ``rests_again`` for a subset, then a new lease, and a new span
+        where ``_may_span`` allows), before any walk over the batch. True: the step is taken (a whole-batch
+        rest, or a probe's capture); False: the full path asks, with the chain. Why: at the end of each
+        ``SPAN_STEPS`` lease the step first grouped the batch by method, then asked the same question. A
+        small saving: on the CPU probe at c = 32 (stories260K, a closed loop), a renewal step's
+        ``_add_drafts`` took ~68 µs (median of 24) against ~78 through the full path, once every 32 decode
+        steps; most of what is left is ``RestChain.settle`` and ``_may_span``."""
+        size = len(batch)
+        if not self._decode_step or chain.count != size or load_bucket(size) != chain.bucket:
+            return False
+        self._rest_chain = None
+        if not self._rests_again(batch, batch, chain):
+            self._rest_chain = chain
+            return False
+        self._whole_rest = self._rest_chain is chain        # else a probe's capture: features are taken
+        self._counters["spec_rest_whole_batch_steps_total"] += self._whole_rest
         return True
 
     def _join_span(self, seq: Sequence) -> None:
@@ -559,17 +586,15 @@ class GateSteps:
                 rests.append((key, members))
         return rests
 
-    def _gate_key_for(self, seq: Sequence) -> str | None:
-        """``seq``'s gate key, or None when the gate does not decide for it. Its method and schedule never
-        change, so the engine sets ``seq.gate_key`` once, at admission: asked for every request at every
-        step, these checks were a third of the gate's host time per step on the CPU probe."""
-        method = seq.method
-        if method == "none" or not self._gated(self._proposer(method), seq):
+    def _gate_key_for(self, method: str, request) -> str | None:
+        """The gate key of a request of ``method`` (its ``Request``), or None when the gate does not decide
+        for it. A request's method and schedule never change, so the engine sets ``seq.gate_key`` once, at
+        admission (``_admit_speculation``): asked for every request at every step, these checks were a third
+        of the gate's host time per step on the CPU probe."""
+        if method == "none":
             return None
-        return self._gate_key(method, seq)
-
-    def _gate_key(self, method: str, seq: Sequence) -> str:
-        return gate_key_name(method, self._schedule_of(seq))
+        schedule = request.spec_schedule or self.config.spec_schedule      # as ``_schedule_of``
+        return gate_key_name(method, schedule) if self._gated(self._proposer(method), schedule) else None
 
     def _gate_drafts(self, batch: list[ScheduledSeq], method: str, gated: list[ScheduledSeq],
                      verify: int | None = None) -> bool:
@@ -649,11 +674,13 @@ class GateSteps:
         ctx = seq.draft_ctx
         ctx.offset += max(0, first - (ctx.offset + ctx.n))
 
-    def _gated(self, proposer, seq: Sequence) -> bool:
-        """Does the measured gate decide whether ``seq`` drafts? Confidence-scheduled requests of feature
-        drafters with a confidence head, and every request on the ``gated`` schedule (fixed γ, any method:
-        on the H200 ngram ran at 1.24× plain decoding at c = 1 and 0.57× at c = 32, run H)."""
-        if self._schedule_of(seq) == "gated":
+    @staticmethod
+    def _gated(proposer, schedule: str | None) -> bool:
+        """Does the measured gate decide whether a request on ``schedule`` (its own, else the deployment's;
+        None: unset) drafts? Confidence-scheduled requests of feature drafters with a confidence head, and
+        every request on the ``gated`` schedule (fixed γ, any method: on the H200 ngram ran at 1.24× plain
+        decoding at c = 1 and 0.57× at c = 32, run H)."""
+        if schedule == "gated":
             return True
         confident = getattr(proposer, "capture_layers", ()) and getattr(proposer, "has_confidence", True)
-        return bool(confident) and self._wants_confidence(seq)
+        return bool(confident) and schedule in (None, "confidence")      # as ``_wants_confidence``

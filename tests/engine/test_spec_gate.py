@@ -2020,3 +2020,71 @@ def test_a_request_a_rest_span_cannot_cover_ends_it_and_drafts():
     assert counts["spec_rest_span_steps_total"] > 0
     assert counts["spec_verifications_total"] > 0          # the fixed request drafted
     assert got["dspark3"] == want["none3"] and all(got[f"dspark{i}"] == want[f"none{i}"] for i in range(3))
+
+
+def test_a_span_renews_its_lease_without_walking_the_batch_and_keeps_only_its_members():
+    """A rest span whose ``SPAN_STEPS`` lease runs out at a pure decode step, in its bucket, is asked again as
+    the full path would ask it (``GateSteps._renews_span``) before any walk over the batch: a long rest of
+    one batch never reaches ``_gate_group`` once its first span began, and serves what it serves without
+    the renewal (the same outputs, rested and span steps). And the chain keeps only its members: its
+    records had grown by every request that joined a span since the chain began, finished or not."""
+    from resting_probe_engine import BASE, resting_engine
+
+    from specd.engine.request import Request
+    from specd.engine.spec_gate import SPAN_STEPS
+    from specd.sampling_params import SamplingParams
+
+    engine = resting_engine(4, num_local_blocks=512)
+    prompts = [engine.tokenizer.encode(p) for p in BASE[:4]]
+    inner = engine._gate_group
+    walks, start = [], [0]
+
+    def counted(batch, group):
+        walks.append(engine._counters["spec_rest_span_steps_total"] - start[0])    # > 0: after a span began
+        return inner(batch, group)
+    engine._gate_group = counted
+
+    def serve(tag: str) -> tuple[dict, dict]:
+        got, before = collections.defaultdict(list), engine.stats()
+        params = SamplingParams(temperature=0.0, max_tokens=3 * SPAN_STEPS + 8, ignore_eos=True)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(Request(f"{tag}{i}", prompt, params, speculation="dspark"))
+        walks.clear()
+        start[0] = engine._counters["spec_rest_span_steps_total"]
+        while engine.has_work():
+            for out in engine.step():
+                got[out.id[len(tag):]] += out.token_ids
+        after = engine.stats()
+        return dict(got), {k: after[k] - before[k] for k in ("spec_paused_steps_total", "spec_rest_span_steps_total")}
+
+    out, counts = serve("a")
+    assert counts["spec_rest_span_steps_total"] > 2 * SPAN_STEPS and not any(walks)
+    renews = engine._renews_span
+    engine._renews_span = lambda batch, chain: False
+    try:
+        full_out, full_counts = serve("b")
+    finally:
+        engine._renews_span = renews
+    assert any(walks)                  # without the renewal, each lease's end walked the batch
+    assert out == full_out and counts == full_counts
+
+    # a closed loop, one span after another: the chain holds the batch's records, not every joiner's
+    held = []
+    step = engine.step
+
+    def logged():
+        outs = step()
+        chain = engine._rest_chain
+        if chain is not None:
+            held.append(len(chain.records))
+        return outs
+    engine.step = logged
+    queue, inflight = list(range(48)), 0
+    while queue or engine.has_work():
+        while queue and inflight < 4:
+            i = queue.pop(0)
+            params = SamplingParams(temperature=0.0, max_tokens=20 + (i * 7) % 30, ignore_eos=True)
+            engine.add_request(Request(f"c{i}", prompts[i % 4], params, speculation="dspark"))
+            inflight += 1
+        inflight -= sum(out.finished for out in engine.step())
+    assert held and max(held) <= 4, max(held)

@@ -129,3 +129,45 @@ def test_http_body_speculation_field():
     assert CompletionRequest.model_validate(body).speculation.num_speculative_tokens == 4
     with pytest.raises(ValidationError):
         CompletionRequest.model_validate({**body, "speculation": {"method": "none", "schedule": "fixed"}})
+
+
+def test_admission_keeps_each_settings_answer_while_the_proposer_is_the_same(engine):
+    """``SpecEngine._admit_speculation`` keeps a request's method and gate key per speculation settings: the
+    kept answers are the full check's, a bad setting is still refused (an unhashable γ too, as a typed
+    error), and a proposer swapped in is asked again."""
+    settings = [({}, ("none", None)), ({"speculation": "dspark"}, ("dspark", "dspark")),
+                ({"speculation": "dspark", "spec_schedule": "gated", "num_speculative_tokens": 3}, ("dspark", "dspark_gated")),
+                ({"speculation": "dspark", "spec_schedule": "fixed", "num_speculative_tokens": 3}, ("dspark", None)),
+                ({"speculation": "ngram"}, ("ngram", None)),
+                ({"speculation": "ngram", "spec_schedule": "gated"}, ("ngram", "ngram_gated"))]
+    for turn in range(2):                        # asked in full, then kept
+        for i, (fields, want) in enumerate(settings):
+            engine.add_request(_request(engine, f"k{turn}{i}", 2, **fields))
+            seq = engine._seqs[f"k{turn}{i}"]
+            assert (seq.method, seq.gate_key) == want, fields
+    for fields, words in [({"speculation": "dspark", "spec_schedule": "fixed", "num_speculative_tokens": 8}, "exceeds"),
+                          ({"speculation": "dspark", "num_speculative_tokens": [3]}, "positive integer")]:
+        with pytest.raises(EngineError, match=words):
+            engine.add_request(_request(engine, "bad", **fields))
+
+    class NoConfidence:                          # the same drafter without a confidence head
+        has_confidence = False
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    real = engine._proposers["dspark"]
+    engine._proposers["dspark"] = NoConfidence(real)
+    try:
+        engine.add_request(_request(engine, "swapped", 2, speculation="dspark"))
+        assert engine._seqs["swapped"].gate_key is None            # not gated: nothing to schedule it by
+        with pytest.raises(EngineError, match="confidence head"):
+            engine.add_request(_request(engine, "bad", speculation="dspark", spec_schedule="confidence"))
+        for rid in [f"k{t}{i}" for t in range(2) for i in range(len(settings))] + ["swapped"]:
+            engine.abort(rid)
+    finally:
+        engine._proposers["dspark"] = real
+    assert not engine.has_work()
