@@ -88,13 +88,20 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # measurable against it in the same run. A diagnostic, not a default row
     "dspark-probe-full": {"method": "dspark", "schedule": "confidence", "gamma": None, "probe_budget": 0.01,
                           "probe_max": 1024},
+    # scheduled dspark behind a gate that probes at half the default budget (0.25% of a cell's throughput,
+    # waits up to 4,096 steps), through a gate of its own: after session 32 the probes' share of the loss
+    # where the gate rests at c = 32 (~0.45% of the wall at 0.5%, ``python -m bench.exploration_cost``) is
+    # the same size as the host time left; this row measures what halving it saves, and what the slower
+    # recovery costs, in the same run. A diagnostic, not a default row
+    "dspark-probe-quarter": {"method": "dspark", "schedule": "confidence", "gamma": None, "probe_budget": 0.0025,
+                             "probe_max": 4096},
     # scheduled dspark without rest spans (``SpecEngine.rest_spans`` off while the row runs, session 32:
     # whole-batch leases end at every admission and prompt step, as before), through a gate of its own:
     # what the spans save, in the same run. A diagnostic, not a default row
     "dspark-no-span": {"method": "dspark", "schedule": "confidence", "gamma": None, "spans": False},
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
-                   "dspark-absorb-eager", "dspark-probe-full", "dspark-no-span")
+                   "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-no-span")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline

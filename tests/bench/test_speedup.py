@@ -378,21 +378,23 @@ def test_the_no_span_row_runs_without_rest_spans_and_puts_them_back():
         assert engine.rest_spans is True and engine.spec_gate is gate
 
 
-def test_the_probe_full_row_runs_behind_a_gate_with_the_old_probe_budget():
-    """dspark-probe-full: a gate of its own with probe_budget 0.01 and probe_max 1,024 (the defaults until
-    session 31), the engine's gate (the defaults) back after the row. Not a default row."""
+@pytest.mark.parametrize("row, budget, most", [("dspark-probe-full", 0.01, 1024), ("dspark-probe-quarter", 0.0025, 4096)])
+def test_the_probe_budget_rows_run_behind_a_gate_of_their_own(row, budget, most):
+    """dspark-probe-full (the defaults until session 31) and dspark-probe-quarter (half the default): a gate
+    of its own with that probe_budget and probe_max, the engine's gate (the defaults) back after the row.
+    Not default rows."""
     from types import SimpleNamespace
 
     from bench.speedup import DEFAULT_ROWS, row_gate
     from specd.engine.spec_gate import PROBE_BUDGET, PROBE_MAX, SpecGate
 
-    assert "dspark-probe-full" not in DEFAULT_ROWS
+    assert row not in DEFAULT_ROWS
     gate = SpecGate()
     engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: SimpleNamespace(rounds=None))
     own: dict = {}
-    with row_gate(engine, "dspark-probe-full", own):
+    with row_gate(engine, row, own):
         assert engine.spec_gate is not gate
-        assert (engine.spec_gate.probe_budget, engine.spec_gate.probe_max) == (0.01, 1024)
+        assert (engine.spec_gate.probe_budget, engine.spec_gate.probe_max) == (budget, most)
     assert engine.spec_gate is gate and (gate.probe_budget, gate.probe_max) == (PROBE_BUDGET, PROBE_MAX) == (0.005, 2048)
 
 
