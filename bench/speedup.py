@@ -173,6 +173,7 @@ class RunResult:
     gate_rest_again_steps: int = 0   # rested steps decided without a pass over the requests (SpecGate.rests_again)
     gate_rest_leased_steps: int = 0  # of those, steps rested on a lease without asking the gate (SpecGate.rest_lease)
     gate_rest_whole_batch_steps: int = 0   # of those, leased steps of the whole batch, no walk over it (session 29)
+    gate_rest_span_steps: int = 0    # rested steps inside a rest span, prompt steps included (session 32)
     # where a step's wall time went, ms per step: the engine's phases (schedule: admission, kvd, gate and
     # drafting; forward: the model, sampling and verification; output; commit), the rest of ``step`` (its
     # settle, the gate's report) and the closed loop's own work between steps. Session 9, run X: a resting
@@ -195,7 +196,7 @@ PHASES = ("schedule_seconds_total", "forward_seconds_total", "output_seconds_tot
 STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_total", "spec_accepted_tokens_total",
              "admission_seconds_total", "spec_scheduler_seconds_total", "spec_paused_steps_total",
              "spec_class_explore_steps_total", "spec_rest_again_steps_total", "spec_rest_leased_steps_total",
-             "spec_rest_whole_batch_steps_total", "spec_promptless_requests_total") + PHASES
+             "spec_rest_whole_batch_steps_total", "spec_rest_span_steps_total", "spec_promptless_requests_total") + PHASES
 
 
 def _delta(before: dict, after: dict) -> dict:
@@ -281,6 +282,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         gate_rest_again_steps=int(d["spec_rest_again_steps_total"]),
         gate_rest_leased_steps=int(d["spec_rest_leased_steps_total"]),
         gate_rest_whole_batch_steps=int(d.get("spec_rest_whole_batch_steps_total", 0)),
+        gate_rest_span_steps=int(d["spec_rest_span_steps_total"]),
         gate_promptless_requests=int(d["spec_promptless_requests_total"]),
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d), gc_pauses=gc_split(d))
 

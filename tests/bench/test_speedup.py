@@ -285,6 +285,7 @@ def test_the_resting_row_never_drafts_and_torch_profile_sets_rows_side_by_side(t
         assert run["verifications"] == 0 and run["tokens"] == cell["none"]["runs"][0]["tokens"]
         assert run["gate_rested_steps"] > 0 and run["gate_rest_again_steps"] > 0      # the steady rest ran
         assert 0 < run["gate_rest_leased_steps"] < run["gate_rest_again_steps"]     # most of it on leases
+        assert 0 < run["gate_rest_span_steps"] <= run["gate_rested_steps"]          # and in rest spans
         assert run["gate_promptless_requests"] == 4                                   # no prompt captured
         assert sum(run["gate_drafted_by"].values()) == 0
     assert sorted(p.name for p in prof.iterdir()) == ["torch-profile-c2.md"]
