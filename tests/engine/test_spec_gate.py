@@ -2088,3 +2088,53 @@ def test_a_span_renews_its_lease_without_walking_the_batch_and_keeps_only_its_me
             inflight += 1
         inflight -= sum(out.finished for out in engine.step())
     assert held and max(held) <= 4, max(held)
+
+
+def test_renewing_a_span_changes_no_decision_of_a_gate_that_probes():
+    """``_renews_span`` beside probes (a gate that probes every 40 measured steps, with drafting taught to lose):
+    the same outputs, the same steps capture (each probe's announcement), the same rested, leased and span
+    steps and probes as the full path at each lease's end. Draft lengths are not compared: the confidence
+    scheduler's follow the SPS profile timed at start-up."""
+    from resting_probe_engine import BASE, resting_engine
+
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    def serve(renew: bool):
+        engine = resting_engine(4, num_local_blocks=512)
+        gate = engine.spec_gate = SpecGate(probe_every=40, probe_max=40)
+        b = 1
+        while b <= 4:
+            for _ in range(12):
+                d = gate.should_draft("dspark", b)
+                gate.observe("dspark", b, d, b * (2 if d else 1), 0.01 * (8 if d else 1),
+                             Drafters(b, 2 * b, 7 * b) if d else None)
+            b *= 2
+        gate.explores = staticmethod(lambda record: False)
+        observe = gate.observe
+        gate.observe = lambda method, n, drafted, tokens, seconds, drafters=None: observe(
+            method, n, drafted, tokens, 0.01 * (8 if drafted else 1), drafters)
+        if not renew:
+            engine._renews_span = lambda batch, chain: False
+        caps, inner = [], engine._capture_layers
+
+        def logged(batch):
+            layers = inner(batch)
+            caps.append(bool(layers))
+            return layers
+        engine._capture_layers = logged
+        got = collections.defaultdict(list)
+        params = SamplingParams(temperature=0.0, max_tokens=150, ignore_eos=True)
+        for i in range(4):
+            engine.add_request(Request(f"r{i}", engine.tokenizer.encode(BASE[i]), params, speculation="dspark"))
+        while engine.has_work():
+            for out in engine.step():
+                got[out.id] += out.token_ids
+        stats = engine.stats()
+        keys = ("spec_verifications_total", "spec_paused_steps_total", "spec_rest_again_steps_total",
+                "spec_rest_leased_steps_total", "spec_rest_span_steps_total")
+        return dict(got), caps, {k: stats[k] for k in keys}, dict(gate.drafted_by)
+
+    out, caps, counts, drafted = serve(True)
+    assert drafted["probe"] > 5 and counts["spec_rest_span_steps_total"] > 2 * 32
+    assert (out, caps, counts, drafted) == serve(False)
