@@ -1979,11 +1979,12 @@ def test_a_lease_over_part_of_the_batch_walks_it_and_a_whole_batch_lease_does_no
             assert whole == leased == len(skipped)
 
 
-def test_a_request_a_rest_span_cannot_cover_ends_it_and_drafts():
+@pytest.mark.parametrize("schedule", ["fixed", "gated"])
+def test_a_request_a_rest_span_cannot_cover_ends_it_and_drafts(schedule):
     """A rest span skips the walks that would notice a request of another method or schedule, so such a
-    request ends the span at its admission (``_join_span``): a fixed-γ dspark request (never gated)
-    admitted into a resting batch drafts from its first decode step, and every output is still plain
-    decoding's (greedy)."""
+    request ends the span at its admission (``_join_span``): a fixed-γ dspark request (never gated), or one on
+    the gated schedule (another gate key, whose cell at this load has not explored drafting yet), admitted
+    into a resting batch, ends the span and drafts, and every output is still plain decoding's (greedy)."""
     from resting_probe_engine import BASE, resting_engine
 
     from specd.engine.request import Request
@@ -2007,16 +2008,17 @@ def test_a_request_a_rest_span_cannot_cover_ends_it_and_drafts():
                 for i, (spec, schedule) in enumerate(specs[late:], late):
                     engine.add_request(Request(f"{spec}{i}", prompts[i], params, speculation=spec,
                                                spec_schedule=schedule))
+                assert specs[0][0] == "none" or chain.broken and not chain.lease     # the span ended at once
                 verified = engine.stats()["spec_verifications_total"]
             if steps == 13 and specs[-1][1] == "fixed":   # its prefill was step 10, its first decode step 11
                 assert engine.stats()["spec_verifications_total"] > verified
             for out in engine.step():
                 got[out.id] += out.token_ids
         after = engine.stats()
-        return dict(got), {k: after[k] - before[k] for k in after if k.startswith("spec_") and isinstance(after[k], int)}
+        return dict(got), {k: after[k] - before.get(k, 0) for k in after if k.startswith("spec_") and isinstance(after[k], int)}
 
     want, _ = serve([("none", None)] * 5, 3)
-    got, counts = serve([("dspark", None)] * 3 + [("dspark", "fixed")], 3)
+    got, counts = serve([("dspark", None)] * 3 + [("dspark", schedule)], 3)
     assert counts["spec_rest_span_steps_total"] > 0
     assert counts["spec_verifications_total"] > 0          # the fixed request drafted
     assert got["dspark3"] == want["none3"] and all(got[f"dspark{i}"] == want[f"none{i}"] for i in range(3))
