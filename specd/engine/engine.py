@@ -247,7 +247,8 @@ class SpecEngine(GateSteps):
         holds the same proposer (a test may swap one in). Why: asked in full, the two cost ~12 µs an
         admission for dspark against ~3 for `none` on the CPU probe at c = 32 (tests/engine/closed_loop_probe.py),
         where a request finishes and another is admitted every step or two."""
-        key = (request.speculation, request.spec_schedule, request.num_speculative_tokens)
+        gamma = request.num_speculative_tokens
+        key = (request.speculation, request.spec_schedule, type(gamma), gamma)   # True == 1 == 1.0: the type too
         try:
             kept = self._admissions.get(key)
         except TypeError:            # an unhashable setting: the full check refuses it

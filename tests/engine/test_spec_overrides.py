@@ -134,7 +134,8 @@ def test_http_body_speculation_field():
 def test_admission_keeps_each_settings_answer_while_the_proposer_is_the_same(engine):
     """``SpecEngine._admit_speculation`` keeps a request's method and gate key per speculation settings: the
     kept answers are the full check's, a bad setting is still refused (an unhashable γ too, as a typed
-    error), and a proposer swapped in is asked again."""
+    error, and γ = True or 1.0 after γ = 1 was kept: equal keys, other types), and a proposer swapped in is
+    asked again."""
     settings = [({}, ("none", None)), ({"speculation": "dspark"}, ("dspark", "dspark")),
                 ({"speculation": "dspark", "spec_schedule": "gated", "num_speculative_tokens": 3}, ("dspark", "dspark_gated")),
                 ({"speculation": "dspark", "spec_schedule": "fixed", "num_speculative_tokens": 3}, ("dspark", None)),
@@ -145,8 +146,11 @@ def test_admission_keeps_each_settings_answer_while_the_proposer_is_the_same(eng
             engine.add_request(_request(engine, f"k{turn}{i}", 2, **fields))
             seq = engine._seqs[f"k{turn}{i}"]
             assert (seq.method, seq.gate_key) == want, fields
+    engine.add_request(_request(engine, "one", 2, speculation="dspark", spec_schedule="fixed", num_speculative_tokens=1))
     for fields, words in [({"speculation": "dspark", "spec_schedule": "fixed", "num_speculative_tokens": 8}, "exceeds"),
-                          ({"speculation": "dspark", "num_speculative_tokens": [3]}, "positive integer")]:
+                          ({"speculation": "dspark", "num_speculative_tokens": [3]}, "positive integer"),
+                          ({"speculation": "dspark", "spec_schedule": "fixed", "num_speculative_tokens": True}, "positive integer"),
+                          ({"speculation": "dspark", "spec_schedule": "fixed", "num_speculative_tokens": 1.0}, "positive integer")]:
         with pytest.raises(EngineError, match=words):
             engine.add_request(_request(engine, "bad", **fields))
 
@@ -166,7 +170,7 @@ def test_admission_keeps_each_settings_answer_while_the_proposer_is_the_same(eng
         assert engine._seqs["swapped"].gate_key is None            # not gated: nothing to schedule it by
         with pytest.raises(EngineError, match="confidence head"):
             engine.add_request(_request(engine, "bad", speculation="dspark", spec_schedule="confidence"))
-        for rid in [f"k{t}{i}" for t in range(2) for i in range(len(settings))] + ["swapped"]:
+        for rid in [f"k{t}{i}" for t in range(2) for i in range(len(settings))] + ["one", "swapped"]:
             engine.abort(rid)
     finally:
         engine._proposers["dspark"] = real
