@@ -18,21 +18,29 @@ def resting_engine(concurrency: int, num_local_blocks: int = 2048):
     (the probes' prompts recur)."""
     from specd.engine.config import EngineConfig
     from specd.engine.engine import SpecEngine
-    from specd.engine.spec_gate import Drafters, SpecGate
+    from specd.engine.spec_gate import SpecGate
 
     engine = SpecEngine.from_config(EngineConfig(max_num_seqs=concurrency, num_local_blocks=num_local_blocks,
                                                  drafter=ROOT / "models" / "drafters" / "stories260K-dspark",
                                                  speculation="dspark"))
-    gate = engine.spec_gate = SpecGate(probe_every=100_000, probe_max=100_000)
+    engine.spec_gate = taught_to_rest(SpecGate(probe_every=100_000, probe_max=100_000), concurrency)
+    return engine
+
+
+def taught_to_rest(gate, concurrency: int):
+    """``gate`` (a SpecGate) after 12 dspark steps at each load bucket up to ``concurrency``, drafting at a
+    quarter of plain decoding's rate (so every cell rests), with class exploration off; returned."""
+    from specd.engine.spec_gate import Drafters
+
     b = 1
-    while b <= concurrency:          # drafting at a quarter of plain decoding's rate: every cell rests
+    while b <= concurrency:
         for _ in range(12):
             d = gate.should_draft("dspark", b)
             gate.observe("dspark", b, d, b * (2 if d else 1), 0.01 * (8 if d else 1),
                          Drafters(b, 2 * b, 7 * b) if d else None)
         b *= 2
     gate.explores = staticmethod(lambda record: False)
-    return engine
+    return gate
 
 
 def probe_arguments(doc: str, concurrency: int, rounds: int, max_tokens: int, rounds_help: str,

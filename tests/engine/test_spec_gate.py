@@ -2097,22 +2097,14 @@ def test_renewing_a_span_changes_no_decision_of_a_gate_that_probes():
     the same outputs, the same steps capture (each probe's announcement), the same rested, leased and span
     steps and probes as the full path at each lease's end. Draft lengths are not compared: the confidence
     scheduler's follow the SPS profile timed at start-up."""
-    from resting_probe_engine import BASE, resting_engine
+    from resting_probe_engine import BASE, resting_engine, taught_to_rest
 
     from specd.engine.request import Request
     from specd.sampling_params import SamplingParams
 
     def serve(renew: bool):
         engine = resting_engine(4, num_local_blocks=512)
-        gate = engine.spec_gate = SpecGate(probe_every=40, probe_max=40)
-        b = 1
-        while b <= 4:
-            for _ in range(12):
-                d = gate.should_draft("dspark", b)
-                gate.observe("dspark", b, d, b * (2 if d else 1), 0.01 * (8 if d else 1),
-                             Drafters(b, 2 * b, 7 * b) if d else None)
-            b *= 2
-        gate.explores = staticmethod(lambda record: False)
+        gate = engine.spec_gate = taught_to_rest(SpecGate(probe_every=40, probe_max=40), 4)
         observe = gate.observe
         gate.observe = lambda method, n, drafted, tokens, seconds, drafters=None: observe(
             method, n, drafted, tokens, 0.01 * (8 if drafted else 1), drafters)
