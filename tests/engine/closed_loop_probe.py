@@ -19,6 +19,11 @@ at c = 16, ``_add_drafts`` over `none` +11.5/+12.0 µs a step before, +8.6/+9.5 
 not collect it); run it per tree, alternating trees:
 
     PYTHONPATH=<tree> python tests/engine/closed_loop_probe.py [--concurrency 16] [--rounds 4] [--stagger 40]
+                                                               [--queued 4]
+
+``--queued N`` keeps N more requests waiting in the engine's queue, as an open loop near saturation does: a
+closed loop never queues, and until session 33 a queued gated request kept every rest lease from becoming
+a span (``GateSteps._may_span``).
 """
 from __future__ import annotations
 
@@ -36,7 +41,9 @@ METHODS = ("_add_drafts", "_observe_gate", "_rest_prompts", "_capture_layers", "
 def main() -> None:
     args = probe_arguments(__doc__, 16, 4, 48, "rounds of both rows, after one warm-up round each",
                            stagger=(40, "answer lengths spread over this many tokens around --max-tokens (0: all "
-                                        "equal, the probe before session 31)"))
+                                        "equal, the probe before session 31)"),
+                           queued=(0, "requests kept waiting in the engine's queue beyond --concurrency (its "
+                                      "max_num_seqs), as arrivals that outpace it do (session 33)"))
     from specd.engine.request import Request
     from specd.sampling_params import SamplingParams
 
@@ -51,7 +58,7 @@ def main() -> None:
         before = dict(engine._counters)
         spent.clear()
         while queue or inflight:
-            while queue and inflight < conc:
+            while queue and inflight < conc + args.queued:
                 i = queue.popleft()
                 params = SamplingParams(temperature=0.0, max_tokens=lengths[i], ignore_eos=True)
                 t0 = time.perf_counter()

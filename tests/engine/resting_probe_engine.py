@@ -44,10 +44,10 @@ def taught_to_rest(gate, concurrency: int):
 
 
 def probe_arguments(doc: str, concurrency: int, rounds: int, max_tokens: int, rounds_help: str,
-                    stagger: tuple[int, str] | None = None):
-    """The probes' shared command line (--concurrency, --rounds, --max-tokens, and --stagger when given as
-    (default, help); from the script's docstring), parsed, with torch held to one thread as the probes
-    time it."""
+                    stagger: tuple[int, str] | None = None, queued: tuple[int, str] | None = None):
+    """The probes' shared command line (--concurrency, --rounds, --max-tokens, and --stagger and --queued when
+    given as (default, help); from the script's docstring), parsed, with torch held to one thread as the
+    probes time it."""
     import argparse
 
     import torch
@@ -58,6 +58,8 @@ def probe_arguments(doc: str, concurrency: int, rounds: int, max_tokens: int, ro
     p.add_argument("--max-tokens", type=int, default=max_tokens)
     if stagger is not None:
         p.add_argument("--stagger", type=int, default=stagger[0], help=stagger[1])
+    if queued is not None:
+        p.add_argument("--queued", type=int, default=queued[0], help=queued[1])
     args = p.parse_args()
     torch.set_num_threads(1)
     return args

@@ -1715,12 +1715,13 @@ def test_arms_sampled_at_different_batch_sizes_of_one_bucket_are_compared_per_se
 
 
 def serve_resting(carry: bool, explorer: int | None = None, concurrency: int = 8, requests: int = 24,
-                  spans: bool = False):
+                  spans: bool = False, queued: int = 0):
     """A closed loop on the resting probe engine (tests/engine/resting_probe_engine.py: the gate rests every
     bucket): answers of 4-25 tokens, so requests finish apart and their successors' prompts arrive beside
     resting decoders. ``carry`` False turns off carrying the steady rest through prompt steps
     (``GateSteps._carries``); ``spans`` turns on rest spans (``GateSteps._span_rests``); ``explorer``: that
-    request's class explores, so its prompt captures. Returns
+    request's class explores, so its prompt captures; ``queued``: that many more requests are kept in the
+    engine's queue beyond ``concurrency`` (its ``max_num_seqs``), as arrivals that outpace it do. Returns
     the outputs, each step's captured layers, and the engine's counters over the loop; with an explorer,
     the captured layers of the steps that ran its prompt instead of every step's (its drafting steps go
     through the confidence scheduler, whose lengths follow the measured SPS profile: not repeatable)."""
@@ -1761,7 +1762,7 @@ def serve_resting(carry: bool, explorer: int | None = None, concurrency: int = 8
     queue, inflight, got = list(range(requests)), 0, collections.defaultdict(list)
     before = engine.stats()
     while queue or engine.has_work():
-        while queue and inflight < concurrency:
+        while queue and inflight < concurrency + queued:
             i = queue.pop(0)
             params = SamplingParams(temperature=0.0, max_tokens=4 + (i * 7) % 22, ignore_eos=True)
             engine.add_request(Request(f"r{i}", engine.tokenizer.encode(BASE[i % len(BASE)]), params,
@@ -1833,6 +1834,27 @@ def test_a_rest_span_rests_and_captures_as_the_carried_rest_without_walking_prom
         assert span > 0.75 * spanned["spec_paused_steps_total"] and not any(caps)
     else:
         assert len(caps) == 1 and caps[0]
+
+
+@pytest.mark.parametrize("explorer", [None, 13])
+def test_a_rest_span_vets_the_queue_as_admissions_and_rests_as_the_carried_rest(explorer):
+    """With requests waiting in the engine's queue (arrivals outpacing ``max_num_seqs``), a whole-batch lease
+    becomes a span once the queued requests of its key join its bound (``_may_span``, one ``join_rest``); a
+    queued explorer's refusal keeps the lease plain, and its prompt captures. Either way the span changes no
+    decision of the carried rest: the same outputs, captured layers, prompt-less requests and (without an
+    explorer) rested steps and verifications. Until session 33 any gated request in the queue kept every
+    lease plain (mutation-checked: 10 span steps of 49 rested ones, against 41)."""
+    carried_out, carried_caps, carried = serve_resting(True, explorer, queued=3)
+    out, caps, spanned = serve_resting(True, explorer, spans=True, queued=3)
+    assert out == carried_out and caps == carried_caps
+    same = ("spec_promptless_requests_total",) + (() if explorer else ("spec_paused_steps_total", "spec_verifications_total"))
+    for key in same:
+        assert spanned[key] == carried[key], key
+    assert carried["spec_rest_span_steps_total"] == 0
+    if explorer is None:
+        assert spanned["spec_rest_span_steps_total"] > 0.75 * spanned["spec_paused_steps_total"] and not any(caps)
+    else:
+        assert len(caps) == 1 and caps[0] and spanned["spec_rest_span_steps_total"] > 0
 
 
 def test_a_new_request_of_a_class_that_joined_the_rest_leaves_its_bound_as_it_was():
