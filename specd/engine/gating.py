@@ -264,9 +264,20 @@ class GateSteps:
         queued = [seq for queue in (sched.waiting, sched.parked) for seq in queue if seq.method != "none"]
         if not queued:
             return True
-        if any(seq.gate_key != key or seq.draft_feats is not None or seq.prompt_captures for seq in queued):
-            return False
-        if not self.spec_gate.join_rest(key, chain.bucket, [seq.gate_acceptance for seq in queued]):
+        if len(queued) > 2 * sched.max_num_seqs:
+            return False          # a queue this deep is vetted no more: a pass per span try would cost more
+        records, classes = [], set()
+        for seq in queued:
+            if seq.gate_key != key or seq.draft_feats is not None or seq.prompt_captures:
+                return False
+            record = seq.gate_acceptance
+            group = record.group
+            if group is not None and not record.steps:       # a fresh record: its class's start, its class's
+                if id(group) in classes:                     # exploration; one per class is enough
+                    continue
+                classes.add(id(group))
+            records.append(record)
+        if not self._join_bound(key, chain.bucket, records):
             return False
         for seq in queued:
             self._joined_span(chain, seq)
@@ -379,11 +390,25 @@ class GateSteps:
         elif fresh and chain.classes.get(id(group)) is group and not gate.explores(record):
             joins = gate.rejoin_rest(chain.key, chain.bucket)   # its class's top is in the bound already
         else:
-            joins = gate.join_rest(chain.key, chain.bucket, [record])
+            joins = self._join_bound(chain.key, chain.bucket, [record])
         if not joins:
             chain.lease, chain.broken = 0, True
             return
         self._joined_span(chain, seq)
+
+    def _join_bound(self, key: str, bucket: int, records: list[Acceptance]) -> bool:
+        """``SpecGate.join_rest`` for requests whose prompts will capture nothing, weighed as such: their
+        estimates then start from their class's prompt-less record (``lacks_prompt``), as ``_rest_prompts``
+        weighs its joiners after resting them, so a span's bound is the one the carried rest would take.
+        The records are left as they were; the caller marks the ones that join (``_joined_span``)."""
+        was = [record.lacks_prompt for record in records]
+        for record in records:
+            record.lacks_prompt = True
+        try:
+            return self.spec_gate.join_rest(key, bucket, records)
+        finally:
+            for record, lacked in zip(records, was):
+                record.lacks_prompt = lacked
 
     def _joined_span(self, chain: RestChain, seq: Sequence) -> None:
         """``seq`` joined ``chain``'s span (its top is in the rest's bound): its prompt captures nothing, as

@@ -1857,6 +1857,30 @@ def test_a_rest_span_vets_the_queue_as_admissions_and_rests_as_the_carried_rest(
         assert len(caps) == 1 and caps[0] and spanned["spec_rest_span_steps_total"] > 0
 
 
+def test_a_queue_deeper_than_twice_the_batch_is_not_vetted_for_a_span():
+    """``_may_span`` vets at most ``2 × max_num_seqs`` queued gated requests: a deeper queue leaves the lease
+    plain (a pass over it at each try would cost more than the span saves), a shallower one is vetted."""
+    from specd.engine.gating import GateSteps
+
+    tries = []
+    inner = GateSteps._may_span
+
+    def logged(self, chain):
+        sched = self.scheduler
+        depth = sum(seq.method != "none" for queue in (sched.waiting, sched.parked) for seq in queue)
+        granted = inner(self, chain)
+        tries.append((depth, granted, sched.max_num_seqs))
+        return granted
+    GateSteps._may_span = logged
+    try:
+        serve_resting(True, None, concurrency=4, requests=40, spans=True, queued=12)
+    finally:
+        GateSteps._may_span = inner
+    assert all(most == 4 for _, _, most in tries)
+    assert any(depth > 8 for depth, _, _ in tries) and not any(granted for depth, granted, _ in tries if depth > 8)
+    assert any(granted for depth, granted, _ in tries if 0 < depth <= 8)
+
+
 def test_a_new_request_of_a_class_that_joined_the_rest_leaves_its_bound_as_it_was():
     """``SpecGate.rejoin_rest``'s premise: a new request of a class a new request of which joined the rest
     (nothing drafted since) reaches the same top, so ``join_rest`` would leave the bound as it was; both
@@ -1880,6 +1904,35 @@ def test_a_new_request_of_a_class_that_joined_the_rest_leaves_its_bound_as_it_wa
     assert cell.rest_admitted != gate.admitted
     assert gate.rejoin_rest("dspark", 4) and cell.rest_bound == bound and cell.rest_admitted == gate.admitted
     assert not gate.rejoin_rest("dspark", 8)                     # no cell at this load
+
+
+def test_a_span_weighs_its_joiners_as_requests_without_their_prompt():
+    """``GateSteps._join_bound``: a request joining a span is weighed as one whose prompt captures nothing
+    (``lacks_prompt``: its class's prompt-less record), as ``_rest_prompts`` weighs its joiners after resting
+    them, and its record is left as it was. Where a class's prompt-less drafting steps accepted more than its
+    whole-context ones, the bound then covers what the request can reach once it joins."""
+    from types import SimpleNamespace
+
+    from specd.engine.gating import GateSteps
+
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=50, probe_max=50, probe_steps=1)
+    drive(gate, 4, draft_tok_s=300.0)                            # explored: plain (1,000 tok/s) wins
+    seed = gate.record("dspark", [5])
+    for _ in range(3):                                           # the class has drafted: it explores no more
+        seed.add(2)
+    for _ in range(6):
+        seed.group.add_promptless(6)                             # its prompt-less contexts drafted better
+    assert not gate.should_draft("dspark", 4, requests=[seed] * 4)
+    gate.observe("dspark", 4, False, 4, 0.004)
+    assert not gate.should_draft("dspark", 4, requests=[seed] * 4)
+    cell = gate.cells[("dspark", 4)]
+    before = cell.rest_bound[1]
+    joiner = gate.record("dspark", [5])
+    assert GateSteps._join_bound(SimpleNamespace(spec_gate=gate), "dspark", 4, [joiner])
+    assert not joiner.lacks_prompt                               # left as it was
+    joiner.lacks_prompt = True                                   # as the span marks it
+    _, top = gate._acceptance(cell, [joiner], 4, highest=True)
+    assert cell.rest_bound[1] >= top > before                   # its prompt-less top is in the bound
 
 
 def test_a_span_asks_join_rest_once_per_class():
