@@ -7,8 +7,8 @@ same tokens with the same plain steps as `none`, so whatever it loses there is o
 A cell's ratio mixes runs that drafted with runs that did not; this keeps only the repeats where the row's
 gate let at most ``--max-drafted`` steps draft, pairs each with `none`'s run of the same repeat (they ran back
 to back), and prints per concurrency the median wall-time ratio and where the extra time went: the engine's
-phase times per step (``phase_ms_per_step``, in µs), the extra time per prompt step, and the capture steps a
-run took (feature captures before probes). It reads only what ``bench speedup`` records; nothing is timed here.
+phase times per step (``phase_ms_per_step``, in µs), the extra time per prompt step, the capture steps a
+run took (feature captures before probes), and its rest-span steps (recorded from session 33 on). It reads only what ``bench speedup`` records; nothing is timed here.
 """
 from __future__ import annotations
 
@@ -50,6 +50,9 @@ def costs(pairs: list[tuple[dict, dict]]) -> dict:
                                                  for base, run in pairs) for k in phases},
         "prompt_step_ms": statistics.median(extra_prompt) if extra_prompt else None,
         "captures": statistics.fmean(step_kind(run, "capture")[0] for _, run in pairs),
+        # rest-span steps a run: recorded from session 33 on (None for older runs)
+        "span_steps": statistics.fmean(run["gate_rest_span_steps"] for _, run in pairs)
+        if all("gate_rest_span_steps" in run for _, run in pairs) else None,
     }
 
 
@@ -58,14 +61,15 @@ def table(by_level: dict[int, list[tuple[dict, dict]]], row: str) -> str:
         return f"no run of {row!r} rested"
     phases = list(next(iter(by_level.values()))[0][0]["phase_ms_per_step"])
     head = (f"| c | resting runs | wall {row} / {BASELINE} (median) | (geometric mean) | "
-            + " | ".join(f"{p} µs/step" for p in phases) + " | prompt step +ms | captures/run |")
-    lines = [head, "|---" * (len(phases) + 6) + "|"]
+            + " | ".join(f"{p} µs/step" for p in phases) + " | prompt step +ms | captures/run | span steps/run |")
+    lines = [head, "|---" * (len(phases) + 7) + "|"]
     for level, pairs in by_level.items():
         c = costs(pairs)
         prompt = "-" if c["prompt_step_ms"] is None else f"{c['prompt_step_ms']:+.3f}"
         lines.append(f"| {level} | {c['runs']} | {c['wall_ratio']:.4f} | {c['wall_geomean']:.4f} | "
                      + " | ".join(f"{c['phase_us'][p]:+.1f}" for p in phases)
-                     + f" | {prompt} | {c['captures']:.2f} |")
+                     + f" | {prompt} | {c['captures']:.2f} | "
+                     + ("-" if c["span_steps"] is None else f"{c['span_steps']:.1f}") + " |")
     return "\n".join(lines)
 
 

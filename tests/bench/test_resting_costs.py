@@ -43,7 +43,13 @@ def test_the_command_prints_a_row_per_concurrency_and_refuses_a_missing_row(tmp_
     path.write_text(json.dumps(result()))
     assert main([str(path)]) == 0
     out = capsys.readouterr().out
-    assert "| 32 | 2 | 1.0150 | 1.0150 | +35.0 | +0.0 | +0.025 | 0.50 |" in out
+    assert "| 32 | 2 | 1.0150 | 1.0150 | +35.0 | +0.0 | +0.025 | 0.50 | - |" in out     # runs before session 33
+    spans = result()
+    for i, resting in enumerate(spans["workloads"]["coding.eval"]["32"]["rows"]["dspark"]["runs"]):
+        resting["gate_rest_span_steps"] = 10 * (i + 1)
+    (tmp_path / "spans.json").write_text(json.dumps(spans))
+    assert main([str(tmp_path / "spans.json")]) == 0
+    assert "| +0.025 | 0.50 | 15.0 |" in capsys.readouterr().out         # the mean over the resting runs
     with pytest.raises(SystemExit):
         main([str(path), "--row", "eagle3"])
     other = result()                 # a run of another table (c = 16 only) pools with it by concurrency
