@@ -247,7 +247,9 @@ class GateSteps:
         rest's bound together (one ``SpecGate.join_rest``) and then capture nothing; one of another method
         or schedule, one whose prompt captures, or a refused join (an exploring class) leaves the lease a
         plain one. A span skips the walks that would notice any of these, so each later request is vetted as
-        it is admitted. One pass over the requests, once per span.
+        it is admitted. One pass over the requests, once per span; the join weighs one fresh record per prompt
+        class (their tops and their exploration are their class's), and a queue of more than
+        ``2 × max_num_seqs`` gated requests is not vetted (the lease stays plain).
 
         Why the queue is vetted instead of refused (session 33): under arrivals that keep a queue, which a
         closed loop never does, nearly every lease found a request waiting and stayed plain. CPU, c = 32, a
