@@ -605,15 +605,21 @@ def test_a_rest_joined_by_new_requests_rests_only_where_the_full_question_rests(
     note(f"{shortcut} of {len(plain_speeds)} steps took the shortcut, {joined} joins folded")
 
 
+def rest_on_prediction(gate: SpecGate, record, sequences: int = 4):
+    """The dspark cell at ``sequences`` once a batch of ``record``'s rested on the prediction twice (the first
+    step reported as a plain sample), so the cell holds a rest's bound; asserts both answers rest."""
+    assert not gate.should_draft("dspark", sequences, requests=[record] * sequences)
+    gate.observe("dspark", sequences, False, sequences, 0.001 * sequences)
+    assert not gate.should_draft("dspark", sequences, requests=[record] * sequences)
+    return gate.cells[("dspark", sequences)]
+
+
 def test_join_rest_refuses_without_a_rest_and_for_an_exploring_class():
     gate = SpecGate(warmup=0, min_samples=2, probe_every=50, probe_max=50, probe_steps=1)
     drive(gate, 4, draft_tok_s=300.0)                            # explored: plain (1,000 tok/s) wins
     record = gate.record("dspark", [1])
     assert not gate.join_rest("dspark", 4, [record])             # no prediction's rest yet
-    assert not gate.should_draft("dspark", 4, requests=[record] * 4)
-    gate.observe("dspark", 4, False, 4, 0.004)
-    assert not gate.should_draft("dspark", 4, requests=[record] * 4)
-    cell = gate.cells[("dspark", 4)]
+    cell = rest_on_prediction(gate, record)
     old = cell.rest_bound[1]
     strong = gate.record("dspark", [2])
     strong.tokens, strong.steps = 30.0, 10.0                     # 3 tokens a step: above the rest's bound
@@ -1922,10 +1928,7 @@ def test_a_span_weighs_its_joiners_as_requests_without_their_prompt():
         seed.add(2)
     for _ in range(6):
         seed.group.add_promptless(6)                             # its prompt-less contexts drafted better
-    assert not gate.should_draft("dspark", 4, requests=[seed] * 4)
-    gate.observe("dspark", 4, False, 4, 0.004)
-    assert not gate.should_draft("dspark", 4, requests=[seed] * 4)
-    cell = gate.cells[("dspark", 4)]
+    cell = rest_on_prediction(gate, seed)
     before = cell.rest_bound[1]
     joiner = gate.record("dspark", [5])
     assert GateSteps._join_bound(SimpleNamespace(spec_gate=gate), "dspark", 4, [joiner])
