@@ -22,3 +22,14 @@ def positive_int(text: str) -> int:
     if len(values) != 1:
         raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}")
     return values[0]
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: one integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
+    return value

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import kvspec_kernels as kernels
-from bench.arg_types import positive_int, positive_ints
+from bench.arg_types import non_negative_int, positive_int, positive_ints
 from bench.cpu_pin import cpu_set, pin
 from bench.host_drift import host_drift_line
 from bench.row_profiles import RowProfiles, TorchProfiles
@@ -228,8 +228,10 @@ def _graph_state(engine) -> tuple[int, int, int]:
     return g["graph_captures_total"], g["eager_steps_total"], g.get("triton_compiles_total", 0)
 
 
-def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: int, tag: str) -> RunResult:
-    """Keep ``concurrency`` requests in flight until every prompt is answered."""
+def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: int, tag: str,
+                    queued: int = 0) -> RunResult:
+    """Keep ``concurrency`` requests in flight until every prompt is answered; with ``queued``, that many more
+    wait in the engine's queue (the caller caps the engine's batch at ``concurrency``)."""
     from specd.engine.request import Request
 
     queue = deque(enumerate(prompts))
@@ -242,7 +244,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
     in_step = 0.0
     t0 = time.perf_counter()
     while queue or inflight:
-        while queue and inflight < concurrency:
+        while queue and inflight < concurrency + queued:
             i, p = queue.popleft()
             engine.add_request(Request(f"{tag}-{i}", list(p.ids), p.params, **fields))
             inflight += 1
@@ -568,6 +570,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma list of {', '.join(ROWS)} (default: all but the diagnostic rows "
                         f"{', '.join(DIAGNOSTIC_ROWS)})")
     p.add_argument("--requests", type=int, default=16, help="N requests per run (at least --waves × the concurrency)")
+    p.add_argument("--queued", type=non_negative_int, default=0,
+                   help="keep N more requests waiting in the engine's queue beyond the concurrency, which the "
+                        "engine then runs at most at once: arrivals that outpace the batch, which a closed loop "
+                        "never produces (session 33: a queued request had kept rest spans from forming)")
     p.add_argument("--waves", type=positive_int, default=1,
                    help="at least this many requests per slot of the concurrency (more waves: less of the "
                         "run is the tail where the batch empties)")
@@ -668,6 +674,25 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
     profiles = RowProfiles(getattr(args, "profile", None))
     torch_profiles = TorchProfiles(getattr(args, "torch_profile", None))
     own_gates: dict = {}          # row -> its own SpecGate (``row_gate``)
+    queued = getattr(args, "queued", 0)
+    most = engine.scheduler.max_num_seqs
+    try:
+        _measure_workloads(engine, args, progress, rows, cap, workloads, cut, deadline, profiles, torch_profiles,
+                           own_gates, queued)
+    finally:
+        engine.scheduler.max_num_seqs = most
+    profiles.write()
+    torch_profiles.write()
+    return {"rows": rows, "skipped_rows": skipped, "cut": cut,
+            "gate_trace_by_row": {row: gate.trace() for row, gate in own_gates.items()},
+            "row_settings": {row: row_fields(row, cap) for row in rows}, "workloads": workloads,
+            "summary": summary_across(workloads)}
+
+
+def _measure_workloads(engine, args, progress, rows, cap, workloads, cut, deadline, profiles, torch_profiles,
+                       own_gates, queued: int) -> None:
+    """``measure``'s loop over workloads and loads. With ``queued``, the engine runs at most the load at once
+    (``max_num_seqs``) while ``queued`` more requests wait (``run_closed_loop``)."""
     for wl_path in [Path(w.strip()) for w in args.workloads.split(",") if w.strip()]:
         name = wl_path.stem
         workloads[name] = {}
@@ -675,6 +700,8 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
             if deadline is not None and time.perf_counter() > deadline:
                 cut.append(f"{name} c={level}")
                 continue
+            if queued:
+                engine.scheduler.max_num_seqs = level
             n = requests_for(level, args.requests, args.waves)
             prompts = workload_prompts(wl_path, engine.tokenizer, n, args.max_tokens, args.ignore_eos,
                                        engine.max_model_len, args.gamma, args.seed)
@@ -683,9 +710,9 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
             extra = {}
             for row in rows:          # the same prompts and batch shapes, short answers: captures and compiles
                 with row_gate(engine, row, own_gates):
-                    run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}")
+                    run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}", queued)
                     extra[row] = finish_exploring(engine, row, level, lambda tag: run_closed_loop(
-                        engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}"))
+                        engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}", queued))
             if args.gc == "freeze":              # untimed: the warm-ups' objects too
                 freeze_heap(f"the warm-ups of {name} c={level}")
             for rep in range(args.repeats):
@@ -693,7 +720,7 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                     with profiles.timed(row, level), torch_profiles.timed(row, level), \
                             row_gate(engine, row, own_gates):
                         r = run_closed_loop(engine, prompts, row_fields(row, cap), level,
-                                            f"{name}-{level}-{row}-{rep}")
+                                            f"{name}-{level}-{row}-{rep}", queued)
                     runs[row].append(r)
                     progress(f"{name} c={level} {row} rep {rep}: {r.throughput_tok_s:.1f} tok/s, tau {_num(r.tau)}")
             workloads[name][str(level)] = summarize_cell(runs, args.tolerance)
@@ -706,12 +733,6 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                 workloads[name][str(level)]["gate_recent"] = engine.spec_gate.trace(latest=True)
             for row, gate in own_gates.items():                  # the same for the rows' own gates
                 workloads[name][str(level)].setdefault("gate_recent_by_row", {})[row] = gate.trace(latest=True)
-    profiles.write()
-    torch_profiles.write()
-    return {"rows": rows, "skipped_rows": skipped, "cut": cut,
-            "gate_trace_by_row": {row: gate.trace() for row, gate in own_gates.items()},
-            "row_settings": {row: row_fields(row, cap) for row in rows}, "workloads": workloads,
-            "summary": summary_across(workloads)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -725,6 +746,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     result = {"command": " ".join(["python -m bench speedup", *sys.argv[2:]]), "model": str(args.model),
               "drafters": args.drafters, "concurrency": args.concurrency, "requests": args.requests, "waves": args.waves,
+              "queued": args.queued,
               "repeats": args.repeats, "max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos,
               "prompt_mode": PROMPT_MODE, "tolerance": args.tolerance, "gc": args.gc,
               "cpus": None if args.cpus is None else sorted(os.sched_getaffinity(0)),

@@ -2,7 +2,7 @@ import argparse
 
 import pytest
 
-from bench.arg_types import positive_int, positive_ints
+from bench.arg_types import non_negative_int, positive_int, positive_ints
 
 
 def test_positive_ints_sorts_and_dedups_and_refuses_bad_lists():
@@ -17,3 +17,10 @@ def test_positive_int_takes_one_value():
     for bad in ("0", "2,3", "x"):
         with pytest.raises(argparse.ArgumentTypeError):
             positive_int(bad)
+
+
+def test_non_negative_int_takes_zero_and_refuses_negatives():
+    assert non_negative_int("0") == 0 and non_negative_int("4") == 4
+    for bad in ("-1", "x", "2,3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            non_negative_int(bad)

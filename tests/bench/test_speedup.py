@@ -407,3 +407,35 @@ def test_collector_passes_are_split_by_generation_and_summed_over_runs():
     assert gc_line(timed, "default") == ("Garbage-collector passes in timed runs (--gc default): generation 2: "
                                          "1 passes in 1 runs, 150.0 ms; generation 1: 0 passes in 0 runs, 0.0 ms; "
                                          "generation 0: 5 passes in 2 runs, 1.0 ms.")
+
+
+def test_queued_requests_wait_in_the_engine_and_the_resting_row_spans_through_them(tmp_path):
+    """--queued: the engine runs at most the load at once (``max_num_seqs``, restored after) while that many
+    more requests wait in its queue; every run still answers every request, the JSON records the setting,
+    and the resting row's rest spans form with requests queued (``GateSteps._may_span`` vets the queue)."""
+    import bench.speedup as speedup
+
+    greedy = _sessions(tmp_path / "stories-greedy.jsonl", "greedy", 0.0)
+    out = tmp_path / "out"
+    seen = []
+    inner = speedup.run_closed_loop
+
+    def logged(engine, prompts, fields, concurrency, tag, queued=0):
+        seen.append((concurrency, queued, engine.scheduler.max_num_seqs))
+        return inner(engine, prompts, fields, concurrency, tag, queued)
+    speedup.run_closed_loop = logged
+    try:
+        rc = bench_main(["speedup", "--model", str(MODEL), "--drafters", f"dspark={DRAFTER}", "--workloads", str(greedy),
+                         "--concurrency", "1,2", "--rows", "none,dspark-resting", "--requests", "4", "--queued", "2",
+                         "--max-tokens", "24", "--repeats", "1", "--warmup-tokens", "2", "--out", str(out)])
+    finally:
+        speedup.run_closed_loop = inner
+    assert rc == 0
+    assert seen and all(queued == 2 and most == level for level, queued, most in seen)
+    result = json.loads((out / "speedup.json").read_text())
+    assert result["queued"] == 2
+    for level, cell in result["workloads"]["stories-greedy"].items():
+        none, resting = cell["rows"]["none"]["runs"][0], cell["rows"]["dspark-resting"]["runs"][0]
+        assert resting["tokens"] == none["tokens"] == 4 * 24
+        if level == "2":
+            assert resting["gate_rest_span_steps"] > 0
