@@ -8,7 +8,8 @@ A cell's ratio mixes runs that drafted with runs that did not; this keeps only t
 gate let at most ``--max-drafted`` steps draft, pairs each with `none`'s run of the same repeat (they ran back
 to back), and prints per concurrency the median wall-time ratio and where the extra time went: the engine's
 phase times per step (``phase_ms_per_step``, in µs), the extra time per prompt step, the capture steps a
-run took (feature captures before probes), and its rest-span steps (recorded from session 33 on). It reads only what ``bench speedup`` records; nothing is timed here.
+run took (feature captures before probes), and its rest-span steps (recorded from session 33 on). It reads
+only what ``bench speedup`` records; nothing is timed here.
 """
 from __future__ import annotations
 

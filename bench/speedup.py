@@ -196,7 +196,8 @@ PHASES = ("schedule_seconds_total", "forward_seconds_total", "output_seconds_tot
 STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_total", "spec_accepted_tokens_total",
              "admission_seconds_total", "spec_scheduler_seconds_total", "spec_paused_steps_total",
              "spec_class_explore_steps_total", "spec_rest_again_steps_total", "spec_rest_leased_steps_total",
-             "spec_rest_whole_batch_steps_total", "spec_rest_span_steps_total", "spec_promptless_requests_total") + PHASES
+             "spec_rest_whole_batch_steps_total", "spec_rest_span_steps_total",
+             "spec_promptless_requests_total") + PHASES
 
 
 def _delta(before: dict, after: dict) -> dict:
@@ -675,10 +676,49 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
     torch_profiles = TorchProfiles(getattr(args, "torch_profile", None))
     own_gates: dict = {}          # row -> its own SpecGate (``row_gate``)
     queued = getattr(args, "queued", 0)
-    most = engine.scheduler.max_num_seqs
+    most = engine.scheduler.max_num_seqs         # with ``queued``, each load caps the batch (restored after)
     try:
-        _measure_workloads(engine, args, progress, rows, cap, workloads, cut, deadline, profiles, torch_profiles,
-                           own_gates, queued)
+        for wl_path in [Path(w.strip()) for w in args.workloads.split(",") if w.strip()]:
+            name = wl_path.stem
+            workloads[name] = {}
+            for level in args.concurrency:
+                if deadline is not None and time.perf_counter() > deadline:
+                    cut.append(f"{name} c={level}")
+                    continue
+                if queued:
+                    engine.scheduler.max_num_seqs = level
+                n = requests_for(level, args.requests, args.waves)
+                prompts = workload_prompts(wl_path, engine.tokenizer, n, args.max_tokens, args.ignore_eos,
+                                           engine.max_model_len, args.gamma, args.seed)
+                runs: dict[str, list[RunResult]] = {row: [] for row in rows}
+                short = [Prompt(p.ids, p.params.model_copy(update={"max_tokens": args.warmup_tokens})) for p in prompts]
+                extra = {}
+                for row in rows:          # the same prompts and batch shapes, short answers: captures and compiles
+                    with row_gate(engine, row, own_gates):
+                        run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}",
+                                        queued)
+                        extra[row] = finish_exploring(engine, row, level, lambda tag: run_closed_loop(
+                            engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}", queued))
+                if args.gc == "freeze":              # untimed: the warm-ups' objects too
+                    freeze_heap(f"the warm-ups of {name} c={level}")
+                for rep in range(args.repeats):
+                    for row in repeat_order(rows, rep):
+                        with profiles.timed(row, level), torch_profiles.timed(row, level), \
+                                row_gate(engine, row, own_gates):
+                            r = run_closed_loop(engine, prompts, row_fields(row, cap), level,
+                                                f"{name}-{level}-{row}-{rep}", queued)
+                        runs[row].append(r)
+                        progress(f"{name} c={level} {row} rep {rep}: {r.throughput_tok_s:.1f} tok/s, tau {_num(r.tau)}")
+                workloads[name][str(level)] = summarize_cell(runs, args.tolerance)
+                workloads[name][str(level)]["gate_extra_warmups"] = {r: n for r, n in extra.items() if n}
+                # the spec gate's cells after this cell (measured rates per arm, samples, drafting or resting):
+                # why a gated row drafted or rested, readable from the JSON of any run
+                workloads[name][str(level)]["gate"] = {k: v for k, v in engine.stats().items()
+                                                       if k.startswith("spec_gate_")}
+                if getattr(engine, "spec_gate", None) is not None:   # each gate cell's latest reports, with why
+                    workloads[name][str(level)]["gate_recent"] = engine.spec_gate.trace(latest=True)
+                for row, gate in own_gates.items():                  # the same for the rows' own gates
+                    workloads[name][str(level)].setdefault("gate_recent_by_row", {})[row] = gate.trace(latest=True)
     finally:
         engine.scheduler.max_num_seqs = most
     profiles.write()
@@ -687,52 +727,6 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
             "gate_trace_by_row": {row: gate.trace() for row, gate in own_gates.items()},
             "row_settings": {row: row_fields(row, cap) for row in rows}, "workloads": workloads,
             "summary": summary_across(workloads)}
-
-
-def _measure_workloads(engine, args, progress, rows, cap, workloads, cut, deadline, profiles, torch_profiles,
-                       own_gates, queued: int) -> None:
-    """``measure``'s loop over workloads and loads. With ``queued``, the engine runs at most the load at once
-    (``max_num_seqs``) while ``queued`` more requests wait (``run_closed_loop``)."""
-    for wl_path in [Path(w.strip()) for w in args.workloads.split(",") if w.strip()]:
-        name = wl_path.stem
-        workloads[name] = {}
-        for level in args.concurrency:
-            if deadline is not None and time.perf_counter() > deadline:
-                cut.append(f"{name} c={level}")
-                continue
-            if queued:
-                engine.scheduler.max_num_seqs = level
-            n = requests_for(level, args.requests, args.waves)
-            prompts = workload_prompts(wl_path, engine.tokenizer, n, args.max_tokens, args.ignore_eos,
-                                       engine.max_model_len, args.gamma, args.seed)
-            runs: dict[str, list[RunResult]] = {row: [] for row in rows}
-            short = [Prompt(p.ids, p.params.model_copy(update={"max_tokens": args.warmup_tokens})) for p in prompts]
-            extra = {}
-            for row in rows:          # the same prompts and batch shapes, short answers: captures and compiles
-                with row_gate(engine, row, own_gates):
-                    run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}", queued)
-                    extra[row] = finish_exploring(engine, row, level, lambda tag: run_closed_loop(
-                        engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}", queued))
-            if args.gc == "freeze":              # untimed: the warm-ups' objects too
-                freeze_heap(f"the warm-ups of {name} c={level}")
-            for rep in range(args.repeats):
-                for row in repeat_order(rows, rep):
-                    with profiles.timed(row, level), torch_profiles.timed(row, level), \
-                            row_gate(engine, row, own_gates):
-                        r = run_closed_loop(engine, prompts, row_fields(row, cap), level,
-                                            f"{name}-{level}-{row}-{rep}", queued)
-                    runs[row].append(r)
-                    progress(f"{name} c={level} {row} rep {rep}: {r.throughput_tok_s:.1f} tok/s, tau {_num(r.tau)}")
-            workloads[name][str(level)] = summarize_cell(runs, args.tolerance)
-            workloads[name][str(level)]["gate_extra_warmups"] = {r: n for r, n in extra.items() if n}
-            # the spec gate's cells after this cell (measured rates per arm, samples, drafting or resting):
-            # why a gated row drafted or rested, readable from the JSON of any run
-            workloads[name][str(level)]["gate"] = {k: v for k, v in engine.stats().items()
-                                                   if k.startswith("spec_gate_")}
-            if getattr(engine, "spec_gate", None) is not None:   # each gate cell's latest reports, with why
-                workloads[name][str(level)]["gate_recent"] = engine.spec_gate.trace(latest=True)
-            for row, gate in own_gates.items():                  # the same for the rows' own gates
-                workloads[name][str(level)].setdefault("gate_recent_by_row", {})[row] = gate.trace(latest=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from specd.engine.proposers import load_proposer
 from specd.engine.scheduler import ScheduledSeq, Scheduler
 from specd.engine.greedy_verify import GreedyVerify
 from specd.engine.speculation import METHODS, Draft, MixedVerify, VerifyInputs, prepare_verify, verify_prepared
-from specd.engine.gating import GateSteps
+from specd.engine.gating import GateSteps, confidence_scheduled
 from specd.engine.spec_gate import SpecGate
 from specd.engine.spec_scheduler import SpsProfile, calibrate, profile_points, schedule_verify
 from specd.engine.sequence import Sequence, SeqStatus
@@ -123,7 +123,7 @@ class SpecEngine(GateSteps):
                                  for what in ("steps", "seconds", "tokens")})
         self._scheduled_lengths: collections.Counter[int] = collections.Counter()   # ℓ chosen per scheduled draft
         self._proposers: dict = {}
-        self._admissions: dict = {}      # a request's speculation settings -> (method, gate key, proposer) (``_admit_speculation``)
+        self._admissions: dict = {}      # speculation settings -> (method, gate key, proposer): ``_admit_speculation``
         self.sps: SpsProfile | None = None      # SPS(B) of verify steps, measured on first scheduled draft
         self._track_overhead = False            # True once the engine measured self.sps (an injected one is kept as is)
         self._scheduled_step = False            # this step's drafts went through the scheduler
@@ -476,13 +476,13 @@ class SpecEngine(GateSteps):
                 if draft.tokens and self._room_for(sched.seq, 1 + len(draft.tokens)):
                     sched.draft = draft
 
-    def _schedule_of(self, seq: Sequence) -> str | None:
+    def _schedule_of(self, request: Request) -> str | None:
         """The request's schedule, else the deployment's (None: unset)."""
-        return seq.request.spec_schedule or self.config.spec_schedule
+        return request.spec_schedule or self.config.spec_schedule
 
     def _wants_confidence(self, seq: Sequence) -> bool:
         """Unset means confidence wherever the drafts carry confidences (the caller checks that)."""
-        return self._schedule_of(seq) in (None, "confidence")
+        return confidence_scheduled(self._schedule_of(seq.request))
 
     def _schedule(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], drafts: list[Draft],
                   temperatures: list[float] | None) -> list[Draft]:

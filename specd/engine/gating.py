@@ -6,7 +6,7 @@ part of it (asking before or after a proposer runs, resting prompts and decoders
 request's acceptance, reporting the step) had grown to a third of engine.py. ``GateSteps`` is mixed into
 ``SpecEngine``; it reads the engine's ``spec_gate``, ``sps``/``_track_overhead``, ``_counters`` and the
 per-step state initialised in ``SpecEngine.__init__`` (``_gate_arms``, ``_resting``, ``_resting_keys``,
-``_gate_drafting``, ``_profiled``, and ``_rest_chain`` across steps) and ``config.spec_schedule``, and calls its ``_proposer``.
+``_gate_drafting``, ``_profiled``, and ``_rest_chain`` across steps), and calls its ``_proposer`` and ``_schedule_of``.
 docs/design/speculation.md ("Measured pre-draft gate") says what each rule is for and what it measured.
 """
 from __future__ import annotations
@@ -63,6 +63,12 @@ class RestChain:
         if self.joined:
             self.records.extend(record for record, _ in self.joined)
             self.joined = []
+
+
+def confidence_scheduled(schedule: str | None) -> bool:
+    """Does a request on ``schedule`` (its own, else the deployment's; None: unset) go through the confidence
+    scheduler? Unset means confidence wherever the drafts carry confidences (the caller checks that)."""
+    return schedule in (None, "confidence")
 
 
 def gate_key_name(method: str, schedule: str | None) -> str:
@@ -647,7 +653,7 @@ class GateSteps:
         of the gate's host time per step on the CPU probe."""
         if method == "none":
             return None
-        schedule = request.spec_schedule or self.config.spec_schedule      # as ``_schedule_of``
+        schedule = self._schedule_of(request)
         return gate_key_name(method, schedule) if self._gated(self._proposer(method), schedule) else None
 
     def _gate_drafts(self, batch: list[ScheduledSeq], method: str, gated: list[ScheduledSeq],
@@ -737,4 +743,4 @@ class GateSteps:
         if schedule == "gated":
             return True
         confident = getattr(proposer, "capture_layers", ()) and getattr(proposer, "has_confidence", True)
-        return bool(confident) and schedule in (None, "confidence")      # as ``_wants_confidence``
+        return bool(confident) and confidence_scheduled(schedule)
