@@ -33,7 +33,8 @@ doubled after each confirming probe; after two workloads where drafting lost, it
 steps, and the third workload, where drafting won, ran out before the next probe.) Measurements age by
 steps of the cell, not by samples of an arm (both arms' sums shrink by ``decay`` at every measured step):
 the winner averages its last ~1/(1 − decay) steps, and the loser's rate is essentially its latest probe,
-so one probe is enough to see that the loser now wins. ``probe_next`` tells the engine a probe of drafting
+so one probe is enough to see that the loser now wins. A probe of drafting that is a clear loser ends after
+its first sample (``probe_cut``, ``_cuts``), except every third probe of a cell. ``probe_next`` tells the engine a probe of drafting
 starts at the next measured step, so resting requests capture that step's target features: the probe then
 drafts from a context that ends at the newest token instead of one that misses the whole rest.
 
@@ -74,6 +75,9 @@ PROBE_BUDGET = 0.005 # a probe's expected cost over the steps waited before it: 
                      # c = 16 / 32 against 0.23-0.47% at 0.5% (H200, session 30, runs CQ and CR, the same runs;
                      # ``python -m bench.exploration_cost``), and 1% was as much as the row's whole gap to `none`
 PROBE_STEPS = 3      # consecutive steps of a probe
+PROBE_CUT = 2.0      # a probe of drafting ends once it has a sample when drafting at this many times the rate
+                     # now predicted would still lose (``SpecGate._cuts``): a clear loser
+PROBE_FULL_EVERY = 3 # ... but at least every third probe of a cell runs all its steps (the first sample is biased low)
 DECAY = 0.9          # weight of the older measurements at each measured step of a cell (~10 steps of memory)
 MARGIN = 0.03        # drafting must beat plain decoding by this fraction: a rate measured over a 2-step probe
                      # is noisy, and on the H200 near-ties flipped the arms and cost more than they won
@@ -284,6 +288,9 @@ class Cell:
     clock: int = 0            # measured steps since the last probe (or since both arms were explored)
     probe_left: int = 0       # steps of the current probe still to run
     probe_arm: bool = False   # the arm the current probe runs (fixed when it starts)
+    probe_from: int | None = None   # the drafting arm's samples when the current probe started; None: it runs
+                                    # all its steps (``SpecGate._cuts``)
+    cuts_in_row: int = 0      # probes cut since the last one that could not be (``PROBE_FULL_EVERY``)
     resting_prior: bool = False   # started resting: a smaller bucket of the method had drafting lose
     trace: list = field(default_factory=list)   # the first TRACE_STEPS reports (``SpecGate.trace``)
     recent: deque = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))   # the latest ones
@@ -346,13 +353,14 @@ class SpecGate:
     def __init__(self, min_samples: int = MIN_SAMPLES, probe_every: int = PROBE_EVERY,
                  probe_steps: int = PROBE_STEPS, decay: float = DECAY, probe_max: int = PROBE_MAX,
                  margin: float = MARGIN, probe_budget: float = PROBE_BUDGET, prior_steps: float = PRIOR_STEPS,
-                 warmup: int = WARMUP, beside_prompts: bool = False):
+                 warmup: int = WARMUP, beside_prompts: bool = False, probe_cut: float | None = PROBE_CUT):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
                 or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
-                or warmup < 0):
+                or warmup < 0 or probe_cut is not None and not probe_cut >= 1):
             raise GateError(f"bad gate settings: min_samples={min_samples}, probe_every={probe_every}, "
                             f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}, "
-                            f"probe_budget={probe_budget}, prior_steps={prior_steps}, warmup={warmup}")
+                            f"probe_budget={probe_budget}, prior_steps={prior_steps}, warmup={warmup}, "
+                            f"probe_cut={probe_cut}")
         self.warmup = warmup
         # True: gated requests draft in a step with prompt chunks where the measured steps say drafting
         # wins (``drafts_beside_prompts``). Off: on the H200 it lost (session 13, run AP, in the same run:
@@ -362,6 +370,10 @@ class SpecGate:
         self.min_samples, self.probe_every, self.probe_steps, self.decay = min_samples, probe_every, probe_steps, decay
         self.margin, self.probe_budget, self.prior_steps = margin, probe_budget, prior_steps
         self.probe_max = probe_max
+        # a probe of drafting whose first sample shows drafting losing even at ``probe_cut`` times its
+        # predicted rate ends there instead of after ``probe_steps`` steps (None: every probe runs them all)
+        self.probe_cut = probe_cut
+        self.probes_cut = 0        # probes ended after their first sample (``should_draft``)
         self.cells: dict[tuple[str, int], Cell] = {}
         self.classes: OrderedDict[tuple[str, tuple[int, ...]], ClassRecord] = OrderedDict()
         self.probes = 0
@@ -481,8 +493,12 @@ class SpecGate:
         cell.basis = (acceptance, predicted * sequences, cell.plain.per_seq_s * sequences)   # for ``trace``
         cell.rest_bound = None
         if cell.probe_left:
-            cell.probe_left -= 1
-            return self._drafts(cell, "probe", cell.probe_arm)
+            if not self._cuts(cell, predicted):
+                cell.probe_left -= 1
+                return self._drafts(cell, "probe", cell.probe_arm)
+            cell.probe_left = 0
+            cell.cuts_in_row += 1
+            self.probes_cut += 1
         if cell.clock == 0:      # the first step after a probe or the exploration: both rates are fresh
             cell.wait = 1 if cell.draft.samples == 0 else self._wait(cell, winner, predicted)
         cell.clock += 1
@@ -492,8 +508,36 @@ class SpecGate:
                 cell.rest_admitted = self.admitted
             return self._drafts(cell, "winner", winner)
         cell.clock, cell.probe_left, cell.probe_arm = 0, self.probe_steps - 1, not winner
+        cell.probe_from = cell.draft.samples
+        if cell.cuts_in_row >= PROBE_FULL_EVERY - 1:      # this one runs all its steps
+            cell.probe_from, cell.cuts_in_row = None, 0
         self.probes += 1
         return self._drafts(cell, "probe", cell.probe_arm)
+
+    def _cuts(self, cell: Cell, predicted: float) -> bool:
+        """Does the running probe of drafting end now, before its next step? When it has taken a sample
+        (``probe_from``: a warm-up or an unreported step is none) and drafting at ``probe_cut`` times the
+        rate now predicted for this batch still loses to plain decoding by the margin. The cell's drafting
+        rate is then essentially that sample (``DECAY``: the probe before it lies hundreds of steps back).
+        Never in every ``PROBE_FULL_EVERY``-th probe of a cell, which runs all its steps.
+
+        Why: at c ≥ 16 on the H200 a drafting step costs 3-5 plain steps, and a probe's 3 steps are most
+        of what a resting cell's probes cost: in session 32's runs (CS-CW, c = 32) a run with a probe ran
+        ~4% behind `none`, and the resting cells' probes took ~0.5% of the wall. Of the probes of drafting
+        that sessions 30 and 32's records hold at b16 and b32 (runs CO-CW), 14 of 15 were predicted at
+        0.22-0.50 of plain decoding's rate after their first sample (the 15th at 0.53), and after none of
+        them did the cell draft as the winner (``python -m bench.probe_cut``, which judges the records as
+        this does). The wait before the next probe is still priced for ``probe_steps`` steps (``_wait``),
+        so a cut probe spends about a third of its budget.
+        Why every third probe runs in full: the first sample is biased low. It carries the capture step
+        before it (``charge``) and drafts from a context whose rested positions are missing; in run CU
+        (no-span row, b32) a probe's first step predicted 0.42 of plain and its next two steps ran at 0.92.
+        A cell where drafting would now win by less than that bias cannot be turned by a cut probe, and
+        the full one sees it at most two waits later."""
+        if (self.probe_cut is None or not cell.probe_arm or cell.probe_from is None
+                or cell.draft.samples <= cell.probe_from):
+            return False
+        return not cell.beats_plain(predicted * self.probe_cut, self.margin)
 
     def rests_again(self, method: str, sequences: int, subset: bool = False) -> bool:
         """``should_draft``'s measured answer for the same resting requests as this cell's last step, one
@@ -791,6 +835,7 @@ class SpecGate:
         """Flat, for engine stats and /metrics: per cell the measured tok/s of each arm, the samples, and
         whether drafting currently wins (1) or the drafter rests (0), at the cell's own acceptance."""
         out: dict[str, float | int] = {"spec_gate_probes_total": self.probes,
+                                       "spec_gate_probes_cut_total": self.probes_cut,
                                        "spec_gate_capture_charged_seconds_total": self.charged_s}
         for reason, n in self.drafted_by.items():
             out[f"spec_gate_drafted_{reason}_steps_total"] = n

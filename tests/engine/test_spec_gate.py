@@ -67,7 +67,8 @@ def test_an_exploring_cells_unmeasured_answer_is_the_arm_it_explores():
 
 
 def test_rests_when_drafting_is_measured_slower_and_probes_within_the_budget():
-    gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=2, probe_max=400, probe_budget=0.01)
+    gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=2, probe_max=400, probe_budget=0.01,
+                    probe_cut=None)     # every probe runs its steps (the cut: test_a_clear_losers_probe_...)
     arms = drive(gate, 606, draft_tok_s=500.0)[6:]
     starts = [i for i in range(len(arms)) if arms[i] and not arms[i - 1]]
     # a drafting step emits the same tokens in twice a plain step's time: a 2-step probe lasts 4 plain
@@ -93,7 +94,7 @@ def lost_tokens(arms: list[bool], draft_tok_s: float, sequences: int = 4) -> tup
 
 @pytest.mark.parametrize("draft_tok_s", [200.0, 500.0, 900.0, 1500.0, 3000.0])
 def test_probes_cost_at_most_the_budget_in_time_and_a_near_tie_is_probed_more_often(draft_tok_s):
-    gate = SpecGate(min_samples=3, probe_every=4, probe_steps=2, probe_max=10_000, probe_budget=0.01)
+    gate = SpecGate(min_samples=3, probe_every=4, probe_steps=2, probe_max=10_000, probe_budget=0.01, probe_cut=None)
     arms = drive(gate, 4006, draft_tok_s=draft_tok_s)[6:]
     lost, total = lost_tokens(arms, draft_tok_s)
     slow, fast = min(draft_tok_s, PLAIN_TOK_S), max(draft_tok_s, PLAIN_TOK_S)
@@ -103,6 +104,68 @@ def test_probes_cost_at_most_the_budget_in_time_and_a_near_tie_is_probed_more_of
     wait = gate.stats()["spec_gate_dspark_b4_probe_wait_steps"]
     length = fast / slow      # the probed arm's step in winner steps (the same tokens at the slower rate)
     assert wait == max(4, ceil(round(2 * length * (1 - slow / fast) / 0.01, 6)))
+
+
+def probe_runs(arms: list[bool]) -> list[int]:
+    """The lengths of the drafting runs in ``arms`` (a resting gate's probes), in order."""
+    runs, n = [], 0
+    for a in arms + [False]:
+        if a:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    return runs
+
+
+def rests_between(arms: list[bool]) -> list[int]:
+    """The resting steps between consecutive drafting runs of ``arms``."""
+    starts = [i for i in range(1, len(arms)) if arms[i] and not arms[i - 1]]
+    ends = [i for i in range(starts[0], len(arms)) if arms[i - 1] and not arms[i]]
+    return [s - e for e, s in zip(ends, starts[1:])]
+
+
+def test_a_clear_losers_probes_end_after_their_first_sample_but_every_third_and_a_near_ties_run_in_full():
+    """Drafting at 0.4 of plain decoding's rate would lose at twice that (``PROBE_CUT``): a probe ends after
+    one step where the same gate without the cut runs all 3, at the same steps after each (the wait is
+    priced for 3), except every third probe, which runs in full (``PROBE_FULL_EVERY``: the first sample is
+    biased low); at 0.6 it would win at twice that, and every probe runs its 3 steps."""
+    def probes(draft_tok_s: float, *cut: float | None) -> tuple[list[bool], SpecGate]:
+        gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=3, probe_max=200, probe_budget=0.01,
+                        **{"probe_cut": c for c in cut})      # no argument: the default, ``PROBE_CUT``
+        return drive(gate, 1500, draft_tok_s=draft_tok_s)[6:], gate     # ends ~100 steps after a probe
+
+    cut, gate = probes(400.0)
+    full, whole = probes(400.0, None)
+    assert len(probe_runs(full)) >= 6 and set(probe_runs(full)) == {3}
+    assert probe_runs(cut)[:7] == [1, 1, 3, 1, 1, 3, 1]
+    assert set(rests_between(cut)) == set(rests_between(full)) == {199}     # the same waits (probe_max)
+    assert gate.probes == len(probe_runs(cut)) and gate.probes_cut == probe_runs(cut).count(1)
+    assert whole.probes_cut == 0 and gate.stats()["spec_gate_probes_cut_total"] == gate.probes_cut
+    # the cut probes cost a third of the full ones, each still inside the budget
+    assert lost_tokens(cut, 400.0)[0] < 0.6 * lost_tokens(full, 400.0)[0]
+    near, gate = probes(600.0)
+    assert probe_runs(near) and set(probe_runs(near)) == {3} and gate.probes_cut == 0
+
+
+def test_a_probe_is_cut_on_a_sample_only():
+    """A probe's first drafting step in a cell whose drafting arm has had no warm-up (the load prior:
+    drafting measured by probes only) is no sample, so the cut waits for the probe's second step."""
+    gate = SpecGate(warmup=1, min_samples=3, probe_every=50, probe_steps=3)
+    drive(gate, 20, draft_tok_s=400.0, sequences=2)              # bucket 2: drafting lost
+    arms = drive(gate, 10, draft_tok_s=400.0, sequences=8)       # b8: plain explored (a warm-up and 3), then a probe
+    assert probe_runs(arms) == [2] and gate.probes_cut == 1
+    # nor is a step the engine does not report (a CUDA graph captured in it): the probe goes on
+    gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=3, probe_max=10)
+    drive(gate, 12, draft_tok_s=400.0)                            # explored, then resting
+    while not gate.should_draft("dspark", 4):                     # to the probe's first step, not reported
+        gate.observe("dspark", 4, False, 4, 4 / PLAIN_TOK_S)
+    assert probe_runs(drive(gate, 4, draft_tok_s=400.0)) == [1] and gate.probes_cut == 1
+
+
+def test_a_bad_probe_cut_is_refused():
+    with pytest.raises(GateError, match="probe_cut=0.5"):
+        SpecGate(probe_cut=0.5)
 
 
 def test_keeps_drafting_when_it_is_measured_faster():
@@ -298,7 +361,7 @@ def test_a_step_that_verifies_more_drafts_than_the_measured_ones_is_priced_longe
 
 
 def test_a_heavier_load_starts_resting_where_a_lighter_one_rests():
-    gate = SpecGate(warmup=0, min_samples=3, probe_every=50, probe_steps=2)
+    gate = SpecGate(warmup=0, min_samples=3, probe_every=50, probe_steps=2, probe_cut=None)
     drive(gate, 20, draft_tok_s=500.0, sequences=2)                  # bucket 2: drafting lost
     arms = drive(gate, 4, draft_tok_s=500.0, sequences=8)
     assert arms == [False, False, False, True]      # plain explored, then drafting probed at once
@@ -332,7 +395,7 @@ def test_announcing_never_stalls_a_cell():
 
 
 def test_the_step_before_a_probe_of_drafting_is_announced():
-    gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=2, probe_max=10)
+    gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=2, probe_max=10, probe_cut=None)
     announced = []
     for _ in range(30):
         drafted = gate.should_draft("dspark", 4)
@@ -845,6 +908,33 @@ def test_engine_rests_a_slow_drafter_and_stays_exact(engine, clock):
     chain = engine._rest_chain                  # the batch is gone: every leased step is in the gate's stats
     assert chain is None or (not chain.leased and not chain.pending)
     assert after["spec_gate_dspark_b4_plain_tok_s"] > after["spec_gate_dspark_b4_draft_tok_s"]
+
+
+@pytest.mark.parametrize("cut", [2.0, None])
+def test_the_engine_cuts_a_clear_losers_probe_and_stays_exact(engine, clock, cut):
+    """On the step clock a drafting step lasts ~100 plain steps, so drafting loses at any acceptance: each
+    probe of the resting gate (3 steps) ends after its first sample, but every third, which runs in full
+    (``SpecGate._cuts``); without the cut every probe runs its 3 steps. The output is plain decoding's."""
+    want = run(engine, "none", max_tokens=60)
+    engine._proposer("dspark")
+    real = engine._proposers["dspark"]
+    engine._proposers["dspark"] = SlowProposer(real, 0.1, clock)
+    gate = engine.spec_gate = SpecGate(min_samples=3, probe_every=6, probe_max=6, probe_steps=3, probe_cut=cut)
+    gate.explores = staticmethod(lambda record: False)       # drafting steps are the cell's own: probes only
+    try:
+        got = run(engine, "dspark", max_tokens=60)
+    finally:
+        engine._proposers["dspark"] = real
+        engine.spec_gate = SpecGate()
+    assert got == want
+    stats = gate.stats()
+    probed, probes = stats["spec_gate_drafted_probe_steps_total"], stats["spec_gate_probes_total"]
+    if cut is None:
+        assert probes >= 3 and stats["spec_gate_probes_cut_total"] == 0
+    else:
+        cuts = stats["spec_gate_probes_cut_total"]
+        assert probes >= 3 and cuts >= probes // 2            # two of every three probes of a cell
+        assert probed <= probes + 2 * (probes - cuts)          # a cut probe drafts once
 
 
 def test_every_leased_step_reaches_the_gate_by_the_end_of_the_batch(engine, clock):

@@ -1,0 +1,77 @@
+"""A row's runs by what its drafter did in them, against `none`: none of its work, only captures, or drafting.
+
+    python -m bench.run_kinds docs/results/gpu/s32/runC{S,T,U,V,W}/speedup.json.gz [--row dspark]
+
+Why: where the gate rests (c >= 16), a cell's ratio to `none` mixes runs in which the drafter did nothing
+(their whole difference is host time), runs that only captured target features (a probe's announcement),
+and runs that drafted a few steps (probes, explorations, the drain's small buckets). A probe's drafting
+steps cost 3-5 plain steps each at c >= 16 and desynchronise the closed loop (``bench.step_split``), so a
+run holding one runs several percent behind while most runs hold none. This prints, per concurrency, each
+kind's runs (count and share), their throughput ratio to `none`'s run of the same repeat (geometric mean, a
+bootstrap 95% interval), and its share of the row's loss: the kind's share of runs times its log ratio,
+over the row's mean log ratio. The A/A row (``none-aa``) of the same runs gives the noise floor. It reads
+only what ``bench speedup`` records; nothing is timed here.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from bench.speedup_pool import PoolError, each_run_pairs, load, step_kind
+from bench.stats import geomean_interval
+
+KINDS = ("rested", "captured", "drafted")
+
+
+def kind(run: dict) -> str:
+    """What the drafter did in one timed run: "drafted" (a step drafted, beside prompt chunks or not),
+    "captured" (target features captured, nothing drafted), else "rested"."""
+    if step_kind(run, "draft")[0] or step_kind(run, "prompt_draft")[0]:
+        return "drafted"
+    return "captured" if step_kind(run, "capture")[0] else "rested"
+
+
+def ratios_by_kind(runs: list[dict], row: str) -> dict[int, dict[str, list[float]]]:
+    """Concurrency -> kind -> the row's throughput ratios to `none`'s run of the same repeat, over every
+    workload of every result (results of different tables pool by concurrency)."""
+    out: dict[int, dict[str, list[float]]] = {}
+    for _workload, level, pairs in each_run_pairs(runs, row):
+        by = out.setdefault(int(level), {k: [] for k in KINDS})
+        for base, run in pairs:
+            by[kind(run)].append(run["throughput_tok_s"] / base["throughput_tok_s"])
+    return dict(sorted(out.items()))
+
+
+def table(runs: list[dict], row: str, resamples: int = 10_000) -> str:
+    lines = [f"| c | kind | runs | share | {row} / none | share of the loss |", "|---|---|---|---|---|---|"]
+    for level, by in ratios_by_kind(runs, row).items():
+        total = sum(len(v) for v in by.values())
+        mean_log = math.fsum(math.log(r) for v in by.values() for r in v) / total
+        for k in KINDS:
+            rs = by[k]
+            if not rs:
+                continue
+            g, lo, hi = geomean_interval(rs, resamples)
+            share = len(rs) / total
+            part = share * math.log(g) / mean_log if mean_log < 0 else float("nan")
+            lines.append(f"| {level} | {k} | {len(rs)} | {share:.0%} | {g:.3f} ({lo:.3f}-{hi:.3f}) | "
+                         + ("-" if math.isnan(part) else f"{part:.0%}") + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.run_kinds", description=__doc__.splitlines()[0])
+    p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz files of bench speedup runs")
+    p.add_argument("--row", default="dspark", help="the row to split (default dspark; none-aa: the noise floor)")
+    p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples per interval (seeded)")
+    args = p.parse_args(argv)
+    try:
+        print(table([load(path) for path in args.result], args.row, args.resamples))
+    except PoolError as e:
+        p.error(str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

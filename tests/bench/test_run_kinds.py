@@ -1,0 +1,36 @@
+"""bench.run_kinds: a row's runs split by what its drafter did in them, against `none`'s run of the same repeat."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.run_kinds import kind, ratios_by_kind, table
+
+
+def run(tok_s: float, **steps: int) -> dict:
+    return {"throughput_tok_s": tok_s, "step_kinds": {k: {"steps": n, "ms": 1.0, "tokens": n} for k, n in steps.items()}}
+
+
+def result() -> dict:
+    none = [run(100.0, plain=10) for _ in range(4)]
+    row = [run(99.0, plain=10), run(98.0, plain=9, capture=1), run(90.0, plain=8, draft=2),
+           run(99.0, plain=10, prompt_draft=1)]
+    return {"workloads": {"w": {"32": {"rows": {"none": {"runs": none}, "dspark": {"runs": row}}}}}}
+
+
+def test_a_run_is_drafted_captured_or_rested_by_its_step_kinds():
+    assert [kind(r) for r in result()["workloads"]["w"]["32"]["rows"]["dspark"]["runs"]] == [
+        "rested", "captured", "drafted", "drafted"]
+    assert kind({"throughput_tok_s": 1.0}) == "rested"        # no step kinds recorded: nothing drafted
+
+
+def test_each_kind_gets_its_ratios_and_its_share_of_the_loss():
+    by = ratios_by_kind([result()], "dspark")
+    assert by == {32: {"rested": [0.99], "captured": [0.98], "drafted": [0.9, 0.99]}}
+    text = table([result()], "dspark", resamples=200)
+    total = math.log(0.99) + math.log(0.98) + math.log(0.9) + math.log(0.99)
+    drafted = 0.5 * (math.log(0.9) + math.log(0.99)) / 2 / (total / 4)      # share × log geomean / mean log
+    assert f"| 32 | drafted | 2 | 50% | {math.sqrt(0.9 * 0.99):.3f}" in text
+    assert f"{drafted:.0%} |" in text.splitlines()[-1]
+    assert drafted == pytest.approx(0.792, abs=1e-3)       # 79% of the loss in half the runs
