@@ -20,8 +20,10 @@ drifts (session 13, run AO: `none` slowed 17% over one cell's four repeats on cr
 Before the timed runs of a (workload, concurrency) cell, every row runs the same N prompts untimed with
 --warmup-tokens answers, so CUDA-graph captures of those prompt and step shapes, Triton compiles and the
 SPS profile are not timed; each run records the graphs it still captured and its eager steps. A gated row
-repeats its warm-up (up to EXTRA_WARMUPS times) while the spec gate's cell at this load still explores, a
-once-per-cell cost (``finish_exploring``); the cell's JSON lists those extra warm-ups.
+repeats its warm-up (up to EXTRA_WARMUPS times) while the spec gate's cell at this load still explores, and
+warms each lighter bucket its warm-ups made a cell of at that bucket's concurrency while it explores (every
+run's drain passes through them): a once-per-cell cost (``finish_exploring``); the cell's JSON lists those
+extra warm-ups by row and bucket (``gate_extra_warmups``).
 
 Measured per run: output throughput (generated tokens of the batch / wall time), per-user tok/s (median
 over requests of tokens / (finish − first token)), τ (tokens per verification), mean verified drafts per
@@ -95,13 +97,20 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # recovery costs, in the same run. A diagnostic, not a default row
     "dspark-probe-quarter": {"method": "dspark", "schedule": "confidence", "gamma": None, "probe_budget": 0.0025,
                              "probe_max": 4096},
+    # scheduled dspark behind a gate whose probes of drafting always run their 3 steps (``probe_cut`` None),
+    # through a gate of its own: the default ends a probe after its first sample where drafting loses even
+    # at twice the predicted rate (``SpecGate._cuts``, session 34), which should save about two thirds of
+    # a resting cell's probe steps at c >= 16; this row measures that against the default in the same run.
+    # A diagnostic, not a default row
+    "dspark-probe-uncut": {"method": "dspark", "schedule": "confidence", "gamma": None, "probe_cut": None},
     # scheduled dspark without rest spans (``SpecEngine.rest_spans`` off while the row runs, session 32:
     # whole-batch leases end at every admission and prompt step, as before), through a gate of its own:
     # what the spans save, in the same run. A diagnostic, not a default row
     "dspark-no-span": {"method": "dspark", "schedule": "confidence", "gamma": None, "spans": False},
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
-                   "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-no-span")
+                   "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
+                   "dspark-no-span")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -174,6 +183,8 @@ class RunResult:
     gate_rest_leased_steps: int = 0  # of those, steps rested on a lease without asking the gate (SpecGate.rest_lease)
     gate_rest_whole_batch_steps: int = 0   # of those, leased steps of the whole batch, no walk over it (session 29)
     gate_rest_span_steps: int = 0    # rested steps inside a rest span, prompt steps included (session 32)
+    gate_probes: int = 0             # probes the gate started (of either arm)
+    gate_probes_cut: int = 0         # of those, probes of drafting ended after their first sample (session 34)
     # where a step's wall time went, ms per step: the engine's phases (schedule: admission, kvd, gate and
     # drafting; forward: the model, sampling and verification; output; commit), the rest of ``step`` (its
     # settle, the gate's report) and the closed loop's own work between steps. Session 9, run X: a resting
@@ -197,7 +208,7 @@ STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_tot
              "admission_seconds_total", "spec_scheduler_seconds_total", "spec_paused_steps_total",
              "spec_class_explore_steps_total", "spec_rest_again_steps_total", "spec_rest_leased_steps_total",
              "spec_rest_whole_batch_steps_total", "spec_rest_span_steps_total",
-             "spec_promptless_requests_total") + PHASES
+             "spec_promptless_requests_total", "spec_gate_probes_total", "spec_gate_probes_cut_total") + PHASES
 
 
 def _delta(before: dict, after: dict) -> dict:
@@ -286,6 +297,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         gate_rest_leased_steps=int(d["spec_rest_leased_steps_total"]),
         gate_rest_whole_batch_steps=int(d.get("spec_rest_whole_batch_steps_total", 0)),
         gate_rest_span_steps=int(d["spec_rest_span_steps_total"]),
+        gate_probes=int(d.get("spec_gate_probes_total", 0)), gate_probes_cut=int(d.get("spec_gate_probes_cut_total", 0)),
         gate_promptless_requests=int(d["spec_promptless_requests_total"]),
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d), gc_pauses=gc_split(d))
 
@@ -297,7 +309,7 @@ def gc_split(d: dict) -> dict[str, list[float]]:
 
 
 # ROWS keys for the row's own gate (SpecGate settings, or its verify or projection path), not request fields
-GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "gate", "verify", "absorb", "spans")
+GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "gate", "verify", "absorb", "spans")
 
 
 @contextmanager
@@ -456,15 +468,19 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
 
 
 def render_markdown(result: dict) -> str:
-    lines = ["# Speculative decoding speed-up", "", f"Command: `{result['command']}`", "",
-             f"Model `{result['model']}`"
-             + ("; norms and rotary as one-launch kernels" if result.get("fused_elementwise")
-                else "; torch norms and rotary (KVSPEC_FUSED=0, or older than session 15)"
-                if "fused_elementwise" in result else "")
-             + f"; prompts: {result['prompt_mode']}; {result['repeats']} repeat(s), rows "
-             "alternated inside each (each repeat starts one row later); ratios are to `none` in the same "
-             "repeat: p50 [min, max]. "
-             "Per-user tok/s: median over requests of tokens / (finish − first token).", ""]
+    lines = ["# Speculative decoding speed-up", "", f"Command: `{result['command']}`", ""]
+    if "modeled_costs_ms" in result:
+        lines += ["**MODELED CLOCK** (`bench.gate_sim`): every time below is a model of a GPU's step costs, "
+                  f"host work costs nothing; compare rows, read nothing absolute. Costs (ms): "
+                  f"{result['modeled_costs_ms']}.", ""]
+    lines += [f"Model `{result['model']}`"
+              + ("; norms and rotary as one-launch kernels" if result.get("fused_elementwise")
+                 else "; torch norms and rotary (KVSPEC_FUSED=0, or older than session 15)"
+                 if "fused_elementwise" in result else "")
+              + f"; prompts: {result['prompt_mode']}; {result['repeats']} repeat(s), rows "
+              "alternated inside each (each repeat starts one row later); ratios are to `none` in the same "
+              "repeat: p50 [min, max]. "
+              "Per-user tok/s: median over requests of tokens / (finish − first token).", ""]
     if result["skipped_rows"]:
         lines += [f"Rows skipped (no drafter given): {', '.join(result['skipped_rows'])}.", ""]
     if result.get("cut"):
@@ -652,19 +668,37 @@ def gate_key(row: str) -> str | None:
     return gate_key_name(spec["method"], spec["schedule"])
 
 
-def finish_exploring(engine, row: str, level: int, warm) -> int:
-    """Run ``warm(tag)`` (one more untimed warm-up) while the row's gate cell at this load still explores,
-    at most EXTRA_WARMUPS times; returns how many ran. Why: a new (method, load) cell measures 5 drafting
-    and 5 resting steps once in a server's life, and steps that captured a graph do not count; with
-    8-token warm-ups at c = 32 that exploration spilled into the first timed runs of the first workload
-    at each load (run U, session 8: coding c = 32 drafted 7 of 58 steps). The timed runs measure the
-    steady state, probes included; the JSON lists the extra warm-ups per cell (``gate_extra_warmups``)."""
+def finish_exploring(engine, row: str, level: int, warm) -> dict[int, int]:
+    """Run ``warm(tag, concurrency)`` (one more untimed warm-up) while the row's gate cell at this load, or at
+    a lighter load bucket, still explores, at most EXTRA_WARMUPS times a bucket: the load's own bucket at
+    this concurrency first, then each lighter one (its concurrency is the bucket) that the warm-ups have
+    made a cell of. Returns the extra warm-ups run, by bucket (buckets that needed none left out).
+
+    Why the load's own bucket: a new (method, load) cell measures 5 drafting and 5 resting steps once in a
+    server's life, and steps that captured a graph do not count; with 8-token warm-ups at c = 32 that
+    exploration spilled into the first timed runs of the first workload at each load (run U, session 8:
+    coding c = 32 drafted 7 of 58 steps). Why the lighter ones (session 34): every closed-loop run ends in
+    a drain through the lighter buckets, one or two steps in each. A request that rested has no features
+    to draft from at its first step there (it captures them, ``GateSteps._drop_undrafted``), so such a
+    step is no drafting sample, and a cell that only ever sees drains may never finish exploring. In
+    session 32's runs of c = 16 and 32 alone (CT, CU, CW), the b1 cell had no sample of either arm after
+    8 repeats of coding and creative, and their timed runs took an exploring decision at nearly every
+    drain (a capture step or a drafting step); in CW (c = 32 alone, 4 repeats) the b2-b8 cells explored
+    too, 5-19 such decisions a run on coding. A server that has seen these loads once has explored them. The timed runs measure the steady state, probes included; the JSON
+    lists the extra warm-ups per cell and bucket (``gate_extra_warmups``)."""
     key, gate = gate_key(row), getattr(engine, "spec_gate", None)
-    runs = 0
-    while key and gate is not None and runs < EXTRA_WARMUPS and load_bucket(level) in gate.exploring(key):
-        warm(f"x{runs}")
-        runs += 1
-    return runs
+    if not key or gate is None:
+        return {}
+    top = load_bucket(level)
+    extra: dict[int, int] = {}
+    for bucket in [top] + [b for b in (1 << i for i in range(top.bit_length() - 2, -1, -1))]:
+        runs = 0
+        while runs < EXTRA_WARMUPS and bucket in gate.exploring(key):
+            warm(f"x{bucket}-{runs}", level if bucket == top else bucket)
+            runs += 1
+        if runs:
+            extra[bucket] = runs
+    return extra
 
 
 def measure(engine, args: argparse.Namespace, progress=print) -> dict:
@@ -697,8 +731,10 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                     with row_gate(engine, row, own_gates):
                         run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}",
                                         queued)
-                        extra[row] = finish_exploring(engine, row, level, lambda tag: run_closed_loop(
-                            engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}-{tag}", queued))
+                        # a lighter bucket's warm-up: its own concurrency, as many prompts as a cell of it runs
+                        extra[row] = finish_exploring(engine, row, level, lambda tag, c: run_closed_loop(
+                            engine, short if c == level else short[:requests_for(c, args.requests, args.waves)],
+                            row_fields(row, cap), c, f"warm-{name}-{level}-{row}-{tag}", queued if c == level else 0))
                 if args.gc == "freeze":              # untimed: the warm-ups' objects too
                     freeze_heap(f"the warm-ups of {name} c={level}")
                 for rep in range(args.repeats):
@@ -729,7 +765,9 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
             "summary": summary_across(workloads)}
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, prepare=None, note: dict | None = None) -> int:
+    """``prepare``: called with the engine before anything runs (``bench.gate_sim`` prices its work on a
+    modeled clock); ``note``: fields the result records first (what that clock was)."""
     import torch
 
     if args.cpus is not None:
@@ -737,8 +775,11 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     engine = _engine(args)
+    if prepare is not None:
+        prepare(engine)
     t0 = time.perf_counter()
     result = {"command": " ".join(["python -m bench speedup", *sys.argv[2:]]), "model": str(args.model),
+              **(note or {}),
               "drafters": args.drafters, "concurrency": args.concurrency, "requests": args.requests, "waves": args.waves,
               "queued": args.queued,
               "repeats": args.repeats, "max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos,

@@ -230,9 +230,11 @@ def test_profile_writes_one_table_per_row_and_concurrency(tmp_path):
         assert "(step)" in text            # engine.step ran inside the profiled window
 
 
-def test_gated_rows_warm_up_until_their_gate_cell_has_explored():
-    """A new (method, load) cell explores both arms once; the warm-up repeats (at most EXTRA_WARMUPS times)
-    until the row's cell at this load has, so the timed runs measure the steady state."""
+def test_gated_rows_warm_up_until_their_gate_cells_at_this_load_and_the_lighter_ones_have_explored():
+    """A new (method, load) cell explores both arms once; the warm-up repeats (at most EXTRA_WARMUPS times a
+    bucket) until the row's cell at this load has, at this load, then each lighter cell a warm-up made, at
+    the lighter bucket's own concurrency, so the timed runs' drains (their lighter buckets) measure the steady
+    state too."""
     from types import SimpleNamespace
 
     from bench.speedup import EXTRA_WARMUPS, finish_exploring, gate_key
@@ -242,22 +244,29 @@ def test_gated_rows_warm_up_until_their_gate_cell_has_explored():
         [None, "dspark", None, "ngram_gated", None]
     gate = SpecGate(min_samples=3)
     engine = SimpleNamespace(spec_gate=gate)
+    calls = []
 
-    def warm(tag):   # one warm-up run: four measured steps of the cell at 32 sequences, drafting slower
+    def warm(tag, concurrency):   # one warm-up run: four measured steps at its load, drafting slower
+        calls.append((tag, concurrency))
         for _ in range(4):
-            drafted = gate.should_draft("dspark", 32)
-            gate.observe("dspark", 32, drafted, 32, 32 / (500.0 if drafted else 1000.0))
+            drafted = gate.should_draft("dspark", concurrency)
+            gate.observe("dspark", concurrency, drafted, concurrency, concurrency / (500.0 if drafted else 1000.0))
 
     gate.should_draft("dspark", 32)                      # the cell exists and explores
-    assert gate.exploring("dspark") == [32]
-    assert finish_exploring(engine, "dspark", 32, warm) == 2      # 3 drafting + 3 resting steps: two runs
+    gate.should_draft("dspark", 2)                       # and a drain made a b2 cell
+    assert gate.exploring("dspark") == [2, 32]
+    # b32: 3 drafting + 3 resting steps, two runs at c = 32; b2 (b16-b4 were never made): two runs at c = 2
+    assert finish_exploring(engine, "dspark", 32, warm) == {32: 2, 2: 2}
+    assert [c for _, c in calls] == [32, 32, 2, 2] and calls[0][0] == "x32-0"
     assert gate.exploring("dspark") == []
-    assert finish_exploring(engine, "dspark", 32, warm) == 0      # explored: nothing more
-    assert finish_exploring(engine, "dspark-g7", 32, warm) == 0   # fixed γ is not gated
-    calls = []
-    assert finish_exploring(engine, "ngram-gated", 32, calls.append) == 0   # its cell does not exist yet
-    stuck = SimpleNamespace(spec_gate=SimpleNamespace(exploring=lambda key: [32]))
-    assert finish_exploring(stuck, "dspark", 32, calls.append) == EXTRA_WARMUPS and len(calls) == EXTRA_WARMUPS
+    assert finish_exploring(engine, "dspark", 32, warm) == {}      # explored: nothing more
+    assert finish_exploring(engine, "dspark", 24, warm) == {}      # 24 is bucket 16: its lighter ones explored
+    assert finish_exploring(engine, "dspark-g7", 32, warm) == {}   # fixed γ is not gated
+    assert finish_exploring(engine, "ngram-gated", 32, warm) == {}   # its cell does not exist yet
+    stuck = SimpleNamespace(spec_gate=SimpleNamespace(exploring=lambda key: [1, 32]))
+    calls.clear()
+    assert finish_exploring(stuck, "dspark", 32, lambda tag, c: calls.append(c)) == {32: EXTRA_WARMUPS, 1: EXTRA_WARMUPS}
+    assert calls == [32] * EXTRA_WARMUPS + [1] * EXTRA_WARMUPS
 
 
 def test_a_cell_runs_at_least_waves_requests_per_slot():
@@ -288,6 +297,7 @@ def test_the_resting_row_never_drafts_and_torch_profile_sets_rows_side_by_side(t
         assert 0 < run["gate_rest_span_steps"] <= run["gate_rested_steps"]          # and in rest spans
         assert run["gate_promptless_requests"] == 4                                   # no prompt captured
         assert sum(run["gate_drafted_by"].values()) == 0
+        assert run["gate_probes"] == run["gate_probes_cut"] == 0                    # recorded; it never probes
     assert sorted(p.name for p in prof.iterdir()) == ["torch-profile-c2.md"]
     text = (prof / "torch-profile-c2.md").read_text()
     assert "dspark-resting device ms" in text and "none device ms" in text
@@ -397,6 +407,22 @@ def test_the_probe_budget_rows_run_behind_a_gate_of_their_own(row, budget, most)
         assert engine.spec_gate is not gate
         assert (engine.spec_gate.probe_budget, engine.spec_gate.probe_max) == (budget, most)
     assert engine.spec_gate is gate and (gate.probe_budget, gate.probe_max) == (PROBE_BUDGET, PROBE_MAX) == (0.005, 2048)
+
+
+def test_the_uncut_probe_row_runs_behind_a_gate_whose_probes_run_every_step():
+    """dspark-probe-uncut: a gate of its own that never cuts a probe short (``probe_cut`` None), the engine's
+    gate (the default cut) back after the row. Not a default row."""
+    from types import SimpleNamespace
+
+    from bench.speedup import DEFAULT_ROWS, row_gate
+    from specd.engine.spec_gate import PROBE_CUT, SpecGate
+
+    assert "dspark-probe-uncut" not in DEFAULT_ROWS
+    gate = SpecGate()
+    engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: SimpleNamespace(rounds=None))
+    with row_gate(engine, "dspark-probe-uncut", {}):
+        assert engine.spec_gate is not gate and engine.spec_gate.probe_cut is None
+    assert engine.spec_gate is gate and gate.probe_cut == PROBE_CUT == 2.0
 
 
 def test_collector_passes_are_split_by_generation_and_summed_over_runs():
