@@ -34,9 +34,10 @@ steps, and the third workload, where drafting won, ran out before the next probe
 steps of the cell, not by samples of an arm (both arms' sums shrink by ``decay`` at every measured step):
 the winner averages its last ~1/(1 − decay) steps, and the loser's rate is essentially its latest probe,
 so one probe is enough to see that the loser now wins. A probe of drafting that is a clear loser ends after
-its first sample (``probe_cut``, ``_cuts``), except every third probe of a cell. ``probe_next`` tells the engine a probe of drafting
-starts at the next measured step, so resting requests capture that step's target features: the probe then
-drafts from a context that ends at the newest token instead of one that misses the whole rest.
+its first sample (``probe_cut``, ``_cuts``), except every third probe of a cell. ``probe_next`` tells the
+engine a probe of drafting starts at the next measured step, so resting requests capture that step's target
+features: the probe then drafts from a context that ends at the newest token instead of one that misses the
+whole rest.
 
 Load prior: drafting's advantage shrinks as the batch grows (verify tokens grow with it, the memory-bound
 decode step does not). A new cell whose next smaller explored bucket rests starts resting: it explores
