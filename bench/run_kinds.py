@@ -14,11 +14,9 @@ only what ``bench speedup`` records; nothing is timed here.
 """
 from __future__ import annotations
 
-import argparse
 import math
-from pathlib import Path
 
-from bench.speedup_pool import PoolError, each_run_pairs, load, step_kind
+from bench.speedup_pool import each_run_pairs, row_tool_main, step_kind
 from bench.stats import geomean_interval
 
 KINDS = ("rested", "captured", "drafted")
@@ -61,16 +59,8 @@ def table(runs: list[dict], row: str, resamples: int = 10_000) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.run_kinds", description=__doc__.splitlines()[0])
-    p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz files of bench speedup runs")
-    p.add_argument("--row", default="dspark", help="the row to split (default dspark; none-aa: the noise floor)")
-    p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples per interval (seeded)")
-    args = p.parse_args(argv)
-    try:
-        print(table([load(path) for path in args.result], args.row, args.resamples))
-    except PoolError as e:
-        p.error(str(e))
-    return 0
+    return row_tool_main("python -m bench.run_kinds", __doc__.splitlines()[0], table, argv,
+                         "the row to split (default dspark; none-aa: the noise floor)")
 
 
 if __name__ == "__main__":

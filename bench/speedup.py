@@ -684,14 +684,15 @@ def finish_exploring(engine, row: str, level: int, warm) -> dict[int, int]:
     session 32's runs of c = 16 and 32 alone (CT, CU, CW), the b1 cell had no sample of either arm after
     8 repeats of coding and creative, and their timed runs took an exploring decision at nearly every
     drain (a capture step or a drafting step); in CW (c = 32 alone, 4 repeats) the b2-b8 cells explored
-    too, 5-19 such decisions a run on coding. A server that has seen these loads once has explored them. The timed runs measure the steady state, probes included; the JSON
-    lists the extra warm-ups per cell and bucket (``gate_extra_warmups``)."""
+    too, 5-19 such decisions a run on coding. A server that has seen these loads once has explored them.
+    The timed runs measure the steady state, probes included; the JSON lists the extra warm-ups per cell
+    and bucket (``gate_extra_warmups``)."""
     key, gate = gate_key(row), getattr(engine, "spec_gate", None)
     if not key or gate is None:
         return {}
     top = load_bucket(level)
     extra: dict[int, int] = {}
-    for bucket in [top] + [b for b in (1 << i for i in range(top.bit_length() - 2, -1, -1))]:
+    for bucket in [top] + [1 << i for i in range(top.bit_length() - 2, -1, -1)]:     # then top/2, ..., 1
         runs = 0
         while runs < EXTRA_WARMUPS and bucket in gate.exploring(key):
             warm(f"x{bucket}-{runs}", level if bucket == top else bucket)
@@ -767,7 +768,8 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
 
 def run(args: argparse.Namespace, prepare=None, note: dict | None = None) -> int:
     """``prepare``: called with the engine before anything runs (``bench.gate_sim`` prices its work on a
-    modeled clock); ``note``: fields the result records first (what that clock was)."""
+    modeled clock); ``note``: fields the result records beside its own, over them where they share a name
+    (``bench.gate_sim``: its command and the modeled costs)."""
     import torch
 
     if args.cpus is not None:

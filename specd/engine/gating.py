@@ -279,11 +279,10 @@ class GateSteps:
             if seq.gate_key != key or seq.draft_feats is not None or seq.prompt_captures:
                 return False
             record = seq.gate_acceptance
-            group = record.group
-            if group is not None and not record.steps:       # a fresh record: its class's start, its class's
-                if id(group) in classes:                     # exploration; one per class is enough
+            if record.fresh:          # its class's start and its class's exploration: one per class is enough
+                if id(record.group) in classes:
                     continue
-                classes.add(id(group))
+                classes.add(id(record.group))
             records.append(record)
         if not self._join_bound(key, chain.bucket, records):
             return False
@@ -392,10 +391,9 @@ class GateSteps:
         # the bucket ends the span at its first step (``_span_rests``)
         record, gate = seq.gate_acceptance, self.spec_gate
         group = record.group
-        fresh = group is not None and not record.steps        # its top is its class's start (``_acceptance``)
         if seq.gate_key != chain.key:
             joins = False
-        elif fresh and chain.classes.get(id(group)) is group and not gate.explores(record):
+        elif record.fresh and chain.classes.get(id(group)) is group and not gate.explores(record):
             joins = gate.rejoin_rest(chain.key, chain.bucket)   # its class's top is in the bound already
         else:
             joins = self._join_bound(chain.key, chain.bucket, [record])
@@ -423,9 +421,8 @@ class GateSteps:
         ``_rest_prompts`` would decide, it ages from now (``RestChain.joined``), and a fresh record's class
         is noted, so the class's later requests skip ``join_rest`` (``_join_span``)."""
         record = seq.gate_acceptance
-        group = record.group
-        if group is not None and not record.steps:
-            chain.classes[id(group)] = group
+        if record.fresh:
+            chain.classes[id(record.group)] = record.group
         seq.prompt_captures = False
         chain.joined.append((record, chain.owed))
         if not record.lacks_prompt:

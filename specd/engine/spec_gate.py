@@ -256,6 +256,12 @@ class Acceptance:
             elif self.lacks_prompt:
                 self.group.add_promptless(tokens)
 
+    @property
+    def fresh(self) -> bool:
+        """A record of a prompt class that has not drafted yet: its estimate, and the most it can reach, is
+        its class's start (``SpecGate._acceptance``), so one such record stands for its class's others."""
+        return self.group is not None and not self.steps
+
     @staticmethod
     def rest_all(records: list["Acceptance"], decay: float = RESTING_DECAY) -> None:
         """``rest`` for every record of a step's resting requests, in one call (the engine's path)."""

@@ -189,6 +189,18 @@ def test_resumes_drafting_after_a_probe_shows_it_winning():
     assert gate.should_draft("dspark", 4, measured=False)
 
 
+def test_a_fresh_record_is_one_of_a_prompt_class_that_has_not_drafted():
+    """``Acceptance.fresh``: a rest span lets one such record stand for its class's others (``_may_span``,
+    ``_join_span``); a record that drafted, or one without a class, stands for itself."""
+    from specd.engine.spec_gate import Acceptance
+
+    record = SpecGate().record("dspark", [1, 2, 3])
+    assert record.fresh
+    record.add(2)
+    assert not record.fresh
+    assert not Acceptance().fresh
+
+
 def test_a_batch_drafts_by_its_own_requests_acceptance():
     """Cost is the cell's, acceptance is the requests': a cell that learned to rest on requests that
     accept 1.2 tokens per drafting step drafts for requests that have shown 3."""
