@@ -112,6 +112,17 @@ def row_tool_main(prog: str, description: str, render, argv: list[str] | None, r
     return 0
 
 
+def default_rows(runs: list[dict], shared: bool) -> list[str]:
+    """The rows to pool when none are named: run 1's (first cell), but the baseline; with ``shared``, only
+    those every run has, so that runs of other diagnostic rows (session 35: ``dspark-probe-uncut`` in one,
+    ``dspark-probe-quarter`` in the other) pool the rows they share instead of refusing the first they lack."""
+    workload, level = cells(runs)[0]
+    rows = [r for r in runs[0]["workloads"][workload][level]["rows"] if r != BASELINE]
+    if shared:
+        rows = [r for r in rows if all(r in run["workloads"][workload][level]["rows"] for run in runs)]
+    return rows
+
+
 def pooled_cell(runs: list[dict], workload: str, level: str, row: str, key: str) -> list[float]:
     """Every run's per-repeat ratios of ``row`` to the baseline in one cell, for one of RATIOS."""
     out: list[float] = []
@@ -203,15 +214,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated rows to pool (default: every row of run 1 but the baseline 'none')")
     p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples per cell (seeded)")
     p.add_argument("--shared", action="store_true",
-                   help="pool the cells every run has, instead of refusing runs of different tables")
+                   help="pool the cells every run has, instead of refusing runs of different tables, and (without "
+                        "--rows) the rows every run has")
     args = p.parse_args(argv)
     try:
         runs = [load(path) for path in args.result]
         if args.shared:
             runs = shared_cells(runs)
-        shared = cells(runs)
-        first = runs[0]["workloads"][shared[0][0]][shared[0][1]]["rows"]
-        rows = args.rows.split(",") if args.rows else [r for r in first if r != BASELINE]
+        rows = args.rows.split(",") if args.rows else default_rows(runs, args.shared)
         for path in args.result:
             commit = path.parent / "COMMIT"
             print(f"- {path}" + (f" (commit {commit.read_text().strip()[:7]})" if commit.exists() else ""))

@@ -202,6 +202,9 @@ case "${1:-}" in
   piece)
     n=$(printf "%02d" "$2")
     P=${PIECES:-.carry}
+    # a later piece onto no file means piece 0 never ran (session 35: its call got no machine, the next one
+    # started a fresh machine, and pieces 1-8 made a 436 MB file that was no GGUF): refuse, start again at 0
+    if [ "$2" != 0 ] && [ ! -f "$MODEL" ]; then echo "piece $2: no $MODEL (piece 0 did not run here): upload from 0"; exit 2; fi
     if [ "$2" = 0 ]; then cat "$P/q.$n" > "$MODEL"; else cat "$P/q.$n" >> "$MODEL"; fi
     ls -la "$MODEL"
     if [ -n "$SHA" ]; then echo "$SHA  $MODEL" | sha256sum -c - 2>/dev/null || true; fi

@@ -103,3 +103,24 @@ def test_shared_pools_the_cells_every_run_has(tmp_path, capsys):
     alone.write_text(json.dumps(result([1.0], [1.0], levels=("8",))))
     with pytest.raises(SystemExit):
         main([str(full), str(alone), "--shared"])
+
+
+def test_shared_pools_by_default_the_rows_every_run_has(tmp_path, capsys):
+    """--shared without --rows: runs with different diagnostic rows pool the rows they share and leave the
+    others out; without --shared the first row a run lacks is refused, as before."""
+    one, two = result([0.95, 0.96], [1.0, 1.0]), result([1.05, 1.06], [1.0, 1.0])
+    for cell in one["workloads"]["coding.eval"].values():
+        cell["rows"]["uncut"] = cell["rows"]["dspark"]
+    for cell in two["workloads"]["coding.eval"].values():
+        cell["rows"]["quarter"] = cell["rows"]["dspark"]
+    paths = []
+    for name, r in (("one.json", one), ("two.json", two)):
+        (tmp_path / name).write_text(json.dumps(r))
+        paths.append(str(tmp_path / name))
+    with pytest.raises(SystemExit):
+        main(paths + ["--resamples", "200"])                # run 2 has no row 'uncut'
+    capsys.readouterr()
+    assert main(paths + ["--shared", "--resamples", "200"]) == 0
+    out = capsys.readouterr().out
+    tables = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| ") and " c = " in line]
+    assert tables == ["| none-aa", "| dspark"]
