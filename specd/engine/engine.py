@@ -309,6 +309,7 @@ class SpecEngine(GateSteps):
         caused). Returns whether anything was held."""
         if self.scheduler.has_work():
             return False
+        self._fold(self._rest_chain)     # idle: a rest span kept over its emptied batch (``_keeps_span``) ends
         return self.blocks.release_reserve()
 
     def only_parked(self) -> bool:
@@ -387,8 +388,8 @@ class SpecEngine(GateSteps):
         if self._scheduled_step:
             self._update_overhead(batch, t6 - t0, timed)
         self._observe_gate(batch, {id(s.seq): len(toks) for s, toks in emitted}, t6 - t0, timed)
-        if self._rest_chain is not None and not self.scheduler.running:
-            self._fold(self._rest_chain)     # the batch is gone: the gate's stats hold every step of it
+        if not self.scheduler.running:
+            self._keeps_span()       # the batch is gone: the gate's stats hold every step of it
         return outputs
 
     def _cold_events(self) -> int:

@@ -1679,6 +1679,7 @@ def test_a_recurring_prompt_class_drafts_its_exploration_where_its_cell_rests_an
         while engine.has_work():
             engine.step()
         assert engine.stats()["spec_gate_dspark_b2_drafting"] == 0
+        engine.step()        # idle: the teaching batch's rest span ends (else y1 would join it, y2 not)
         before = engine.stats()["spec_gate_dspark_b2_draft_samples"]
         explored = engine.stats()["spec_class_explore_steps_total"]
         got, seqs = serve("spec-", "dspark")
@@ -2227,6 +2228,7 @@ def test_a_span_renews_its_lease_without_walking_the_batch_and_keeps_only_its_me
     engine._gate_group = counted
 
     def serve(tag: str) -> tuple[dict, dict]:
+        engine.step()        # idle: each serve starts without the last one's span (kept over its emptied batch)
         got, before = collections.defaultdict(list), engine.stats()
         params = SamplingParams(temperature=0.0, max_tokens=3 * SPAN_STEPS + 8, ignore_eos=True)
         for i, prompt in enumerate(prompts):
@@ -2315,3 +2317,68 @@ def test_renewing_a_span_changes_no_decision_of_a_gate_that_probes():
     out, caps, counts, drafted = serve(True)
     assert drafted["probe"] > 5 and counts["spec_rest_span_steps_total"] > 2 * 32
     assert (out, caps, counts, drafted) == serve(False)
+
+
+def test_a_rest_span_goes_on_through_an_emptied_batch_until_the_engine_idles():
+    """At c = 1 every request empties the batch. A rest span keeps its lease over the emptied batch
+    (``GateSteps._keeps_span``), so the next request of its key, admitted before the next step, joins it
+    (``_join_span``): a closed loop asks the gate in full (``_gate_group``) during its first request only,
+    the later requests' steps are span steps, prompt steps too, and the outputs are plain decoding's. The
+    gate has every leased step whenever the batch empties. A `none` request admitted into the emptied span
+    ends it (a span over no request of its key), and so does an idle step."""
+    from resting_probe_engine import BASE, resting_engine
+
+    from specd.engine.request import Request
+    from specd.engine.spec_gate import SPAN_STEPS
+    from specd.sampling_params import SamplingParams
+
+    engine = resting_engine(1, num_local_blocks=512)
+    prompts = [engine.tokenizer.encode(p) for p in BASE[:4]]
+    walks: list[int] = []
+    inner = engine._gate_group
+
+    def counted(batch, group):
+        walks.append(engine._counters["steps_total"])
+        return inner(batch, group)
+    engine._gate_group = counted
+
+    def loop(spec: str, n: int) -> tuple[list[list[int]], list[tuple[int, int, int]]]:
+        got, ends = [], []
+        for i in range(n):
+            params = SamplingParams(temperature=0.0, max_tokens=12 + 5 * i, ignore_eos=True)
+            engine.add_request(Request(f"{spec}{len(walks)}-{i}", prompts[i % 4], params, speculation=spec))
+            tokens: list[int] = []
+            while engine.has_work():
+                for out in engine.step():
+                    tokens += out.token_ids
+            got.append(tokens)
+            c = engine._counters
+            ends.append((c["steps_total"], c["spec_rest_span_steps_total"], c["spec_paused_steps_total"]))
+            chain = engine._rest_chain
+            if spec == "dspark" and i:
+                assert chain is not None and chain.span and chain.lease > 0      # kept over the emptied batch
+                assert chain.leased == 0 and not chain.pending                     # and folded into the gate
+        return got, ends
+
+    want, _ = loop("none", 6)
+    engine.step()                                    # idle
+    walks.clear()
+    got, ends = loop("dspark", 6)
+    paused_before = engine.stats()["spec_paused_steps_total"]
+    assert got == want
+    assert walks and max(walks) < ends[0][0], (walks, ends)      # the full path during the first request only
+    steps, span, paused = (ends[-1][k] - ends[0][k] for k in range(3))
+    # every later step rested, all in spans but each lease's renewal (one in SPAN_STEPS decode steps)
+    assert paused == steps and steps - steps // SPAN_STEPS - 1 <= span < steps, (steps, span, paused)
+    # a `none` request admitted into the emptied span ends it; its steps rest nothing
+    engine.add_request(Request("plain", prompts[0], SamplingParams(temperature=0.0, max_tokens=8), speculation="none"))
+    assert engine._rest_chain.lease == 0 and engine._rest_chain.broken
+    while engine.has_work():
+        engine.step()
+    assert engine.stats()["spec_paused_steps_total"] == paused_before
+    # an idle step ends a kept span's lease, and so does the server's idle poll (``release_idle``)
+    for idle in (engine.step, engine.release_idle):
+        loop("dspark", 2)
+        assert engine._rest_chain.lease > 0
+        idle()
+        assert engine._rest_chain is None or engine._rest_chain.lease == 0
