@@ -740,7 +740,9 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                     freeze_heap(f"the warm-ups of {name} c={level}")
                 for rep in range(args.repeats):
                     for row in repeat_order(rows, rep):
-                        with profiles.timed(row, level), torch_profiles.timed(row, level), \
+                        # torch.profiler outside cProfile: its post-processing (key_averages, at its exit)
+                        # filled session 35's cProfile tables (run DA) when cProfile was the outer one
+                        with torch_profiles.timed(row, level), profiles.timed(row, level), \
                                 row_gate(engine, row, own_gates):
                             r = run_closed_loop(engine, prompts, row_fields(row, cap), level,
                                                 f"{name}-{level}-{row}-{rep}", queued)

@@ -279,15 +279,17 @@ def test_a_cell_runs_at_least_waves_requests_per_slot():
 def test_the_resting_row_never_drafts_and_torch_profile_sets_rows_side_by_side(tmp_path):
     """dspark-resting: scheduled dspark behind a gate that never drafts, captures no prompt and runs the
     steady rest, with the same outputs' lengths as `none` and no verification; it is no default row.
-    --torch-profile: one table per concurrency with both rows' ops (the model's linear layers among them)."""
+    --torch-profile: one table per concurrency with both rows' ops (the model's linear layers among them);
+    with --profile beside it, the cProfile tables hold the runs, not the torch profiler's post-processing."""
     from bench.speedup import DEFAULT_ROWS
 
     assert "dspark-resting" not in DEFAULT_ROWS
     greedy = _sessions(tmp_path / "stories-greedy.jsonl", "greedy", 0.0)
-    out, prof = tmp_path / "out", tmp_path / "tprof"
+    out, prof, cprof = tmp_path / "out", tmp_path / "tprof", tmp_path / "cprof"
     rc = bench_main(["speedup", "--model", str(MODEL), "--drafters", f"dspark={DRAFTER}", "--workloads", str(greedy),
                      "--concurrency", "2", "--rows", "none,dspark-resting", "--requests", "4", "--max-tokens", "12",
-                     "--repeats", "1", "--warmup-tokens", "2", "--torch-profile", str(prof), "--out", str(out)])
+                     "--repeats", "1", "--warmup-tokens", "2", "--torch-profile", str(prof), "--profile", str(cprof),
+                     "--out", str(out)])
     assert rc == 0
     cell = json.loads((out / "speedup.json").read_text())["workloads"]["stories-greedy"]["2"]["rows"]
     for run in cell["dspark-resting"]["runs"]:
@@ -303,6 +305,9 @@ def test_the_resting_row_never_drafts_and_torch_profile_sets_rows_side_by_side(t
     assert "dspark-resting device ms" in text and "none device ms" in text
     ops = [line for line in text.splitlines() if line.startswith("| `aten::")]
     assert len(ops) >= 20                                  # the model's ops, under both tables
+    for path in cprof.iterdir():                           # session 35, run DA: key_averages led its tables
+        text = path.read_text()
+        assert "(step)" in text and "key_averages" not in text and "profiler_util" not in text, path.name
 
 
 def test_the_rejection_rows_verify_greedy_drafts_through_the_rejection_sampler(tmp_path, monkeypatch):
