@@ -378,7 +378,8 @@ class GateSteps:
         return True
 
     def _join_span(self, seq: Sequence) -> None:
-        """A request admitted during a rest span (``add_request``, once it is queued): `none` passes; a request
+        """A request admitted during a rest span (``add_request``, once it is queued): `none` passes (but ends a
+        span whose batch emptied, ``_keeps_span``: it would rest no request of its key); a request
         of the span's key joins when the most its record can reach folds into the rest's bound at the span's
         bucket (``SpecGate.join_rest``: not when its class explores), and its
         prompt then captures nothing, as ``_rest_prompts`` would decide; anything else ends the span at
@@ -386,12 +387,7 @@ class GateSteps:
         chain = self._rest_chain
         if chain is None or not chain.span or not chain.lease:
             return
-        if chain.gate is not self.spec_gate:     # the gate was swapped: the span ends at its next step anyway
-            chain.lease, chain.broken = 0, True
-            return
-        if seq.method == "none":
-            if chain.emptied:        # it would be a span over no request of its key: the lease has nothing to rest
-                chain.lease, chain.broken = 0, True
+        if seq.method == "none" and not chain.emptied:
             return
         # weighed at the span's bucket, not at the queue's size now: in a closed loop the requests that
         # finished in one step are replaced one by one, so the first replacements see a smaller load
@@ -399,7 +395,9 @@ class GateSteps:
         # the bucket ends the span at its first step (``_span_rests``)
         record, gate = seq.gate_acceptance, self.spec_gate
         group = record.group
-        if seq.gate_key != chain.key:
+        # a swapped gate ends the span at its next step anyway; a `none` request into an emptied span would
+        # leave it over no request of its key, with nothing to rest
+        if chain.gate is not gate or seq.gate_key != chain.key:
             joins = False
         elif record.fresh and chain.classes.get(id(group)) is group and not gate.explores(record):
             joins = gate.rejoin_rest(chain.key, chain.bucket)   # its class's top is in the bound already
@@ -458,7 +456,7 @@ class GateSteps:
             chain.gate.fold_rest(chain.key, chain.size, chain.leased, chain.pending)
             chain.leased, chain.pending = 0, []
         if not keep_lease:
-            chain.lease = 0
+            chain.lease, chain.emptied = 0, False     # ``emptied`` lives with a kept lease only
 
     def _keeps_span(self) -> None:
         """The batch emptied at this step's end: the gate takes the chain's leased steps now, so its stats
