@@ -143,6 +143,9 @@ class SpecEngine(GateSteps):
         self._rest_chain = None                 # the last step rested a whole gated group (gating.RestChain)
         self._lease_step = None                 # this step rests on that chain's lease (``GateSteps._fold``)
         self._whole_rest = False                # this step: the lease rests the whole batch (``_rests_whole_batch``)
+        self._span_step = None                  # this step rests in that span; bookkept after launch (``_span_books``)
+        self._span_observe = None               # this step is that span's leased rest (``_observe_span``)
+        self._span_sample = None                # a span step's plain sample, for its lease's samples (``_observe_span``)
         self.rest_spans = True                  # whole-batch leases may span prompt steps and admissions (``_span_rests``)
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
@@ -341,6 +344,7 @@ class SpecEngine(GateSteps):
         plan = self._plan_sampling(batch)        # uploaded before the forward: its launches queue behind it
         t1 = time.perf_counter()
         logits, captured = self.runner.run(batch, capture)
+        self._span_books()           # a rest span's step: its bookkeeping, while the GPU runs the forward
         tc = time.perf_counter()
         self._commit_held()          # the last step's full blocks, while the GPU runs this forward
         self.blocks.drain_in_forward()   # and kvd's answers that have come (duplicates' slots: after it)
@@ -441,6 +445,7 @@ class SpecEngine(GateSteps):
         the fixed ones keep their γ drafts. A rest lease over the whole batch returns before any walk
         over it (``_rests_whole_batch``)."""
         self._whole_rest = False     # set per step, here, so no step inherits it (``_feature_proposers``)
+        self._span_step = self._span_observe = None   # nor a span's bookkeeping from a step that never launched
         if self._span_rests(batch) or self._decode_step and self._rests_whole_batch(batch):
             return
         by_method: dict[str, list[ScheduledSeq]] = {}

@@ -86,7 +86,11 @@ class GateSteps:
         False), or one where a rest began by absorbing features (``_rest``: a drafter pass in a resting
         step) says nothing about either arm's cost; the requests' acceptance is still recorded. A pure
         decode step that drafted for nobody but captured or absorbed features for a gate key
-        (``_gate_capturing``) is charged to that key's next drafting sample (``SpecGate.charge``)."""
+        (``_gate_capturing``) is charged to that key's next drafting sample (``SpecGate.charge``).
+        A rest span's decode step (``_span_books`` names its chain) takes a shorter way, ``_observe_span``."""
+        if self._span_observe is not None:
+            self._observe_span(len(batch), emitted, seconds, timed)
+            return
         arms, self._gate_arms = self._gate_arms, {}
         leased, self._lease_step = self._lease_step, None
         self._resting = set()
@@ -117,6 +121,33 @@ class GateSteps:
             drafters = Drafters(len(seqs), sum(emitted.get(id(s), 1) for s in seqs),
                                 sum(drafts.get(id(s), 0) for s in seqs)) if drafted else None
             self.spec_gate.observe(method, len(batch), drafted, tokens, seconds, drafters)
+
+    def _observe_span(self, size: int, emitted: dict[int, int], seconds: float, timed: bool) -> None:
+        """A rest span's decode step, reported as ``_observe_gate``'s leased arm would report it, without its
+        per-step state: the step rested the whole batch before any of that state was set (nothing drafted,
+        captured, absorbed or profiled), so there is nothing to reset. A timed step's plain sample is kept for
+        the lease's fold; at the lease's last step it is folded now, as before. Otherwise the sample waits in
+        ``_span_sample`` and goes into the lease's samples in the next step's forward shadow
+        (``_span_books``), or first thing at any fold (``_fold``): the gate reads a lease's samples only at
+        its fold, so it takes the same samples, in the same order.
+        Why: this runs after the step's forward has been waited for, on the step's critical path. On the
+        H200 (session 35, run CZ, c = 1) the resting row's runs spent +9 µs a step over `none` there, where
+        ``_observe_gate`` costs ~2 µs more than `none`'s on the CPU probe: cold caches after the forward."""
+        chain, self._span_observe = self._span_observe, None
+        if not timed:                # a step that captured a graph or built a kernel: no sample
+            return
+        if chain.lease:
+            self._span_sample = (chain, size, emitted, seconds)
+            return
+        chain.pending.append((size, sum(emitted.values()), seconds))
+        self._fold(chain)            # the lease's last step
+
+    def _take_span_sample(self) -> None:
+        """The last rest-span step's plain sample (``_observe_span``) into its lease's samples."""
+        held, self._span_sample = self._span_sample, None
+        if held is not None:
+            chain, size, emitted, seconds = held
+            chain.pending.append((size, sum(emitted.values()), seconds))
 
     @staticmethod
     def _pools(seq: Sequence) -> bool:
@@ -340,21 +371,36 @@ class GateSteps:
             chain.records = [s.seq.gate_acceptance for s in batch if s.seq.gate_key == chain.key]
             chain.size, chain.count = len(batch), len(chain.records)
             return self._renews_span(batch, chain)
+        self._whole_rest = True
+        self._span_step = chain      # its bookkeeping waits for the forward's launch (``_span_books``)
+        return True
+
+    def _span_books(self) -> None:
+        """The bookkeeping of a step that ``_span_rests`` took, run once the step's forward is launched
+        (``SpecEngine.step``), so that on the GPU it runs while the forward does instead of before it: the
+        step counts, the chain's step, and at a decode step the lease taken and the step reported as a leased
+        rest (``_observe_gate``). Nothing between ``_add_drafts`` and the launch reads any of it: the whole
+        rest (``_whole_rest``, set at once) already keeps ``_rest_prompts`` and the capture from the batch.
+        Why: at c = 1 on the H200 (session 35, run CZ) the resting row's runs spent +16 µs a step scheduling
+        over `none` where the CPU probe shows ~4 µs: the step's Python runs there with caches gone cold
+        during the forward, and all of it before the launch is on the step's critical path."""
+        if self._span_sample is not None:
+            self._take_span_sample()     # the last span step's sample, here in the shadow too
+        chain, self._span_step = self._span_step, None
+        if chain is None:
+            return
+        counters = self._counters
         counters["spec_paused_steps_total"] += 1
         counters["spec_rest_again_steps_total"] += 1
         counters["spec_rest_span_steps_total"] += 1
         chain.step += 1
-        self._whole_rest = True
         if self._decode_step:
             chain.owed += 1
             chain.lease -= 1
             chain.leased += 1
             counters["spec_rest_leased_steps_total"] += 1
             counters["spec_rest_whole_batch_steps_total"] += 1
-            self._lease_step = chain
-            self._gate_arms[chain.key] = False
-            self._resting_keys.add(chain.key)
-        return True
+            self._span_observe = chain   # reported as a leased rest (``_observe_span``)
 
     def _renews_span(self, batch: list[ScheduledSeq], chain: RestChain) -> bool:
         """A span whose lease ran out at a pure decode step, in its bucket, with every request of the batch
@@ -450,6 +496,8 @@ class GateSteps:
         through a prompt step, and when the engine idles (``SpecEngine.step``). ``keep_lease``: the gate
         takes the steps so far and the lease goes on; ``SpecEngine.step`` asks this of a rest span when its
         batch empties (``_keeps_span``)."""
+        if self._span_sample is not None:
+            self._take_span_sample()     # a span step's sample still held (``_observe_span``) comes first
         if chain is None:
             return
         if chain.leased:

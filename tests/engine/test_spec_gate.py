@@ -2383,3 +2383,63 @@ def test_a_rest_span_goes_on_through_an_emptied_batch_until_the_engine_idles():
         idle()
         chain = engine._rest_chain           # and its flag, so a later span on this chain is no emptied one
         assert chain is None or (chain.lease == 0 and not chain.emptied)
+
+
+def test_a_span_steps_bookkeeping_waits_for_the_forward_launch_and_its_sample_for_the_next_step():
+    """A rest span's step decides before the forward (``_span_rests``: nothing drafts) and keeps its counts
+    and its lease's step for after the launch (``_span_books``), so on the GPU they run while the forward
+    does; its plain sample is held at the step's end (``_observe_span``) and taken into the lease's samples in
+    the next step's forward, or at the fold. The gate still gets every leased step's sample by the end of the
+    batch, and the tokens are plain decoding's."""
+    from resting_probe_engine import BASE, resting_engine
+
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    engine = resting_engine(1, num_local_blocks=512)
+    prompt = engine.tokenizer.encode(BASE[0])
+    seen: list[tuple] = []                    # at each launch: a span step's books pending, counted so far
+    run = engine.runner.run
+
+    def launched(batch, capture):
+        chain = engine._span_step
+        held = engine._span_sample
+        seen.append((chain is not None, engine._counters["spec_rest_span_steps_total"],
+                     None if held is None else len(held[0].pending)))
+        return run(batch, capture)
+    engine.runner.run = launched
+
+    folded: list[int] = []
+    fold = engine.spec_gate.fold_rest
+
+    def counted(method, sequences, steps, samples):
+        assert len(samples) == steps          # every leased step is sampled (no graph captures on the CPU)
+        folded.append(steps)
+        return fold(method, sequences, steps, samples)
+    engine.spec_gate.fold_rest = counted
+
+    def serve(spec: str) -> list[int]:
+        engine.add_request(Request(f"{spec}-{len(seen)}", list(prompt), SamplingParams(
+            temperature=0.0, max_tokens=70, ignore_eos=True), speculation=spec))
+        tokens: list[int] = []
+        while engine.has_work():
+            for out in engine.step():
+                tokens += out.token_ids
+        return tokens
+
+    want = serve("none")
+    for _ in range(2):                        # the second request's steps are span steps (a kept span)
+        got = serve("dspark")
+        assert got == want
+    spans = [s for s in seen if s[0]]
+    assert len(spans) > 40, seen
+    after = engine._counters["spec_rest_span_steps_total"]
+    counts = [s[1] for s in spans]
+    # at each span step's launch its own count has not been taken yet: the counts go up one a step after it
+    assert all(b - a >= 1 for a, b in zip(counts, counts[1:])) and counts[-1] < after
+    # the last span step's sample is held at the next launch, not yet in the lease's samples
+    held = [s for s in spans if s[2] is not None]
+    assert held, spans
+    engine.step()                             # idle: the lease ends, the held sample goes first into its fold
+    assert engine._span_sample is None and engine._rest_chain is None or engine._rest_chain.leased == 0
+    assert sum(folded) == engine._counters["spec_rest_leased_steps_total"], (folded, engine._counters)
