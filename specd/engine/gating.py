@@ -226,8 +226,9 @@ class GateSteps:
 
     def _rests_again(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], chain: "RestChain | None") -> bool:
         """The steady rest, without a pass over the group: when the previous step rested this whole group
-        on the gate's answer (``chain``), this is the next pure decode step in the same load bucket, and
-        the gate is sure it rests again (``SpecGate.rests_again``), the group rests: records aged, features
+        on the gate's answer (``chain``), this is the next pure decode step in the same load bucket (or a
+        smaller one, as the batch drains: ``SpecGate.carries_rest``), and the gate is sure it rests again
+        (``SpecGate.rests_again``), the group rests: records aged, features
         not captured (``_resting_keys``), the step reported under the resting arm, as ``_gate_group``'s full
         path would. On consecutive pure decode steps the group can only lose requests: one leaves by
         finishing or by preemption and joins with a prompt chunk (no pure decode step). The same batch
@@ -246,12 +247,18 @@ class GateSteps:
         # Asked first: a leased step has the chain's sizes, so its bucket and sizes need no check
         leased = self._lease_covers(chain, size, count)
         if not leased:
-            if load_bucket(size) != chain.bucket or size > chain.size or count > chain.count:
+            bucket = load_bucket(size)
+            if bucket > chain.bucket or size > chain.size or count > chain.count:
                 return False
             self._fold(chain)
-            exact = chain.exact and size == chain.size and count == chain.count
-            if not self.spec_gate.rests_again(chain.key, size, subset=not exact):
-                return False
+            if bucket != chain.bucket:       # the batch drained into a smaller bucket (``SpecGate.carries_rest``)
+                if not self.spec_gate.carries_rest(chain.key, chain.bucket, size):
+                    return False
+                chain.bucket, exact = bucket, False
+            else:
+                exact = chain.exact and size == chain.size and count == chain.count
+                if not self.spec_gate.rests_again(chain.key, size, subset=not exact):
+                    return False
         counters["spec_paused_steps_total"] += 1
         counters["spec_rest_again_steps_total"] += 1
         chain.owed += 1          # this step's aging (those that left since owe it too: nobody reads them)
@@ -413,7 +420,7 @@ class GateSteps:
         ``_add_drafts`` took ~68 µs (median of 24) against ~78 through the full path, once every 32 decode
         steps; most of what is left is ``RestChain.settle`` and ``_may_span``."""
         size = len(batch)
-        if not self._decode_step or chain.count != size or load_bucket(size) != chain.bucket:
+        if not self._decode_step or chain.count != size or load_bucket(size) > chain.bucket:
             return False
         self._rest_chain = None
         if not self._rests_again(batch, batch, chain):

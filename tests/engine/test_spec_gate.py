@@ -1103,6 +1103,10 @@ class ScriptedGate:
         """Every step is asked in full (the script's next arm)."""
         return False
 
+    def carries_rest(self, method, bucket, sequences):
+        """Nor is a drained batch's rest carried into its smaller bucket."""
+        return False
+
     def record(self, method, prompt):
         from specd.engine.spec_gate import Acceptance
         return Acceptance()
@@ -2443,3 +2447,88 @@ def test_a_span_steps_bookkeeping_waits_for_the_forward_launch_and_its_sample_fo
     engine.step()                             # idle: the lease ends, the held sample goes first into its fold
     assert engine._span_sample is None and engine._rest_chain is None or engine._rest_chain.leased == 0
     assert sum(folded) == engine._counters["spec_rest_leased_steps_total"], (folded, engine._counters)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 40), st.floats(0, 12), st.floats(0, 60), st.floats(0, 20),
+                          st.floats(0, 30), st.floats(0, 10), st.booleans(), st.booleans()), min_size=1, max_size=12),
+       st.floats(1.0, 8.0), st.floats(1.0, 8.0))
+@example([(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, False, False)], 1.0, 8.0)
+def test_a_carried_rest_bound_covers_every_estimate_at_the_smaller_cell(records, high_prior, low_prior):
+    """``SpecGate.carries_rest`` takes the larger cell's rest bound raised by how much more the smaller cell's
+    drafting prior is: no request's highest estimate at the smaller cell (``_acceptance(highest=True)``,
+    what the full question would bound by) may lie above it, whatever the requests' own, class and
+    prompt-less records. Fails without the raise (a smaller cell with the higher prior)."""
+    from specd.engine.spec_gate import Acceptance, Cell, ClassRecord, carried_bound
+
+    gate = SpecGate()
+    cells = []
+    for prior in (high_prior, low_prior):
+        cell = Cell(wait=10)
+        cell.draft.drafter_tokens, cell.draft.drafter_steps = prior * 4.0, 4.0
+        cells.append(cell)
+    requests = []
+    for tok, steps, gtok, gsteps, ptok, psteps, has_class, lacks in records:
+        group = ClassRecord(tokens=gtok, steps=gsteps) if has_class else None
+        if group is not None:
+            group.promptless_tokens, group.promptless_steps = ptok, psteps
+        requests.append(Acceptance(tokens=tok, steps=steps, group=group, lacks_prompt=lacks))
+    high_top = gate._acceptance(cells[0], requests, len(requests), highest=True)[1]
+    low_top = gate._acceptance(cells[1], requests, len(requests), highest=True)[1]
+    cells[0].rest_bound = (high_top, high_top)
+    carried = carried_bound(cells[0], cells[1])
+    note(f"high {high_top}, low {low_top}, carried {carried}")
+    assert low_top <= carried + 1e-9
+
+
+def test_a_draining_batch_carries_its_rest_into_the_smaller_bucket():
+    """As the batch drains out of a rest span's bucket, the rest goes on in the smaller bucket without a
+    full walk of the batch (``_gate_group``) when the smaller cell rests too (``SpecGate.carries_rest``): one
+    asked step per bucket change instead of a walk and a second step. The tokens are plain decoding's. At
+    the gate: an admission since the bound was taken, or a smaller cell with no bound to compare (no
+    drafting sample), refuses the carry."""
+    from resting_probe_engine import BASE, resting_engine, taught_to_rest
+
+    from specd.engine.request import Request
+    from specd.engine.spec_gate import carried_bound
+    from specd.sampling_params import SamplingParams
+
+    engine = resting_engine(8, num_local_blocks=1024)
+    prompts = [engine.tokenizer.encode(p) for p in BASE]
+    walks: list[int] = []
+    inner = engine._gate_group
+
+    def counted(batch, group):
+        walks.append(len(batch))
+        return inner(batch, group)
+    engine._gate_group = counted
+
+    def serve(spec: str) -> tuple[list[list[int]], list[int]]:
+        walks.clear()
+        for i, p in enumerate(prompts):        # 8 requests of 10-66 tokens: the batch drains 8 -> 1
+            engine.add_request(Request(f"{spec}-{i}", list(p), SamplingParams(
+                temperature=0.0, max_tokens=10 + 8 * i, ignore_eos=True), speculation=spec))
+        got: dict[str, list[int]] = {}
+        while engine.has_work():
+            for out in engine.step():
+                got.setdefault(out.id, []).extend(out.token_ids)
+        engine.step()                          # idle
+        return [got[k] for k in sorted(got)], list(walks)
+
+    want, _ = serve("none")
+    serve("dspark")                            # the gate's cells at every bucket of the drain settle
+    got, walked = serve("dspark")
+    assert got == want
+    # the first decode step walks the full batch; the drain's bucket changes (8 -> 7, 4 -> 3, 2 -> 1) do not
+    assert walked and all(size == 8 for size in walked), walked
+
+    gate = taught_to_rest(SpecGate(probe_every=100_000, probe_max=100_000), 16)
+    records = [gate.record("dspark", [1, 2, 3]) for _ in range(3)]
+    assert not gate.should_draft("dspark", 16, requests=records)          # a rest, with its bound
+    high = gate.cells[("dspark", 16)]
+    low = gate.cells[("dspark", 4)]
+    clock = low.clock
+    assert gate.carries_rest("dspark", 16, 5)
+    assert low.rest_bound == (carried_bound(high, low),) * 2 and low.clock == clock + 1
+    gate.record("dspark", [4, 5, 6])                                      # an admission since the bound
+    assert not gate.carries_rest("dspark", 16, 3)
