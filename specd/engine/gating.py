@@ -136,11 +136,9 @@ class GateSteps:
         chain, self._span_observe = self._span_observe, None
         if not timed:                # a step that captured a graph or built a kernel: no sample
             return
-        if chain.lease:
-            self._span_sample = (chain, size, emitted, seconds)
-            return
-        chain.pending.append((size, sum(emitted.values()), seconds))
-        self._fold(chain)            # the lease's last step
+        self._span_sample = (chain, size, emitted, seconds)
+        if not chain.lease:
+            self._fold(chain)        # the lease's last step: the fold takes the held sample first
 
     def _take_span_sample(self) -> None:
         """The last rest-span step's plain sample (``_observe_span``) into its lease's samples."""
@@ -410,7 +408,8 @@ class GateSteps:
             self._span_observe = chain   # reported as a leased rest (``_observe_span``)
 
     def _renews_span(self, batch: list[ScheduledSeq], chain: RestChain) -> bool:
-        """A span whose lease ran out at a pure decode step, in its bucket, with every request of the batch
+        """A span whose lease ran out at a pure decode step, in its bucket or a smaller one (the batch drains:
+        ``SpecGate.carries_rest``), with every request of the batch
         under its key (``chain`` just made a plain chain of it, by ``_span_rests``): asked here as the full path
         would ask it (``_rests_again``: the gate's ``rests_again`` for a subset, then a new lease, and a new span
         where ``_may_span`` allows), before any walk over the batch. True: the step is taken (a whole-batch

@@ -572,10 +572,20 @@ class SpecGate:
         Then the full question would rest too, and it advances the clock as it would. The caller vouches
         for "the same requests" or a subset (the engine: consecutive pure decode steps, ``RestChain``)."""
         cell = self.cells.get((method, load_bucket(sequences)))
-        if (cell is None or cell.rest_bound is None or cell.rest_admitted != self.admitted or cell.probe_left
-                or cell.clock == 0 or cell.clock + 1 >= cell.wait):
+        if cell is None or cell.rest_bound is None or cell.rest_admitted != self.admitted or not self._steady(cell):
             return False
-        acceptance = cell.rest_bound[1 if subset else 0]
+        return self._rests_at(cell, cell.rest_bound[1 if subset else 0], sequences)
+
+    @staticmethod
+    def _steady(cell: Cell) -> bool:
+        """Between probes: none running or due at the next step, and not the first step after one (whose
+        fresh clock ``should_draft`` sets the next wait from)."""
+        return not cell.probe_left and cell.clock != 0 and cell.clock + 1 < cell.wait
+
+    def _rests_at(self, cell: Cell, acceptance: float, sequences: int) -> bool:
+        """The rest ``rests_again`` and ``carries_rest`` answer once sure of the requests' bound: False where
+        drafting at ``acceptance`` would beat plain decoding; else the step's basis and clock, as
+        ``should_draft``'s winner would take them, and True."""
         predicted = cell.draft_rate(acceptance)
         if cell.beats_plain(predicted, self.margin):
             return False
@@ -601,20 +611,14 @@ class SpecGate:
         a third of the resting row's excess over `none` there."""
         high = self.cells.get((method, bucket))
         low = self.cells.get((method, load_bucket(sequences)))
-        if (high is None or low is None or low is high or high.rest_bound is None
-                or high.rest_admitted != self.admitted or self._exploring(low) is not None or low.probe_left
-                or low.clock == 0 or low.clock + 1 >= low.wait):
+        if (high is None or low is None or low is high or high.rest_admitted != self.admitted
+                or self._exploring(low) is not None or not self._steady(low)):
             return False
         top = carried_bound(high, low)
-        if top is None:
-            return False
-        predicted = low.draft_rate(top)
-        if low.beats_plain(predicted, self.margin):
+        if top is None or not self._rests_at(low, top, sequences):
             return False
         low.rest_bound, low.rest_admitted = (top, top), self.admitted
-        low.basis = (top, predicted * sequences, low.plain.per_seq_s * sequences)
-        low.clock += 1
-        return not self._drafts(low, "winner", False)
+        return True
 
     def rest_lease(self, method: str, sequences: int, most: int = LEASE_STEPS) -> int:
         """After ``rests_again`` answered yes: how many more steps the same requests may rest without asking
