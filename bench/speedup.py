@@ -467,13 +467,21 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
     return "–" if x is None else format(x, fmt)
 
 
+def run_device(device) -> str:
+    """The name of the card a run timed (``torch.cuda.get_device_name``), or the device type off CUDA."""
+    import torch
+
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
 def render_markdown(result: dict) -> str:
     lines = ["# Speculative decoding speed-up", "", f"Command: `{result['command']}`", ""]
     if "modeled_costs_ms" in result:
         lines += ["**MODELED CLOCK** (`bench.gate_sim`): every time below is a model of a GPU's step costs, "
                   f"host work costs nothing; compare rows, read nothing absolute. Costs (ms): "
                   f"{result['modeled_costs_ms']}.", ""]
-    lines += [f"Model `{result['model']}`"
+    lines += [f"Model `{result['model']}`" + (f" on {result['device']}" if result.get("device") else "")
               + ("; norms and rotary as one-launch kernels" if result.get("fused_elementwise")
                  else "; torch norms and rotary (KVSPEC_FUSED=0, or older than session 15)"
                  if "fused_elementwise" in result else "")
@@ -789,6 +797,9 @@ def run(args: argparse.Namespace, prepare=None, note: dict | None = None) -> int
               "repeats": args.repeats, "max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos,
               "prompt_mode": PROMPT_MODE, "tolerance": args.tolerance, "gc": args.gc,
               "cpus": None if args.cpus is None else sorted(os.sched_getaffinity(0)),
+              # the card: a run that asks for one kind may get another (session 37: an H100 where the runs
+              # before were on the H200), and runs of different cards do not pool (bench.speedup_pool)
+              "device": run_device(engine.device),
               # the one-launch norms and rotary (the default since session 15): which model path the run timed
               "fused_elementwise": kernels.fused_elementwise(engine.device), **measure(engine, args)}
     # the drafter's context projection from CUDA graphs (session 29; KVSPEC_ABSORB_GRAPHS=0 keeps it eager)

@@ -49,6 +49,19 @@ def load(path: Path) -> dict:
     return result
 
 
+def one_device(runs: list[dict], paths: list[Path]) -> str | None:
+    """The card every run recorded (``device``, from session 37 on), or None when none did; PoolError when
+    two runs name different cards. Why: a ratio to `none` is a property of one card's step costs and its
+    host, and the gate decides by that card's profile (session 37: on an H100 the gate drafted at c = 32
+    where on the H200 it rested), so runs of two cards are two results, not one sample. Runs without the
+    field (older than session 37) pool with any."""
+    named = {r["device"]: path for r, path in zip(runs, paths) if r.get("device")}
+    if len(named) > 1:
+        raise PoolError("the runs timed different cards: " + ", ".join(f"{p} on {d}" for d, p in named.items())
+                        + " (pass --mixed-devices to pool them anyway)")
+    return next(iter(named), None)
+
+
 def cells(runs: list[dict]) -> list[tuple[str, str]]:
     """(workload, concurrency) of every cell, in the first run's order; every run must have them all."""
     first = [(w, c) for w, levels in runs[0]["workloads"].items() for c in levels]
@@ -216,15 +229,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shared", action="store_true",
                    help="pool the cells every run has, instead of refusing runs of different tables, and (without "
                         "--rows) the rows every run has")
+    p.add_argument("--mixed-devices", action="store_true",
+                   help="pool runs that recorded different cards (refused by default: each card is its own result)")
     args = p.parse_args(argv)
     try:
         runs = [load(path) for path in args.result]
+        if not args.mixed_devices:
+            one_device(runs, args.result)
         if args.shared:
             runs = shared_cells(runs)
         rows = args.rows.split(",") if args.rows else default_rows(runs, args.shared)
-        for path in args.result:
+        for path, run in zip(args.result, runs):
             commit = path.parent / "COMMIT"
-            print(f"- {path}" + (f" (commit {commit.read_text().strip()[:7]})" if commit.exists() else ""))
+            device = run.get("device")
+            print(f"- {path}" + (f" (commit {commit.read_text().strip()[:7]})" if commit.exists() else "")
+                  + (f" on {device}" if device else ""))
         print(f"\nEach cell: the geometric mean of every run's per-repeat ratio to `{BASELINE}` (throughput, then "
               "per user), with a bootstrap 95% interval; ↓ marks a cell whose interval lies below 1.\n")
         for row in rows:

@@ -92,7 +92,9 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     assert result["skipped_rows"] == ["dflash-g7", "eagle3"]            # no drafter given for them
     assert result["fused_elementwise"] is False                         # the torch norms and rotary (CPU)
     assert result["gc"] == "freeze"             # the heap frozen after each cell's warm-ups, as specd does
+    assert result["device"] == "cpu"            # the card's name on CUDA (bench.speedup_pool pools one card)
     md = (out / "speedup.md").read_text()
+    assert f"Model `{MODEL}` on cpu;" in md
     assert "Garbage-collector passes in timed runs (--gc freeze): generation 2: " in md
     assert "Host drift (output and commit ms per step over the row's fastest repeat of the cell), timed runs of 56:" in md
     assert result["cpus"] is None                # unpinned unless --cpus

@@ -124,3 +124,21 @@ def test_shared_pools_by_default_the_rows_every_run_has(tmp_path, capsys):
     out = capsys.readouterr().out
     tables = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| ") and " c = " in line]
     assert tables == ["| none-aa", "| dspark"]
+
+
+def test_runs_of_two_cards_pool_only_when_asked_and_each_file_names_its_card(tmp_path, capsys):
+    paths = []
+    for name, device in (("h200", "NVIDIA H200"), ("h100", "NVIDIA H100 80GB HBM3"), ("old", None)):
+        r = result([1.1, 1.2], [1.0, 1.0])
+        if device:
+            r["device"] = device
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(r))
+    with pytest.raises(SystemExit):
+        main([str(paths[0]), str(paths[1])])
+    assert "different cards" in capsys.readouterr().err
+    assert main([str(paths[0]), str(paths[2]), "--resamples", "200"]) == 0    # a run older than the field pools
+    out = capsys.readouterr().out
+    assert f"{paths[0]} on NVIDIA H200" in out and f"{paths[2]}\n" in out
+    assert main([str(paths[0]), str(paths[1]), "--mixed-devices", "--resamples", "200"]) == 0
+    assert "on NVIDIA H100 80GB HBM3" in capsys.readouterr().out
