@@ -46,6 +46,9 @@ def load(path: Path) -> dict:
         raise PoolError(f"{path}: {e}") from e
     if "workloads" not in result:
         raise PoolError(f"{path} is not a bench speedup result (no 'workloads')")
+    marker = path.parent / "DEVICE"      # a run older than the field, its card written down beside it
+    if not result.get("device") and marker.exists():
+        result["device"] = marker.read_text().strip()
     return result
 
 
@@ -54,7 +57,7 @@ def one_device(runs: list[dict], paths: list[Path]) -> str | None:
     two runs name different cards. Why: a ratio to `none` is a property of one card's step costs and its
     host, and the gate decides by that card's profile (session 37: on an H100 the gate drafted at c = 32
     where on the H200 it rested), so runs of two cards are two results, not one sample. Runs without the
-    field (older than session 37) pool with any."""
+    field (older than session 37) and no ``DEVICE`` file beside them pool with any."""
     named = {r["device"]: path for r, path in zip(runs, paths) if r.get("device")}
     if len(named) > 1:
         raise PoolError("the runs timed different cards: " + ", ".join(f"{p} on {d}" for d, p in named.items())

@@ -142,3 +142,9 @@ def test_runs_of_two_cards_pool_only_when_asked_and_each_file_names_its_card(tmp
     assert f"{paths[0]} on NVIDIA H200" in out and f"{paths[2]}\n" in out
     assert main([str(paths[0]), str(paths[1]), "--mixed-devices", "--resamples", "200"]) == 0
     assert "on NVIDIA H100 80GB HBM3" in capsys.readouterr().out
+    marked = tmp_path / "marked"        # an older run's card, written beside it
+    marked.mkdir()
+    (marked / "speedup.json").write_text(json.dumps(result([1.1, 1.2], [1.0, 1.0])))
+    (marked / "DEVICE").write_text("NVIDIA H100 80GB HBM3\n")
+    with pytest.raises(SystemExit):
+        main([str(paths[0]), str(marked / "speedup.json")])
