@@ -30,6 +30,7 @@ from pathlib import Path
 from bench.stats import bootstrap_bounds, geomean_interval
 
 BASELINE = "none"
+SECOND = "none-aa"       # the A/A row: a second run of the baseline in each repeat (``pooled_cell``'s ``both``)
 RATIOS = (("throughput_ratio", "throughput"), ("per_user_ratio", "per user"))
 
 
@@ -139,38 +140,56 @@ def default_rows(runs: list[dict], shared: bool) -> list[str]:
     return rows
 
 
-def pooled_cell(runs: list[dict], workload: str, level: str, row: str, key: str) -> list[float]:
-    """Every run's per-repeat ratios of ``row`` to the baseline in one cell, for one of RATIOS."""
+def pooled_cell(runs: list[dict], workload: str, level: str, row: str, key: str,
+                both: bool = False) -> list[float]:
+    """Every run's per-repeat ratios of ``row`` to the baseline in one cell, for one of RATIOS. With ``both``,
+    to the geometric mean of the repeat's two baseline runs, `none` and `none-aa` (``SECOND``): the row's
+    ratio to `none` over the square root of `none-aa`'s. Why: both are plain decoding run back to back with
+    the row, so each repeat holds two samples of the baseline, and a ratio to one of them carries that one
+    run's luck whole (session 37, H100 run DF: at creative c = 32 one fast `none` run per repeat put both
+    `dspark` and `none-aa` at 0.88-0.92). The A/A row has no second baseline of its own, so its noise floor
+    is read against `none` alone."""
     out: list[float] = []
     for i, r in enumerate(runs, start=1):
         rows = r["workloads"][workload][level]["rows"]
         if row not in rows:
             raise PoolError(f"run {i} has no row {row!r} at {workload} c = {level} (rows: {', '.join(rows)})")
         ratio = rows[row].get(key)
-        if ratio is not None:
+        if ratio is None:
+            continue
+        if not both:
             out += ratio["per_repeat"]
+            continue
+        if row == SECOND or SECOND not in rows or rows[SECOND].get(key) is None:
+            raise PoolError(f"run {i} has no second baseline {SECOND!r} for {row!r} at {workload} c = {level}")
+        second = rows[SECOND][key]["per_repeat"]
+        if len(second) != len(ratio["per_repeat"]):
+            raise PoolError(f"run {i}: {row!r} and {SECOND!r} ran different repeats at {workload} c = {level}")
+        out += [x / math.sqrt(y) for x, y in zip(ratio["per_repeat"], second)]
     return out
 
 
-def verdicts(runs: list[dict], row: str, resamples: int = 10_000) -> dict[tuple[str, str], dict[str, tuple]]:
+def verdicts(runs: list[dict], row: str, resamples: int = 10_000,
+             both: bool = False) -> dict[tuple[str, str], dict[str, tuple]]:
     """(workload, concurrency) -> ratio name -> (geometric mean, low, high, repeats)."""
     out: dict[tuple[str, str], dict[str, tuple]] = {}
     for workload, level in cells(runs):
         out[workload, level] = {}
         for key, name in RATIOS:
-            ratios = pooled_cell(runs, workload, level, row, key)
+            ratios = pooled_cell(runs, workload, level, row, key, both)
             if ratios:
                 out[workload, level][name] = (*geomean_interval(ratios, resamples), len(ratios))
     return out
 
 
-def across_workloads(runs: list[dict], row: str, key: str, resamples: int = 2000, seed: int = 0) -> dict[str, tuple]:
+def across_workloads(runs: list[dict], row: str, key: str, resamples: int = 2000, seed: int = 0,
+                     both: bool = False) -> dict[str, tuple]:
     """Per concurrency: the geometric mean over workloads of each cell's geometric mean (issue 6's summary
     row), with a bootstrap 95% interval that resamples each cell's repeats on their own (stratified: every
     workload keeps its weight). -> concurrency -> (mean, low, high)."""
     levels: dict[str, list[list[float]]] = {}
     for workload, level in cells(runs):
-        ratios = pooled_cell(runs, workload, level, row, key)
+        ratios = pooled_cell(runs, workload, level, row, key, both)
         if ratios:
             levels.setdefault(level, []).append([math.log(r) for r in ratios])
     def mean_of(samples: list[list[float]]) -> float:
@@ -188,13 +207,14 @@ def mark(lo: float, hi: float) -> str:
     return "slower" if hi < 1.0 else "faster" if lo > 1.0 else ""
 
 
-def table(runs: list[dict], row: str, resamples: int = 10_000) -> tuple[str, dict[str, int]]:
+def table(runs: list[dict], row: str, resamples: int = 10_000, both: bool = False) -> tuple[str, dict[str, int]]:
     """A markdown table of one row's pooled cells (workloads down, concurrencies across) and its counts of
-    cells slower / faster than the baseline (a cell counts once when either ratio is)."""
-    found = verdicts(runs, row, resamples)
+    cells slower / faster than the baseline (a cell counts once when either ratio is); ``both``: against
+    both baseline runs of each repeat (``pooled_cell``)."""
+    found = verdicts(runs, row, resamples, both)
     workloads = list(dict.fromkeys(w for w, _ in found))
     levels = list(dict.fromkeys(c for _, c in found))
-    lines = [f"| {row} | " + " | ".join(f"c = {c}" for c in levels) + " |", "|---" * (len(levels) + 1) + "|"]
+    lines = [f"| {row}{' / (none, none-aa)' if both else ''} | " + " | ".join(f"c = {c}" for c in levels) + " |", "|---" * (len(levels) + 1) + "|"]
     counts = {"cells": 0, "slower": 0, "faster": 0}
     for w in workloads:
         out = []
@@ -210,7 +230,7 @@ def table(runs: list[dict], row: str, resamples: int = 10_000) -> tuple[str, dic
             text = "<br>".join(f"{g:.3f} ({lo:.3f}-{hi:.3f})" for g, lo, hi, _ in cell.values())
             out.append(f"**{text}** ↓" if "slower" in marks else text)
         lines.append(f"| {w} | " + " | ".join(out) + " |")
-    summary = [across_workloads(runs, row, key, min(resamples, 2000)) for key, _ in RATIOS]
+    summary = [across_workloads(runs, row, key, min(resamples, 2000), both=both) for key, _ in RATIOS]
     by_level = []
     for c in levels:
         parts = [f"{s[c][0]:.3f} ({s[c][1]:.3f}-{s[c][2]:.3f})" for s in summary if c in s]
@@ -232,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shared", action="store_true",
                    help="pool the cells every run has, instead of refusing runs of different tables, and (without "
                         "--rows) the rows every run has")
+    p.add_argument("--both-baselines", action="store_true",
+                   help=f"also print each row against both baseline runs of a repeat, {BASELINE!r} and {SECOND!r} "
+                        "(their geometric mean): a second table per row, the A/A row's own against 'none' alone")
     p.add_argument("--mixed-devices", action="store_true",
                    help="pool runs that recorded different cards (refused by default: each card is its own result)")
     args = p.parse_args(argv)
@@ -254,6 +277,11 @@ def main(argv: list[str] | None = None) -> int:
             print(text)
             print(f"\n{row}: {counts['slower']} of {counts['cells']} cells slower than `{BASELINE}`, "
                   f"{counts['faster']} faster.\n")
+            if args.both_baselines and row != SECOND:
+                text, counts = table(runs, row, args.resamples, both=True)
+                print(text)
+                print(f"\n{row}: {counts['slower']} of {counts['cells']} cells slower than both baseline runs "
+                      f"(`{BASELINE}`, `{SECOND}`), {counts['faster']} faster.\n")
     except PoolError as e:
         p.error(str(e))
     return 0

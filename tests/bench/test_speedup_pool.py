@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.speedup_pool import PoolError, main, table
+from bench.speedup_pool import PoolError, main, pooled_cell, table
 
 
 def result(dspark: list[float], aa: list[float], levels=("1", "4")) -> dict:
@@ -148,3 +148,25 @@ def test_runs_of_two_cards_pool_only_when_asked_and_each_file_names_its_card(tmp
     (marked / "DEVICE").write_text("NVIDIA H100 80GB HBM3\n")
     with pytest.raises(SystemExit):
         main([str(paths[0]), str(marked / "speedup.json")])
+
+
+def test_both_baselines_divides_by_the_geometric_mean_of_the_repeats_two_plain_runs(tmp_path, capsys):
+    # repeat 1: dspark 0.90 of a lucky `none`, none-aa 0.81 of it -> 0.90 / 0.9 = 1.0 of the two runs' mean
+    runs = [result([0.90, 1.0], [0.81, 1.0], levels=("16",))]
+    assert pooled_cell(runs, "coding.eval", "16", "dspark", "throughput_ratio", both=True) == pytest.approx([1.0, 1.0])
+    assert pooled_cell(runs, "coding.eval", "16", "dspark", "throughput_ratio") == [0.90, 1.0]
+    with pytest.raises(PoolError):           # the A/A row has no second baseline of its own
+        pooled_cell(runs, "coding.eval", "16", "none-aa", "throughput_ratio", both=True)
+    lone = result([0.9], [1.0], levels=("16",))
+    del lone["workloads"]["coding.eval"]["16"]["rows"]["none-aa"]
+    with pytest.raises(PoolError):
+        pooled_cell([lone], "coding.eval", "16", "dspark", "throughput_ratio", both=True)
+    path = tmp_path / "r.json"
+    # `none` ran fast in every repeat: dspark 0.95-0.96 of it, none-aa that squared, so dspark is the two
+    # plain runs' geometric mean exactly
+    path.write_text(json.dumps(result([0.95, 0.96, 0.94], [0.95 ** 2, 0.96 ** 2, 0.94 ** 2], levels=("16",))))
+    assert main([str(path), "--both-baselines", "--resamples", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "dspark: 1 of 1 cells slower than `none`" in out          # against `none` alone: below 1
+    assert "dspark: 0 of 1 cells slower than both baseline runs" in out   # against both: 1.000
+    assert out.count("| none-aa / (none, none-aa)") == 0
