@@ -27,12 +27,10 @@ a span (``GateSteps._may_span``).
 """
 from __future__ import annotations
 
-import collections
 import gc
 import statistics
-import time
 
-from resting_probe_engine import BASE, probe_arguments, resting_engine, time_methods   # this script's folder
+from resting_probe_engine import BASE, closed_loop, probe_arguments, resting_engine, time_methods   # this folder
 
 METHODS = ("_add_drafts", "_observe_gate", "_rest_prompts", "_capture_layers", "_plan_sampling", "_emit",
            "_update_overhead", "_keep_features", "_sample", "_commit_held")
@@ -44,9 +42,6 @@ def main() -> None:
                                         "equal, the probe before session 31)"),
                            queued=(0, "requests kept waiting in the engine's queue beyond --concurrency (its "
                                       "max_num_seqs), as arrivals that outpace it do (session 33)"))
-    from specd.engine.request import Request
-    from specd.sampling_params import SamplingParams
-
     conc = args.concurrency
     engine = resting_engine(conc)
     spent = time_methods(engine, METHODS, kind=lambda: "decode" if engine._decode_step else "prompt")
@@ -54,24 +49,16 @@ def main() -> None:
     lengths = [max(1, args.max_tokens - args.stagger // 2 + (i * 7) % (args.stagger + 1)) for i in range(len(prompts))]
 
     def run(spec: str, tag: str) -> dict:
-        queue, inflight, admit = collections.deque(range(len(prompts))), 0, 0.0
-        before = dict(engine._counters)
+        before, admitted = dict(engine._counters), {}
         spent.clear()
-        while queue or inflight:
-            while queue and inflight < conc + args.queued:
-                i = queue.popleft()
-                params = SamplingParams(temperature=0.0, max_tokens=lengths[i], ignore_eos=True)
-                t0 = time.perf_counter()
-                engine.add_request(Request(f"{tag}-{i}", list(prompts[i]), params, speculation=spec))
-                admit += time.perf_counter() - t0
-                inflight += 1
-            inflight -= sum(out.finished for out in engine.step())
+        for _ in closed_loop(engine, prompts, lengths, conc, spec, tag, args.queued, admitted):
+            pass
         steps = {kind: engine._counters[f"step_{kind}_steps_total"] - before.get(f"step_{kind}_steps_total", 0)
                  for kind in ("plain", "prompt")}
         out = {(name, kind): 1e6 * s / max(1, steps["plain" if kind == "decode" else "prompt"])
                for (name, kind), s in spent.items()}
         out["steps"] = steps
-        out["add_request"] = 1e6 * admit / len(prompts)
+        out["add_request"] = 1e6 * admitted.get("s", 0.0) / len(prompts)
         return out
 
     run("none", "warm-none")

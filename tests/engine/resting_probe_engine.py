@@ -4,6 +4,7 @@ concurrency (so it rests and never probes), with some of its methods wrapped to 
 dict. Not a test module (no ``test_`` prefix): a helper the probes import."""
 from __future__ import annotations
 
+import collections
 import time
 from pathlib import Path
 
@@ -81,3 +82,27 @@ def time_methods(engine, names=TIMED, kind=None) -> dict:
             return out
         setattr(engine, name, timed)
     return spent
+
+
+def closed_loop(engine, prompts: list[list[int]], lengths: list[int], concurrency: int, spec: str, tag: str,
+                queued: int = 0, admitted: dict | None = None):
+    """Serve every prompt (greedy, ``lengths[i]`` tokens, EOS ignored) with method ``spec``, keeping
+    ``concurrency`` requests in flight plus ``queued`` waiting, as ``bench speedup``'s closed loop does; yields
+    each ``engine.step()``'s outputs, so a probe reads the engine between steps. ``admitted["s"]`` collects
+    the seconds ``add_request`` took. Shared by closed_loop_probe.py and span_gap_probe.py."""
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    queue, inflight = collections.deque(range(len(prompts))), 0
+    while queue or inflight:
+        while queue and inflight < concurrency + queued:
+            i = queue.popleft()
+            params = SamplingParams(temperature=0.0, max_tokens=lengths[i], ignore_eos=True)
+            t0 = time.perf_counter()
+            engine.add_request(Request(f"{tag}-{i}", list(prompts[i]), params, speculation=spec))
+            if admitted is not None:
+                admitted["s"] = admitted.get("s", 0.0) + time.perf_counter() - t0
+            inflight += 1
+        outputs = engine.step()
+        inflight -= sum(out.finished for out in outputs)
+        yield outputs

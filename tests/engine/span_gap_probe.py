@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import gc
 
-from resting_probe_engine import BASE, probe_arguments, resting_engine, time_methods   # this script's folder
+from resting_probe_engine import BASE, closed_loop, probe_arguments, resting_engine, time_methods   # this folder
 
 GATE = ("_add_drafts", "_rest_prompts", "_observe_gate", "_gate_group", "_rests_again", "_renews_span",
         "_rests_whole_batch", "_carries", "_fold")
@@ -27,9 +27,6 @@ CRITICAL = ("_add_drafts", "_rest_prompts", "_observe_gate")     # the outer cal
 
 def main() -> None:
     args = probe_arguments(__doc__, 16, 2, 48, "rounds of both rows, after one warm-up round each")
-    from specd.engine.request import Request
-    from specd.sampling_params import SamplingParams
-
     conc = args.concurrency
     engine = resting_engine(conc)
     spent = time_methods(engine, GATE)
@@ -37,19 +34,13 @@ def main() -> None:
     lengths = [28 + (i * 7) % 41 for i in range(len(prompts))]
 
     def run(spec: str, tag: str) -> list[dict]:
-        queue, inflight, steps = collections.deque(range(len(prompts))), 0, []
-        while queue or inflight:
-            while queue and inflight < conc:
-                i = queue.popleft()
-                engine.add_request(Request(f"{tag}-{i}", list(prompts[i]), SamplingParams(
-                    temperature=0.0, max_tokens=lengths[i], ignore_eos=True), speculation=spec))
-                inflight += 1
-            spent.clear()
-            before = engine._counters["spec_rest_span_steps_total"]
-            inflight -= sum(out.finished for out in engine.step())
-            steps.append({"span": engine._counters["spec_rest_span_steps_total"] > before,
-                          "decode": engine._decode_step, "batch": len(engine.scheduler.running),
-                          "us": {k: 1e6 * v for k, v in spent.items()}})
+        steps, spans = [], engine._counters["spec_rest_span_steps_total"]
+        spent.clear()
+        for _ in closed_loop(engine, prompts, lengths, conc, spec, tag):   # after each step
+            before, spans = spans, engine._counters["spec_rest_span_steps_total"]
+            steps.append({"span": spans > before, "decode": engine._decode_step,
+                          "batch": len(engine.scheduler.running), "us": {k: 1e6 * v for k, v in spent.items()}})
+            spent.clear()            # the next step's admissions call none of GATE: their time is the step's
         engine.step()                # idle, as between the bench's runs
         return steps
 
