@@ -60,10 +60,18 @@ def one_device(runs: list[dict], paths: list[Path]) -> str | None:
     where on the H200 it rested), so runs of two cards are two results, not one sample. Runs without the
     field (older than session 37) and no ``DEVICE`` file beside them pool with any."""
     named = {r["device"]: path for r, path in zip(runs, paths) if r.get("device")}
-    if len(named) > 1:
+    longest = max(named, key=len, default=None)
+    if any(not same_card(d, longest) for d in named):
         raise PoolError("the runs timed different cards: " + ", ".join(f"{p} on {d}" for d, p in named.items())
                         + " (pass --mixed-devices to pool them anyway)")
-    return next(iter(named), None)
+    return longest
+
+
+def same_card(a: str, b: str) -> bool:
+    """One name the other's word prefix: a hand-written ``DEVICE`` ("NVIDIA H100") is the card that
+    ``torch.cuda.get_device_name`` spells out ("NVIDIA H100 80GB HBM3"); "NVIDIA H100 PCIe" is not."""
+    x, y = sorted((a.split(), b.split()), key=len)
+    return y[:len(x)] == x
 
 
 def cells(runs: list[dict]) -> list[tuple[str, str]]:

@@ -145,9 +145,13 @@ def test_runs_of_two_cards_pool_only_when_asked_and_each_file_names_its_card(tmp
     marked = tmp_path / "marked"        # an older run's card, written beside it
     marked.mkdir()
     (marked / "speedup.json").write_text(json.dumps(result([1.1, 1.2], [1.0, 1.0])))
-    (marked / "DEVICE").write_text("NVIDIA H100 80GB HBM3\n")
+    (marked / "DEVICE").write_text("NVIDIA H100\n")
     with pytest.raises(SystemExit):
         main([str(paths[0]), str(marked / "speedup.json")])
+    assert main([str(paths[1]), str(marked / "speedup.json"), "--resamples", "200"]) == 0   # the same card
+    capsys.readouterr()
+    from bench.speedup_pool import same_card
+    assert same_card("NVIDIA H100", "NVIDIA H100 80GB HBM3") and not same_card("NVIDIA H100 PCIe", "NVIDIA H100 80GB HBM3")
 
 
 def test_both_baselines_divides_by_the_geometric_mean_of_the_repeats_two_plain_runs(tmp_path, capsys):
