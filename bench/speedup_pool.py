@@ -53,9 +53,8 @@ def load(path: Path) -> dict:
     return result
 
 
-def one_device(runs: list[dict], paths: list[Path]) -> str | None:
-    """The card every run recorded (``device``, from session 37 on), or None when none did; PoolError when
-    two runs name different cards. Why: a ratio to `none` is a property of one card's step costs and its
+def check_one_card(runs: list[dict], paths: list[Path]) -> None:
+    """PoolError when two runs name different cards (``device``, recorded from session 37 on). Why: a ratio to `none` is a property of one card's step costs and its
     host, and the gate decides by that card's profile (session 37: on an H100 the gate drafted at c = 32
     where on the H200 it rested), so runs of two cards are two results, not one sample. Runs without the
     field (older than session 37) and no ``DEVICE`` file beside them pool with any."""
@@ -64,7 +63,6 @@ def one_device(runs: list[dict], paths: list[Path]) -> str | None:
     if any(not same_card(d, longest) for d in named):
         raise PoolError("the runs timed different cards: " + ", ".join(f"{p} on {d}" for d, p in named.items())
                         + " (pass --mixed-devices to pool them anyway)")
-    return longest
 
 
 def same_card(a: str, b: str) -> bool:
@@ -222,7 +220,8 @@ def table(runs: list[dict], row: str, resamples: int = 10_000, both: bool = Fals
     found = verdicts(runs, row, resamples, both)
     workloads = list(dict.fromkeys(w for w, _ in found))
     levels = list(dict.fromkeys(c for _, c in found))
-    lines = [f"| {row}{' / (none, none-aa)' if both else ''} | " + " | ".join(f"c = {c}" for c in levels) + " |", "|---" * (len(levels) + 1) + "|"]
+    name = f"{row} / ({BASELINE}, {SECOND})" if both else row
+    lines = [f"| {name} | " + " | ".join(f"c = {c}" for c in levels) + " |", "|---" * (len(levels) + 1) + "|"]
     counts = {"cells": 0, "slower": 0, "faster": 0}
     for w in workloads:
         out = []
@@ -269,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = [load(path) for path in args.result]
         if not args.mixed_devices:
-            one_device(runs, args.result)
+            check_one_card(runs, args.result)
         if args.shared:
             runs = shared_cells(runs)
         rows = args.rows.split(",") if args.rows else default_rows(runs, args.shared)

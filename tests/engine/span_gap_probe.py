@@ -40,7 +40,7 @@ def main() -> None:
             before, spans = spans, engine._counters["spec_rest_span_steps_total"]
             steps.append({"span": spans > before, "decode": engine._decode_step,
                           "batch": len(engine.scheduler.running), "us": {k: 1e6 * v for k, v in spent.items()}})
-            spent.clear()            # the next step's admissions call none of GATE: their time is the step's
+            spent.clear()            # before the next step's admissions, which call none of GATE
         engine.step()                # idle, as between the bench's runs
         return steps
 
