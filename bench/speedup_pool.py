@@ -54,10 +54,11 @@ def load(path: Path) -> dict:
 
 
 def check_one_card(runs: list[dict], paths: list[Path]) -> None:
-    """PoolError when two runs name different cards (``device``, recorded from session 37 on). Why: a ratio to `none` is a property of one card's step costs and its
-    host, and the gate decides by that card's profile (session 37: on an H100 the gate drafted at c = 32
-    where on the H200 it rested), so runs of two cards are two results, not one sample. Runs without the
-    field (older than session 37) and no ``DEVICE`` file beside them pool with any."""
+    """PoolError when two runs name different cards (``device``, recorded from session 37 on). Why: a
+    ratio to `none` is a property of one card's step costs and its host, and the gate decides by that
+    card's profile (session 37: on an H100 the gate drafted at c = 32 where on the H200 it rested), so runs
+    of two cards are two results, not one sample. Runs without the field (older than session 37) and no
+    ``DEVICE`` file beside them pool with any."""
     named = {r["device"]: path for r, path in zip(runs, paths) if r.get("device")}
     longest = max(named, key=len, default=None)
     if any(not same_card(d, longest) for d in named):
