@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from bench.stack import Stack, StackOptions
+from bench.stats import tau
 from client.specd_client import SpecdClient
 from specd.engine.config import DEFAULT_MODEL
 
@@ -45,7 +46,7 @@ def speculation_note(method: str, spec: dict) -> str:
         return ""
     if not spec.get("verifications"):
         return f" | {method}: no drafting step this turn (rested by the gate, or nothing to draft)"
-    return f" | {method} tau {(spec['verifications'] + spec['accepted_tokens']) / spec['verifications']:.2f}"
+    return f" | {method} tau {tau(spec['verifications'], spec['accepted_tokens']):.2f}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cost import GPU_HOUR_USD, cost_per_million_output_tokens
-from bench.stats import PERCENTILES, summarize
+from bench.stats import PERCENTILES, summarize, tau
 
 SCHEMA_VERSION = 1
 COUNT_FIELDS = ("gpus", "requests", "prompt_tokens", "cached_prompt_tokens", "completion_tokens")
@@ -154,7 +154,7 @@ def summarize_level(m: dict) -> dict:
         "ttft_s": summarize(m["ttft_s"]),
         "itl_s": summarize(m["itl_s"]),
         "cache_share": m["cached_prompt_tokens"] / m["prompt_tokens"],
-        "tau": spec["accepted"] / spec["verifications"] + 1.0 if spec else None,
+        "tau": tau(spec["verifications"], spec["accepted"]) if spec else None,
         "acceptance_by_position": list(spec.get("acceptance_by_position") or []) if spec else None,
         "cost_per_1m_output_usd": cost_per_million_output_tokens(m["completion_tokens"], m["wall_time_s"], m["gpus"]),
         "quality": dict(m.get("quality") or {}),

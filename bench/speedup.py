@@ -49,6 +49,7 @@ from bench.arg_types import non_negative_int, positive_int, positive_ints
 from bench.cpu_pin import cpu_set, pin
 from bench.host_drift import host_drift_line
 from bench.row_profiles import RowProfiles, TorchProfiles
+from bench.stats import tau
 from specd.engine.gating import gate_key_name
 from kvd.gc_pauses import GENERATIONS, freeze_heap
 from specd.engine.spec_gate import DRAFT_REASONS, load_bucket
@@ -283,7 +284,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         wall_s=wall, tokens=tokens, throughput_tok_s=tokens / wall,
         per_user_tok_s=statistics.median(rates) if rates else None, steps=d["steps_total"],
         verifications=verif, drafted=d["spec_drafted_tokens_total"], accepted=d["spec_accepted_tokens_total"],
-        tau=(verif + d["spec_accepted_tokens_total"]) / verif if verif else None,
+        tau=tau(verif, d["spec_accepted_tokens_total"]),
         mean_verified=d["spec_drafted_tokens_total"] / verif if verif else None,
         admission_ms_per_step=1e3 * d["admission_seconds_total"] / steps,
         scheduler_ms_per_step=1e3 * d["spec_scheduler_seconds_total"] / steps,

@@ -36,6 +36,13 @@ def mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values)
 
 
+def tau(verifications: int, accepted: int) -> float | None:
+    """Tokens a verification keeps: its accepted draft tokens plus the one token the target model adds
+    (a correction or the bonus), so plain decoding's τ would be 1. None without verifications: a run or a
+    turn that never drafted has no τ, and 0 or 1 there would read as a measured acceptance."""
+    return (verifications + accepted) / verifications if verifications else None
+
+
 def summarize(values: Sequence[float]) -> dict[str, float | int | None]:
     """{"count", "mean", "p50", "p95", "p99"}; an empty sample gives count 0 and None elsewhere."""
     if not values:

@@ -144,6 +144,13 @@ def test_rerender_from_results_json(results, tmp_path, capsys):
     assert again["summary"] == json.loads(first["results"].read_text())["summary"]
 
 
+def test_tau_counts_the_target_token_and_is_none_without_verifications():
+    from bench.stats import tau
+    assert tau(10, 25) == 3.5          # 25 accepted drafts + one target token per verification, over 10
+    assert tau(4, 0) == 1.0            # every draft rejected: the target's own token each time
+    assert tau(0, 0) is None           # never drafted: no τ, not 1
+
+
 def test_geomean_interval_is_the_geometric_mean_with_a_seeded_bootstrap_interval():
     import math
 
