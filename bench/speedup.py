@@ -108,10 +108,15 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # whole-batch leases end at every admission and prompt step, as before), through a gate of its own:
     # what the spans save, in the same run. A diagnostic, not a default row
     "dspark-no-span": {"method": "dspark", "schedule": "confidence", "gamma": None, "spans": False},
+    # scheduled dspark behind a gate that puts all the capture time held for drafting on its next sample, as
+    # until session 39 (``SpecGate.charge``: now at most one plain step a sample), through a gate of its own:
+    # in run DH that one sample cut a probe and set a 2,048-step wait; this row measures the cap against
+    # the old rule in the same run. A diagnostic, not a default row
+    "dspark-charge-whole": {"method": "dspark", "schedule": "confidence", "gamma": None, "charge_steps": None},
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
-                   "dspark-no-span")
+                   "dspark-no-span", "dspark-charge-whole")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -310,7 +315,8 @@ def gc_split(d: dict) -> dict[str, list[float]]:
 
 
 # ROWS keys for the row's own gate (SpecGate settings, or its verify or projection path), not request fields
-GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "gate", "verify", "absorb", "spans")
+GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "charge_steps", "gate", "verify",
+                 "absorb", "spans")
 
 
 @contextmanager

@@ -96,6 +96,8 @@ TRACE_STEPS = 16     # reports kept per cell, in order, for the records (``SpecG
 LEASE_STEPS = 8      # steps of a steady rest the engine may take after one sure answer without asking (``rest_lease``)
 SPAN_STEPS = 32      # decode steps of a rest span: a whole-batch lease that also covers prompt steps and the
                      # admissions that join the rest's bound (``GateSteps._span_rests``, session 32)
+CHARGE_STEPS = 1.0   # held capture time a drafting sample carries at most, in the cell's plain steps; the rest
+                     # waits for the next drafting samples (``SpecGate.charge``, session 39)
 DRAFT_REASONS = ("explore", "probe", "winner")   # a new cell's exploration, a probe of the losing arm, the winner
 
 
@@ -370,14 +372,16 @@ class SpecGate:
     def __init__(self, min_samples: int = MIN_SAMPLES, probe_every: int = PROBE_EVERY,
                  probe_steps: int = PROBE_STEPS, decay: float = DECAY, probe_max: int = PROBE_MAX,
                  margin: float = MARGIN, probe_budget: float = PROBE_BUDGET, prior_steps: float = PRIOR_STEPS,
-                 warmup: int = WARMUP, beside_prompts: bool = False, probe_cut: float | None = PROBE_CUT):
+                 warmup: int = WARMUP, beside_prompts: bool = False, probe_cut: float | None = PROBE_CUT,
+                 charge_steps: float | None = CHARGE_STEPS):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
                 or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
-                or warmup < 0 or probe_cut is not None and not probe_cut >= 1):
+                or warmup < 0 or probe_cut is not None and not probe_cut >= 1
+                or charge_steps is not None and not charge_steps > 0):
             raise GateError(f"bad gate settings: min_samples={min_samples}, probe_every={probe_every}, "
                             f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}, "
                             f"probe_budget={probe_budget}, prior_steps={prior_steps}, warmup={warmup}, "
-                            f"probe_cut={probe_cut}")
+                            f"probe_cut={probe_cut}, charge_steps={charge_steps}")
         self.warmup = warmup
         # True: gated requests draft in a step with prompt chunks where the measured steps say drafting
         # wins (``drafts_beside_prompts``). Off: on the H200 it lost (session 13, run AP, in the same run:
@@ -391,6 +395,9 @@ class SpecGate:
         # predicted rate ends there instead of after ``probe_steps`` steps (None: every probe runs them all)
         self.probe_cut = probe_cut
         self.probes_cut = 0        # probes ended after their first sample (``should_draft``)
+        # the held capture time a drafting sample carries at most, in plain steps (None: all of it, as
+        # until session 39; ``charge``)
+        self.charge_steps = charge_steps
         self.cells: dict[tuple[str, int], Cell] = {}
         self.classes: OrderedDict[tuple[str, tuple[int, ...]], ClassRecord] = OrderedDict()
         self.probes = 0
@@ -836,7 +843,9 @@ class SpecGate:
         cell.plain.age(self.decay)
         if drafted:
             cell.rest_bound = None
-            seconds, cell.capture_s = seconds + cell.capture_s, 0.0     # the captures this drafting took
+            held = cell.capture_s if self.charge_steps is None else min(    # the captures this drafting
+                cell.capture_s, self.charge_steps * cell.plain.step_s)        # took, a plain step a sample
+            seconds, cell.capture_s = seconds + held, cell.capture_s - held
             cell.draft.add(tokens, seconds, sequences, drafters)
         else:
             cell.plain.add(tokens, seconds, sequences)
@@ -858,13 +867,27 @@ class SpecGate:
         were near a tie (coding at c = 4, drafting ~5% behind), the gate drafted intermittently and each
         switch cost capture steps at 1.3-1.5x a plain step, 5-10 a run; scheduled dspark ran 0.93x `none`
         there. Charged to the next drafting sample, not to the arm's decayed sums: a resting cell's
-        drafting arm is essentially its latest probe (``DECAY``), and the charge belongs with it."""
+        drafting arm is essentially its latest probe (``DECAY``), and the charge belongs with it.
+
+        At most ``charge_steps`` plain steps of it a sample (``CHARGE_STEPS``), the rest on the samples
+        after: a switch's captures are paid once for a whole drafting phase, not by its first sample.
+        H100, session 39, run DH (c = 1): the capture steps that ended a drafting phase on creative writing
+        (five at 5.1 ms against a 2.3 ms plain step) were held for ~750 steps and landed on the next probe's
+        one sample (2 tokens in 4.7 ms): the cell read drafting at 132 tok/s against plain's 429, cut the
+        probe and set the wait to its 2,048-step cap, and extraction, where drafting ran 2.2× plain, rested
+        1,532 steps (four runs) until the next probe. Capped, that sample reads ~290 tok/s: not cut. And
+        at most ``probe_steps`` × that is held (one full probe's samples), the excess not charged: without
+        a bound, a resting cell whose captures outgrow what its cut probes carry would build a backlog that
+        a later drafting phase, perhaps on another workload, pays a plain step a sample long after the
+        switches that caused it."""
         cell = self.cells.get((method, load_bucket(sequences)))
         if cell is None or not cell.plain.samples or not cell.draft.samples:
             return 0.0
         extra = seconds - cell.plain.step_s
         if extra <= 0:
             return 0.0
+        if self.charge_steps is not None:    # held: at most what one full probe's samples carry
+            extra = min(extra, max(0.0, self.probe_steps * self.charge_steps * cell.plain.step_s - cell.capture_s))
         cell.capture_s += extra
         self.charged_s += extra
         return extra

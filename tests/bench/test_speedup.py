@@ -416,20 +416,24 @@ def test_the_probe_budget_rows_run_behind_a_gate_of_their_own(row, budget, most)
     assert engine.spec_gate is gate and (gate.probe_budget, gate.probe_max) == (PROBE_BUDGET, PROBE_MAX) == (0.005, 2048)
 
 
-def test_the_uncut_probe_row_runs_behind_a_gate_whose_probes_run_every_step():
-    """dspark-probe-uncut: a gate of its own that never cuts a probe short (``probe_cut`` None), the engine's
-    gate (the default cut) back after the row. Not a default row."""
+@pytest.mark.parametrize("row, setting, default", [("dspark-probe-uncut", "probe_cut", 2.0),
+                                                   ("dspark-charge-whole", "charge_steps", 1.0)])
+def test_the_old_rule_rows_run_behind_a_gate_of_their_own(row, setting, default):
+    """dspark-probe-uncut: a gate of its own that never cuts a probe short (``probe_cut`` None);
+    dspark-charge-whole: one that puts all held capture time on the next drafting sample (``charge_steps``
+    None, as until session 39). The engine's gate (the defaults) is back after the row. Not default rows."""
     from types import SimpleNamespace
 
     from bench.speedup import DEFAULT_ROWS, row_gate
-    from specd.engine.spec_gate import PROBE_CUT, SpecGate
+    from specd.engine import spec_gate
+    from specd.engine.spec_gate import SpecGate
 
-    assert "dspark-probe-uncut" not in DEFAULT_ROWS
+    assert row not in DEFAULT_ROWS
     gate = SpecGate()
     engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: SimpleNamespace(rounds=None))
-    with row_gate(engine, "dspark-probe-uncut", {}):
-        assert engine.spec_gate is not gate and engine.spec_gate.probe_cut is None
-    assert engine.spec_gate is gate and gate.probe_cut == PROBE_CUT == 2.0
+    with row_gate(engine, row, {}):
+        assert engine.spec_gate is not gate and getattr(engine.spec_gate, setting) is None
+    assert engine.spec_gate is gate and getattr(gate, setting) == getattr(spec_gate, setting.upper()) == default
 
 
 def test_collector_passes_are_split_by_generation_and_summed_over_runs():

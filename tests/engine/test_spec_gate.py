@@ -163,9 +163,10 @@ def test_a_probe_is_cut_on_a_sample_only():
     assert probe_runs(drive(gate, 4, draft_tok_s=400.0)) == [1] and gate.probes_cut == 1
 
 
-def test_a_bad_probe_cut_is_refused():
-    with pytest.raises(GateError, match="probe_cut=0.5"):
-        SpecGate(probe_cut=0.5)
+@pytest.mark.parametrize("setting, value", [("probe_cut", 0.5), ("charge_steps", 0.0), ("charge_steps", -1.0)])
+def test_a_bad_probe_cut_or_charge_cap_is_refused(setting, value):
+    with pytest.raises(GateError, match=f"{setting}={value}"):
+        SpecGate(**{setting: value})
 
 
 def test_keeps_drafting_when_it_is_measured_faster():
@@ -2108,6 +2109,61 @@ def test_a_capture_steps_time_over_plain_goes_on_the_next_drafting_sample():
     gate.observe("dspark", 4, True, 4, 0.005)                         # charged once
     assert cell.draft.seconds == pytest.approx((before[0] * 0.9 + 0.008) * 0.9 + 0.005)
     assert gate.stats()["spec_gate_capture_charged_seconds_total"] == pytest.approx(0.003)
+
+
+def test_held_capture_time_goes_on_drafting_samples_at_most_one_plain_step_each():
+    """``_take``: a drafting sample carries at most one plain step of the capture time held for it; the rest
+    waits for the next drafting samples, so the total is still charged, spread over them. ``charge`` holds
+    at most ``probe_steps`` plain steps."""
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=1000, probe_max=1000)
+    drive(gate, 4, draft_tok_s=800.0)                                 # explored: 4 ms plain steps
+    cell = gate.cells[("dspark", 4)]
+    plain = cell.plain.step_s
+    gate.charge("dspark", 4, plain + 2.5 * plain)                     # 2.5 plain steps held
+    seconds = []
+    for _ in range(4):
+        before = cell.draft.seconds
+        gate.observe("dspark", 4, True, 4, 0.005)
+        seconds.append(cell.draft.seconds - before * 0.9)
+    assert seconds == pytest.approx([0.005 + plain, 0.005 + plain, 0.005 + 0.5 * plain, 0.005])
+    assert cell.capture_s == 0.0
+    assert gate.stats()["spec_gate_capture_charged_seconds_total"] == pytest.approx(2.5 * plain)
+    # held: at most one full probe's samples (3 plain steps here); older time is dropped
+    assert gate.charge("dspark", 4, plain + 2.0 * plain) == pytest.approx(2.0 * plain)
+    assert gate.charge("dspark", 4, plain + 2.0 * plain) == pytest.approx(1.0 * plain)
+    assert gate.charge("dspark", 4, plain + 2.0 * plain) == 0.0 and cell.capture_s == pytest.approx(3 * plain)
+
+
+@pytest.mark.parametrize("charge_steps, cut", [(1.0, False), (None, True)])
+def test_a_probe_is_not_cut_by_capture_time_held_since_the_last_drafting_phase(charge_steps, cut):
+    """H100, session 39, run DH (c = 1): five capture steps at the end of a creative-writing drafting phase
+    (5.1 ms against a 2.3 ms plain step) held ~14 ms for drafting's next sample, which came from a probe
+    750 steps later: 2 tokens in 4.7 ms read as 2 in ~15 ms. The probe was cut as a clear loser and the
+    wait set to its cap, and extraction, where drafting ran 2.2× plain, rested 1,532 steps until the next
+    probe. With at most one plain step of held time a sample, the same probe runs on (the first sample
+    predicts ~0.65 of plain, not ~0.25); with the old rule (``charge_steps`` None) it is cut."""
+    plain_s, draft_s = 0.0023, 0.0047
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=16, probe_max=2048, charge_steps=charge_steps)
+    arms = []
+    for _ in range(300):                                              # explore, then rest: 2 tokens in 4.7 ms
+        drafted = gate.should_draft("dspark", 1)                      # is ~425 tok/s against plain's ~435
+        gate.observe("dspark", 1, drafted, 2 if drafted else 1, draft_s if drafted else plain_s)
+        arms.append(drafted)
+        if not drafted and arms[-2:-1] == [True]:                     # the rest begins: five slow captures
+            for _ in range(5):
+                gate.charge("dspark", 1, 0.0051)
+    cell = gate.cells[("dspark", 1)]
+    assert not cell.drafting_wins(gate.margin) and cell.capture_s > (0.01 if cut else 3 * plain_s - 1e-9)
+    steps = 0
+    while not gate.should_draft("dspark", 1):                         # rest until the next probe
+        gate.observe("dspark", 1, False, 1, plain_s)
+        steps += 1
+        assert steps < 3000
+    assert cell.probe_from is not None                                # a probe the cut applies to
+    cuts = gate.probes_cut
+    gate.observe("dspark", 1, True, 2, draft_s)                       # its first sample
+    assert gate.should_draft("dspark", 1) is not cut                  # the probe's second step, or cut
+    assert gate.probes_cut == cuts + int(cut)
 
 
 def test_a_lease_over_part_of_the_batch_walks_it_and_a_whole_batch_lease_does_not(engine, clock, monkeypatch):
