@@ -2128,7 +2128,7 @@ def test_held_capture_time_goes_on_drafting_samples_at_most_one_plain_step_each(
     assert seconds == pytest.approx([0.005 + plain, 0.005 + plain, 0.005 + 0.5 * plain, 0.005])
     assert cell.capture_s == 0.0
     assert gate.stats()["spec_gate_capture_charged_seconds_total"] == pytest.approx(2.5 * plain)
-    # held: at most one full probe's samples (3 plain steps here); older time is dropped
+    # held: at most one full probe's samples (3 plain steps here); time beyond that is not charged
     assert gate.charge("dspark", 4, plain + 2.0 * plain) == pytest.approx(2.0 * plain)
     assert gate.charge("dspark", 4, plain + 2.0 * plain) == pytest.approx(1.0 * plain)
     assert gate.charge("dspark", 4, plain + 2.0 * plain) == 0.0 and cell.capture_s == pytest.approx(3 * plain)
@@ -2137,8 +2137,8 @@ def test_held_capture_time_goes_on_drafting_samples_at_most_one_plain_step_each(
 @pytest.mark.parametrize("charge_steps, cut", [(1.0, False), (None, True)])
 def test_a_probe_is_not_cut_by_capture_time_held_since_the_last_drafting_phase(charge_steps, cut):
     """H100, session 39, run DH (c = 1): five capture steps at the end of a creative-writing drafting phase
-    (5.1 ms against a 2.3 ms plain step) held ~14 ms for drafting's next sample, which came from a probe
-    750 steps later: 2 tokens in 4.7 ms read as 2 in ~15 ms. The probe was cut as a clear loser and the
+    (5.1 ms against a 2.3 ms plain step) held up to ~14 ms for drafting's next sample, which came from a
+    probe 750 steps later: 2 tokens in 4.7 ms read as 2 in ~15 ms (the cell's stats). The probe was cut as a clear loser and the
     wait set to its cap, and extraction, where drafting ran 2.2× plain, rested 1,532 steps until the next
     probe. With at most one plain step of held time a sample, the same probe runs on (the first sample
     predicts ~0.65 of plain, not ~0.25); with the old rule (``charge_steps`` None) it is cut."""
