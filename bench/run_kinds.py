@@ -1,6 +1,6 @@
 """A row's runs by what its drafter did in them, against `none`: none of its work, only captures, or drafting.
 
-    python -m bench.run_kinds docs/results/gpu/s32/runC{S,T,U,V,W}/speedup.json.gz [--row dspark]
+    python -m bench.run_kinds docs/results/gpu/s32/runC{S,T,U,V,W}/speedup.json.gz [--row dspark] [--runs]
 
 Why: where the gate rests (c >= 16), a cell's ratio to `none` mixes runs in which the drafter did nothing
 (their whole difference is host time), runs that only captured target features (a probe's announcement),
@@ -11,6 +11,11 @@ kind's runs (count and share), their throughput ratio to `none`'s run of the sam
 bootstrap 95% interval), and its share of the row's loss: the kind's share of runs times its log ratio,
 over the row's mean log ratio. The A/A row (``none-aa``) of the same runs gives the noise floor. It reads
 only what ``bench speedup`` records; nothing is timed here.
+
+``--runs`` lists every run instead, cell by cell in repeat order: its kind's initial, its ratio and its
+drafting steps ("d1.38/120", "r0.99/0"). Why: a pooled cell hides the run in which a gate rested where it
+drafts elsewhere (session 40, run DI: the old charge rule drafted 3 steps in two of coding's c = 1 runs,
+110-129 in the other fourteen), and such a claim needs a command that shows it.
 """
 from __future__ import annotations
 
@@ -58,9 +63,23 @@ def table(runs: list[dict], row: str, resamples: int = 10_000) -> str:
     return "\n".join(lines)
 
 
+def run_lines(runs: list[dict], row: str) -> str:
+    """Every run of ``row``, per result and cell, in repeat order: kind initial, throughput ratio to `none`'s
+    run of the same repeat, drafting steps (beside prompt chunks or not)."""
+    lines = [f"| result | workload | c | {row} runs: kind, ratio to none / drafting steps |", "|---|---|---|---|"]
+    for i, result in enumerate(runs, start=1):
+        for workload, level, pairs in each_run_pairs([result], row):
+            cells = [f"{kind(run)[0]}{run['throughput_tok_s'] / base['throughput_tok_s']:.2f}/"
+                     f"{step_kind(run, 'draft')[0] + step_kind(run, 'prompt_draft')[0]}" for base, run in pairs]
+            lines.append(f"| {i} | {workload} | {level} | {' '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     return row_tool_main("python -m bench.run_kinds", __doc__.splitlines()[0], table, argv,
-                         "the row to split (default dspark; none-aa: the noise floor)")
+                         "the row to split (default dspark; none-aa: the noise floor)",
+                         other=("--runs", "list every run instead, cell by cell in repeat order: kind, ratio to "
+                                          "none, drafting steps", run_lines))
 
 
 if __name__ == "__main__":

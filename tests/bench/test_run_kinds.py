@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from bench.run_kinds import kind, ratios_by_kind, table
+from bench.run_kinds import kind, main, ratios_by_kind, run_lines, table
 
 
 def run(tok_s: float, **steps: int) -> dict:
@@ -34,3 +34,23 @@ def test_each_kind_gets_its_ratios_and_its_share_of_the_loss():
     assert f"| 32 | drafted | 2 | 50% | {math.sqrt(0.9 * 0.99):.3f}" in text
     assert f"{drafted:.0%} |" in text.splitlines()[-1]
     assert drafted == pytest.approx(0.792, abs=1e-3)       # 79% of the loss in half the runs
+
+
+def test_runs_lists_each_run_in_repeat_order_with_its_kind_ratio_and_drafting_steps():
+    text = run_lines([result(), result()], "dspark")
+    lines = text.splitlines()
+    assert lines[2] == "| 1 | w | 32 | r0.99/0 c0.98/0 d0.90/2 d0.99/1 |"      # prompt_draft steps count as drafting
+    assert lines[3].startswith("| 2 | w | 32 | r0.99/0 ")                      # each result on its own line
+    assert len(lines) == 4
+
+
+def test_the_runs_flag_prints_the_listing_instead_of_the_table(tmp_path, capsys):
+    import json
+
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result()))
+    assert main([str(path), "--runs"]) == 0
+    assert "d0.90/2" in capsys.readouterr().out
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| 32 | drafted | 2 |" in out and "d0.90/2" not in out
