@@ -123,7 +123,9 @@ train_data() {  # the training sessions: ${TRAIN_DATA:-.carry/qwen-sessions500},
   esac
 }
 
-train_dspark() {  # train_dspark OUT TIMEOUT [ARGS...]: train-kv's recipe on GPU0 (dspark alone, TRAIN_SESSIONS
+train_dspark() {  # train_dspark OUT TIMEOUT [ARGS...]: train-kv's recipe on GPU0 (dspark alone, or the drafters
+                  # TRAIN_METHODS names, e.g. dspark,dflash,eagle3: equal parts of the training window, the same
+                  # data and recipe, for issue 6's table of every method; TRAIN_SESSIONS
                   # train sessions per workload answered by the serving engine, TRAIN_BATCH sequences a step of
                   # TRAIN_ANCHORS anchors each, default 8 x 16; TRAIN_LAYERS draft layers, default 1, the
                   # DSpark paper's drafter has 2; TRAIN_INIT=/tmp/dsp warm-starts from the stashed drafter,
@@ -132,7 +134,7 @@ train_dspark() {  # train_dspark OUT TIMEOUT [ARGS...]: train-kv's recipe on GPU
   shift 2
   data=$(train_data) || return 1
   CUDA_VISIBLE_DEVICES=0 timeout "$limit" python -m bench drafter-pipeline --target "$MODEL" \
-    --sessions "$data" --work /tmp/dp --out "$out" --methods dspark \
+    --sessions "$data" --work /tmp/dp --out "$out" --methods "${TRAIN_METHODS:-dspark}" \
     --steps "${TRAIN_STEPS:-2500}" --train-sessions "${TRAIN_SESSIONS:-500}" --answers engine \
     --budget-s "${TRAIN_BUDGET:-900}" --gamma 7 --device cuda --batch-size "${TRAIN_BATCH:-8}" \
     --anchors "${TRAIN_ANCHORS:-16}" --layers "${TRAIN_LAYERS:-1}" ${TRAIN_INIT:+--init-dspark "$TRAIN_INIT"} "$@" \
@@ -284,13 +286,18 @@ PY
     ;;
   train)
     # session 7: the dspark drafter alone (train-kv's recipe, no serving plan beside it: one GPU), through
-    # training only (no tuning or acceptance evaluation); resumable: run it again until it prints "trained"
+    # training only (no tuning or acceptance evaluation); resumable: run it again until it prints "trained";
+    # TRAIN_METHODS=dspark,dflash,eagle3 trains the three on the same data, then SPEED_DRAFTERS=dspark=/tmp/dp/
+    # drafters/dspark,dflash=/tmp/dp/drafters/dflash,eagle3=/tmp/dp/drafters/eagle3 runs them in `speedup`
     mkdir -p "$RES/train"
     case "${TRAIN_INIT:-}" in /tmp/dsp*) unpack_drafter ;; esac
     train_dspark "$RES/train/acceptance" "${TRAIN_TIMEOUT:-560}" --stop-after train
     rc=$?; echo "drafter-pipeline rc=$rc"
     grep -v "it/s\]" /tmp/logs/drafter-pipeline.log | tail -n 12
-    if [ -f /tmp/dp/drafters/dspark/drafter.safetensors ]; then echo trained; ls -la /tmp/dp/drafters/dspark; fi
+    for m in $(echo "${TRAIN_METHODS:-dspark}" | tr , ' '); do     # each drafter's records; dspark's also at the top
+      if [ -f "/tmp/dp/drafters/$m/drafter.safetensors" ]; then echo "trained $m"; ls -la "/tmp/dp/drafters/$m"; fi
+      mkdir -p "$RES/train/$m"; cp "/tmp/dp/drafters/$m"/*.json "$RES/train/$m/" 2>/dev/null
+    done
     triton_compiles | tee "$RES/train/triton-compiles.txt"
     cp -r /tmp/dp/stages "$RES/train/" 2>/dev/null; cp /tmp/dp/drafters/dspark/*.json "$RES/train/" 2>/dev/null
     pack train
