@@ -25,6 +25,7 @@ import gzip
 import json
 import math
 import random
+import statistics
 from pathlib import Path
 
 from bench.stats import bootstrap_bounds, geomean_interval
@@ -216,6 +217,28 @@ def across_workloads(runs: list[dict], row: str, key: str, resamples: int = 2000
     return out
 
 
+def repeats_needed(runs: list[dict], row: str, key: str, half_width: float,
+                   both: bool = False) -> dict[str, tuple[int, int]]:
+    """Per concurrency: (repeats a cell needs so that the all-workloads mean's 95% interval is about
+    ±``half_width`` of it, repeats a cell has now). The mean of W cell means of log ratios has variance
+    Σ s_w² / n / W² at n repeats a cell (s_w: cell w's sample deviation), so n = (1.96 / (W h))² Σ s_w²,
+    h = log(1 + half_width). Why: at c = 32 on the H200 the row sits ~1% from `none` and a repeat's ratio
+    varies by ~3% (session 40), so whether it is below 1 is a question of how many repeats the next run
+    needs, which this answers before device time is spent. A normal approximation; the bootstrap of
+    ``across_workloads`` is what reports the interval."""
+    levels: dict[str, list[list[float]]] = {}
+    for workload, level in cells(runs):
+        ratios = pooled_cell(runs, workload, level, row, key, both)
+        if len(ratios) >= 2:
+            levels.setdefault(level, []).append([math.log(r) for r in ratios])
+    h = math.log1p(half_width)
+    out = {}
+    for level, groups in levels.items():
+        spread = math.fsum(statistics.variance(g) for g in groups)
+        out[level] = (max(2, math.ceil((1.96 / (len(groups) * h)) ** 2 * spread)), min(len(g) for g in groups))
+    return out
+
+
 def mark(lo: float, hi: float) -> str:
     return "slower" if hi < 1.0 else "faster" if lo > 1.0 else ""
 
@@ -269,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--both-baselines", action="store_true",
                    help=f"also print each row against both baseline runs of a repeat, {BASELINE!r} and {SECOND!r} "
                         "(their geometric mean): a second table per row, the A/A row's own against 'none' alone")
+    p.add_argument("--resolution", type=float, default=None, metavar="HALF_WIDTH",
+                   help="also print, per row and concurrency, the repeats a cell needs for the all-workloads "
+                        "mean's 95%% interval to be about ±HALF_WIDTH (0.005: ±0.5%%), from the spread of the "
+                        "repeats pooled (throughput ratio)")
     p.add_argument("--mixed-devices", action="store_true",
                    help="pool runs that recorded different cards (refused by default: each card is its own result)")
     args = p.parse_args(argv)
@@ -291,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
             print(text)
             print(f"\n{row}: {counts['slower']} of {counts['cells']} cells slower than `{BASELINE}`, "
                   f"{counts['faster']} faster.\n")
+            if args.resolution is not None:
+                need = repeats_needed(runs, row, RATIOS[0][0], args.resolution)
+                print(f"{row}: repeats a cell needs for ±{args.resolution:.1%} on the all-workloads mean "
+                      "(throughput): " + ", ".join(f"c = {c}: {n} (has {have})" for c, (n, have) in need.items())
+                      + "\n")
             if args.both_baselines and row != SECOND:
                 text, counts = table(runs, row, args.resamples, both=True)
                 print(text)

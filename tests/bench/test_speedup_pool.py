@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.speedup_pool import PoolError, main, pooled_cell, table
+from bench.speedup_pool import PoolError, main, pooled_cell, repeats_needed, table
 
 
 def result(dspark: list[float], aa: list[float], levels=("1", "4")) -> dict:
@@ -174,3 +174,26 @@ def test_both_baselines_divides_by_the_geometric_mean_of_the_repeats_two_plain_r
     assert "dspark: 1 of 1 cells slower than `none`" in out          # against `none` alone: below 1
     assert "dspark: 0 of 1 cells slower than both baseline runs" in out   # against both: 1.000
     assert out.count("| none-aa / (none, none-aa)") == 0
+
+
+def test_repeats_needed_follow_the_spread_of_the_pooled_repeats_and_the_width_asked():
+    # one workload, log ratios ±0.03 around 0: sample variance 0.03² · 4/3 over 4 repeats
+    ratios = [math.exp(x) for x in (0.03, -0.03, 0.03, -0.03)]
+    runs = [result(ratios, [1.0, 1.0, 1.0, 1.0], levels=("32",))]
+    var = 0.03 ** 2 * 4 / 3
+    need, have = repeats_needed(runs, "dspark", "throughput_ratio", 0.005)["32"]
+    assert have == 4 and need == math.ceil((1.96 / math.log1p(0.005)) ** 2 * var)     # 197
+    # half the width asks four times the repeats; a row that never varies needs the floor of 2
+    assert repeats_needed(runs, "dspark", "throughput_ratio", 0.0025)["32"][0] == pytest.approx(4 * need, rel=0.01)
+    assert repeats_needed(runs, "none-aa", "throughput_ratio", 0.005)["32"] == (2, 4)
+
+
+def test_the_resolution_flag_prints_the_repeats_each_row_needs(tmp_path, capsys):
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result([0.97, 1.03, 0.97, 1.03], [1.0, 1.01, 0.99, 1.0], levels=("32",))))
+    assert main([str(path), "--resamples", "200", "--resolution", "0.005"]) == 0
+    out = capsys.readouterr().out
+    assert "dspark: repeats a cell needs for ±0.5% on the all-workloads mean (throughput): c = 32: " in out
+    assert "(has 4)" in out
+    assert main([str(path), "--resamples", "200"]) == 0
+    assert "repeats a cell needs" not in capsys.readouterr().out
