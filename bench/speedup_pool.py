@@ -28,7 +28,7 @@ import random
 import statistics
 from pathlib import Path
 
-from bench.stats import bootstrap_bounds, geomean_interval
+from bench.stats import bootstrap_bounds, geomean_interval, median_interval
 
 BASELINE = "none"
 SECOND = "none-aa"       # the A/A row: a second run of the baseline in each repeat (``pooled_cell``'s ``both``)
@@ -184,30 +184,33 @@ def pooled_cell(runs: list[dict], workload: str, level: str, row: str, key: str,
 
 
 def verdicts(runs: list[dict], row: str, resamples: int = 10_000,
-             both: bool = False) -> dict[tuple[str, str], dict[str, tuple]]:
-    """(workload, concurrency) -> ratio name -> (geometric mean, low, high, repeats)."""
+             both: bool = False, median: bool = False) -> dict[tuple[str, str], dict[str, tuple]]:
+    """(workload, concurrency) -> ratio name -> (geometric mean, low, high, repeats); ``median``: the cell's
+    median repeat instead of the geometric mean (``bench.stats.median_interval``)."""
+    interval = median_interval if median else geomean_interval
     out: dict[tuple[str, str], dict[str, tuple]] = {}
     for workload, level in cells(runs):
         out[workload, level] = {}
         for key, name in RATIOS:
             ratios = pooled_cell(runs, workload, level, row, key, both)
             if ratios:
-                out[workload, level][name] = (*geomean_interval(ratios, resamples), len(ratios))
+                out[workload, level][name] = (*interval(ratios, resamples), len(ratios))
     return out
 
 
 def across_workloads(runs: list[dict], row: str, key: str, resamples: int = 2000, seed: int = 0,
-                     both: bool = False) -> dict[str, tuple]:
+                     both: bool = False, median: bool = False) -> dict[str, tuple]:
     """Per concurrency: the geometric mean over workloads of each cell's geometric mean (issue 6's summary
     row), with a bootstrap 95% interval that resamples each cell's repeats on their own (stratified: every
-    workload keeps its weight). -> concurrency -> (mean, low, high)."""
+    workload keeps its weight); ``median``: of each cell's median repeat. -> concurrency -> (mean, low, high)."""
+    centre = statistics.median if median else (lambda g: math.fsum(g) / len(g))
     levels: dict[str, list[list[float]]] = {}
     for workload, level in cells(runs):
         ratios = pooled_cell(runs, workload, level, row, key, both)
         if ratios:
             levels.setdefault(level, []).append([math.log(r) for r in ratios])
     def mean_of(samples: list[list[float]]) -> float:
-        return math.fsum(math.fsum(g) / len(g) for g in samples) / len(samples)
+        return math.fsum(centre(g) for g in samples) / len(samples)
 
     rng = random.Random(seed)
     out = {}
@@ -243,11 +246,12 @@ def mark(lo: float, hi: float) -> str:
     return "slower" if hi < 1.0 else "faster" if lo > 1.0 else ""
 
 
-def table(runs: list[dict], row: str, resamples: int = 10_000, both: bool = False) -> tuple[str, dict[str, int]]:
+def table(runs: list[dict], row: str, resamples: int = 10_000, both: bool = False,
+          median: bool = False) -> tuple[str, dict[str, int]]:
     """A markdown table of one row's pooled cells (workloads down, concurrencies across) and its counts of
     cells slower / faster than the baseline (a cell counts once when either ratio is); ``both``: against
-    both baseline runs of each repeat (``pooled_cell``)."""
-    found = verdicts(runs, row, resamples, both)
+    both baseline runs of each repeat (``pooled_cell``); ``median``: each cell's median repeat."""
+    found = verdicts(runs, row, resamples, both, median)
     workloads = list(dict.fromkeys(w for w, _ in found))
     levels = list(dict.fromkeys(c for _, c in found))
     name = f"{row} / ({BASELINE}, {SECOND})" if both else row
@@ -267,7 +271,7 @@ def table(runs: list[dict], row: str, resamples: int = 10_000, both: bool = Fals
             text = "<br>".join(f"{g:.3f} ({lo:.3f}-{hi:.3f})" for g, lo, hi, _ in cell.values())
             out.append(f"**{text}** ↓" if "slower" in marks else text)
         lines.append(f"| {w} | " + " | ".join(out) + " |")
-    summary = [across_workloads(runs, row, key, min(resamples, 2000), both=both) for key, _ in RATIOS]
+    summary = [across_workloads(runs, row, key, min(resamples, 2000), both=both, median=median) for key, _ in RATIOS]
     by_level = []
     for c in levels:
         parts = [f"{s[c][0]:.3f} ({s[c][1]:.3f}-{s[c][2]:.3f})" for s in summary if c in s]
@@ -276,7 +280,8 @@ def table(runs: list[dict], row: str, resamples: int = 10_000, both: bool = Fals
         if ran < len(workloads):     # a cut cell: the mean is over the workloads that ran, and says so
             text += f"<br>({ran} of {len(workloads)} workloads)"
         by_level.append(f"**{text}** ↓" if any(s[c][2] < 1.0 for s in summary if c in s) else text)
-    lines.append("| all workloads (geometric mean) | " + " | ".join(by_level) + " |")
+    label = "all workloads (geometric mean of the medians)" if median else "all workloads (geometric mean)"
+    lines.append(f"| {label} | " + " | ".join(by_level) + " |")
     return "\n".join(lines), counts
 
 
@@ -292,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--both-baselines", action="store_true",
                    help=f"also print each row against both baseline runs of a repeat, {BASELINE!r} and {SECOND!r} "
                         "(their geometric mean): a second table per row, the A/A row's own against 'none' alone")
+    p.add_argument("--median", action="store_true",
+                   help="each cell's median repeat and its bootstrap interval instead of the geometric mean (robust "
+                        "to the host's rare slow repeats), and the summary row from the cells' medians")
     p.add_argument("--resolution", type=float, default=None, metavar="HALF_WIDTH",
                    help="also print, per row and concurrency, the repeats a cell needs for the all-workloads "
                         "mean's 95%% interval to be about ±HALF_WIDTH (0.005: ±0.5%%), from the spread of the "
@@ -311,10 +319,11 @@ def main(argv: list[str] | None = None) -> int:
             device = run.get("device")
             print(f"- {path}" + (f" (commit {commit.read_text().strip()[:7]})" if commit.exists() else "")
                   + (f" on {device}" if device else ""))
-        print(f"\nEach cell: the geometric mean of every run's per-repeat ratio to `{BASELINE}` (throughput, then "
+        centre = "median" if args.median else "geometric mean"
+        print(f"\nEach cell: the {centre} of every run's per-repeat ratio to `{BASELINE}` (throughput, then "
               "per user), with a bootstrap 95% interval; ↓ marks a cell whose interval lies below 1.\n")
         for row in rows:
-            text, counts = table(runs, row, args.resamples)
+            text, counts = table(runs, row, args.resamples, median=args.median)
             print(text)
             print(f"\n{row}: {counts['slower']} of {counts['cells']} cells slower than `{BASELINE}`, "
                   f"{counts['faster']} faster.\n")
@@ -324,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                       "(throughput): " + ", ".join(f"c = {c}: {n} (has {have})" for c, (n, have) in need.items())
                       + "\n")
             if args.both_baselines and row != SECOND:
-                text, counts = table(runs, row, args.resamples, both=True)
+                text, counts = table(runs, row, args.resamples, both=True, median=args.median)
                 print(text)
                 print(f"\n{row}: {counts['slower']} of {counts['cells']} cells slower than both baseline runs "
                       f"(`{BASELINE}`, `{SECOND}`), {counts['faster']} faster.\n")

@@ -167,6 +167,26 @@ def test_geomean_interval_is_the_geometric_mean_with_a_seeded_bootstrap_interval
             geomean_interval(bad)
 
 
+def test_median_interval_is_the_median_on_logs_and_barely_moves_for_one_slow_repeat():
+    import math
+
+    from bench.stats import geomean_interval, median_interval
+
+    assert median_interval([1.0, 4.0])[0] == pytest.approx(2.0)        # an even pair meets at its geometric mean
+    steady = [0.99, 1.0, 1.01] * 6
+    slow = steady[:-1] + [0.6]                                            # one repeat caught by the host's drift
+    assert median_interval(slow)[0] == pytest.approx(1.0)
+    assert geomean_interval(slow)[0] < 0.98                               # where the mean moves by ~2.5%
+    g, lo, hi = median_interval(slow)
+    assert lo <= g <= hi and hi - lo < geomean_interval(slow)[2] - geomean_interval(slow)[1]
+    assert median_interval(slow) == (g, lo, hi)                           # seeded
+    assert median_interval([0.9] * 5) == pytest.approx((0.9, 0.9, 0.9))
+    assert math.isclose(median_interval([0.5, 1.0, 8.0])[0], 1.0)
+    for bad in ([], [1.0, 0.0], [1.0, float("nan")]):
+        with pytest.raises(StatsError):
+            median_interval(bad)
+
+
 def test_bootstrap_bounds_are_the_draws_at_2_5_and_97_5_percent():
     from bench.stats import bootstrap_bounds
 
