@@ -33,3 +33,14 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
     return value
+
+
+def fraction(text: str) -> float:
+    """argparse type: one number in (0, 1) (a relative width, a share)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must lie between 0 and 1 (0.005 is ±0.5%)")
+    return value

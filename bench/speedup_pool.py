@@ -28,6 +28,7 @@ import random
 import statistics
 from pathlib import Path
 
+from bench.arg_types import fraction
 from bench.stats import bootstrap_bounds, geomean_interval, median_interval
 
 BASELINE = "none"
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--median", action="store_true",
                    help="each cell's median repeat and its bootstrap interval instead of the geometric mean (robust "
                         "to the host's rare slow repeats), and the summary row from the cells' medians")
-    p.add_argument("--resolution", type=float, default=None, metavar="HALF_WIDTH",
+    p.add_argument("--resolution", type=fraction, default=None, metavar="HALF_WIDTH",
                    help="also print, per row and concurrency, the repeats a cell needs for the all-workloads "
                         "mean's 95%% interval to be about ±HALF_WIDTH (0.005: ±0.5%%), from the spread of the "
                         "repeats pooled (throughput ratio)")

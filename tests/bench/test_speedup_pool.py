@@ -197,6 +197,11 @@ def test_the_resolution_flag_prints_the_repeats_each_row_needs(tmp_path, capsys)
     assert "(has 4)" in out
     assert main([str(path), "--resamples", "200"]) == 0
     assert "repeats a cell needs" not in capsys.readouterr().out
+    for bad, why in (("0", "must lie between 0 and 1"), ("-0.01", "must lie between 0 and 1"),
+                     ("1.5", "must lie between 0 and 1"), ("half", "expected a number")):
+        with pytest.raises(SystemExit):
+            main([str(path), "--resolution", bad])
+        assert why in capsys.readouterr().err
 
 
 def test_the_median_view_reads_each_cell_at_its_median_repeat():
