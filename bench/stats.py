@@ -73,8 +73,8 @@ def median_interval(ratios: Sequence[float], resamples: int = 10_000, seed: int 
     at its geometric mean) and a bootstrap 95% interval of it, seeded as ``geomean_interval``'s.
 
     Why beside the geometric mean: the host's drift makes per-repeat ratios heavy-tailed (session 40, H200
-    at c = 32: kurtosis 4.7-6.3 over 140 repeats), and one slow repeat moves a mean where it barely moves a
-    median; there the A/A row's interval was ±0.45% around its median against ±1.0% around its mean."""
+    at c = 32: single runs 10-20% off), and one slow repeat moves a mean where it barely moves a median;
+    there the A/A row's interval was ±0.45% around its median against ±1.0% around its mean."""
     if not ratios:
         raise StatsError("median of an empty sample")
     if any(not r > 0 for r in ratios):
