@@ -65,7 +65,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from math import ceil
+from math import ceil, inf
 
 MIN_SAMPLES = 5      # measured steps per arm before the comparison is trusted (drafting explored first);
                      # a step's accepted drafts vary a lot, so fewer samples often misjudge drafting
@@ -843,9 +843,8 @@ class SpecGate:
         cell.plain.age(self.decay)
         if drafted:
             cell.rest_bound = None
-            held = cell.capture_s if self.charge_steps is None else min(    # the captures this drafting
-                cell.capture_s, self.charge_steps * cell.plain.step_s)        # took, a plain step a sample
-            seconds, cell.capture_s = seconds + held, cell.capture_s - held
+            held = min(cell.capture_s, self._sample_charge(cell))   # the captures this drafting took,
+            seconds, cell.capture_s = seconds + held, cell.capture_s - held   # a plain step a sample
             cell.draft.add(tokens, seconds, sequences, drafters)
         else:
             cell.plain.add(tokens, seconds, sequences)
@@ -886,11 +885,16 @@ class SpecGate:
         extra = seconds - cell.plain.step_s
         if extra <= 0:
             return 0.0
-        if self.charge_steps is not None:    # held: at most what one full probe's samples carry
-            extra = min(extra, max(0.0, self.probe_steps * self.charge_steps * cell.plain.step_s - cell.capture_s))
+        # held: at most what one full probe's samples carry
+        extra = min(extra, max(0.0, self.probe_steps * self._sample_charge(cell) - cell.capture_s))
         cell.capture_s += extra
         self.charged_s += extra
         return extra
+
+    def _sample_charge(self, cell: Cell) -> float:
+        """The held capture time one drafting sample of ``cell`` carries at most: ``charge_steps`` of its
+        plain steps (infinite with ``charge_steps`` None, the rule until session 39: all of it)."""
+        return inf if self.charge_steps is None else self.charge_steps * cell.plain.step_s
 
     def exploring(self, method: str) -> list[int]:
         """The load buckets of ``method``'s cells that are still exploring (a new cell measures both arms
