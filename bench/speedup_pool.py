@@ -199,17 +199,25 @@ def verdicts(runs: list[dict], row: str, resamples: int = 10_000,
     return out
 
 
+def log_ratios_by_level(runs: list[dict], row: str, key: str, both: bool = False) -> dict[str, list[list[float]]]:
+    """Concurrency -> one list per workload that ran there: the logs of its pooled per-repeat ratios
+    (``pooled_cell``), for the summaries over workloads."""
+    levels: dict[str, list[list[float]]] = {}
+    for workload, level in cells(runs):
+        ratios = pooled_cell(runs, workload, level, row, key, both)
+        if ratios:
+            levels.setdefault(level, []).append([math.log(r) for r in ratios])
+    return levels
+
+
 def across_workloads(runs: list[dict], row: str, key: str, resamples: int = 2000, seed: int = 0,
                      both: bool = False, median: bool = False) -> dict[str, tuple]:
     """Per concurrency: the geometric mean over workloads of each cell's geometric mean (issue 6's summary
     row), with a bootstrap 95% interval that resamples each cell's repeats on their own (stratified: every
     workload keeps its weight); ``median``: of each cell's median repeat. -> concurrency -> (mean, low, high)."""
     centre = statistics.median if median else (lambda g: math.fsum(g) / len(g))
-    levels: dict[str, list[list[float]]] = {}
-    for workload, level in cells(runs):
-        ratios = pooled_cell(runs, workload, level, row, key, both)
-        if ratios:
-            levels.setdefault(level, []).append([math.log(r) for r in ratios])
+    levels = log_ratios_by_level(runs, row, key, both)
+
     def mean_of(samples: list[list[float]]) -> float:
         return math.fsum(centre(g) for g in samples) / len(samples)
 
@@ -230,14 +238,12 @@ def repeats_needed(runs: list[dict], row: str, key: str, half_width: float,
     varies by ~3% (session 40), so whether it is below 1 is a question of how many repeats the next run
     needs, which this answers before device time is spent. A normal approximation; the bootstrap of
     ``across_workloads`` is what reports the interval."""
-    levels: dict[str, list[list[float]]] = {}
-    for workload, level in cells(runs):
-        ratios = pooled_cell(runs, workload, level, row, key, both)
-        if len(ratios) >= 2:
-            levels.setdefault(level, []).append([math.log(r) for r in ratios])
     h = math.log1p(half_width)
     out = {}
-    for level, groups in levels.items():
+    for level, groups in log_ratios_by_level(runs, row, key, both).items():
+        groups = [g for g in groups if len(g) >= 2]       # a cell of one repeat has no spread to read
+        if not groups:
+            continue
         spread = math.fsum(statistics.variance(g) for g in groups)
         out[level] = (max(2, math.ceil((1.96 / (len(groups) * h)) ** 2 * spread)), min(len(g) for g in groups))
     return out
