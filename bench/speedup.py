@@ -113,10 +113,15 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # in run DH that one sample cut a probe and set a 2,048-step wait; this row measures the cap against
     # the old rule in the same run. A diagnostic, not a default row
     "dspark-charge-whole": {"method": "dspark", "schedule": "confidence", "gamma": None, "charge_steps": None},
+    # scheduled dspark behind a gate that takes every plain sample as measured, as until session 41
+    # (``SpecGate.plain_clip``: now at most twice the cell's fastest recent plain step), through a gate of its
+    # own: in run DN one stalled plain step made drafting the winner where it ran 0.62x `none`; this row
+    # measures the clip against the old rule in the same run. A diagnostic, not a default row
+    "dspark-clip-off": {"method": "dspark", "schedule": "confidence", "gamma": None, "plain_clip": None},
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
-                   "dspark-no-span", "dspark-charge-whole")
+                   "dspark-no-span", "dspark-charge-whole", "dspark-clip-off")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -315,7 +320,8 @@ def gc_split(d: dict) -> dict[str, list[float]]:
 
 
 # ROWS keys for the row's own gate (SpecGate settings, or its verify or projection path), not request fields
-GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "charge_steps", "gate", "verify",
+GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "charge_steps", "plain_clip", "gate",
+                 "verify",
                  "absorb", "spans")
 
 

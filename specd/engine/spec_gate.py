@@ -53,6 +53,12 @@ cell then rested, its probe wait at the 1,024-step maximum, through extraction, 
 ``TRACE_STEPS`` reports, so the next run's records say. Triton compiles and CUDA graph captures are
 excluded by the engine at any step (specd/engine/compile_count.py), one-off costs it can see.
 
+Stalled plain steps: a plain sample counts at most ``PLAIN_CLIP`` times the fastest of its cell's last
+``PLAIN_WINDOW`` plain steps (``_clip_plain``). One stall among a cell's few plain samples rated plain
+decoding at well under half its rate, and the cell drafted where drafting lost (H100, session 41, run DN:
+0.62x `none` on coding at c = 16). Drafting samples are taken as measured: a slow one can only make the
+gate rest.
+
 Steady rests: a resting step's full question walks every gated request, ~70 µs a step on the H200's host
 at c = 8 (session 10, run AA: the scheduled row's whole 1.6% gap there). ``rests_again`` answers it
 without the walk when the answer is sure: the same requests (or some of them) rested on the prediction at
@@ -98,6 +104,12 @@ SPAN_STEPS = 32      # decode steps of a rest span: a whole-batch lease that als
                      # admissions that join the rest's bound (``GateSteps._span_rests``, session 32)
 CHARGE_STEPS = 1.0   # held capture time a drafting sample carries at most, in the cell's plain steps; the rest
                      # waits for the next drafting samples (``SpecGate.charge``, session 39)
+PLAIN_CLIP = 2.0     # a plain sample counts at most this many times the fastest of its cell's last PLAIN_WINDOW plain
+PLAIN_WINDOW = 8     # steps (warm-ups included): one stalled step must not make drafting look faster. H100,
+                     # session 41, run DN (undertrained drafters, τ ~1.5): one plain sample of 23.3 ms among
+                     # ~2.9 ms ones rated plain decoding at 2,160 tok/s in coding's b16 cell, drafting
+                     # (~3,000) ran as the winner for ~100 steps a run at ~3.2 tok/ms against plain's ~6, and
+                     # scheduled dspark ran 0.62x `none` there (0.67x at c = 4, the same way)
 DRAFT_REASONS = ("explore", "probe", "winner")   # a new cell's exploration, a probe of the losing arm, the winner
 
 
@@ -320,6 +332,8 @@ class Cell:
                                       # can drift to, for them and for any subset (``SpecGate.rests_again``)
     rest_admitted: int = -1   # ``SpecGate.admitted`` when ``rest_bound`` was taken (a new request may explore)
     capture_s: float = 0.0    # capture steps' time over plain steps since the last drafting sample (``charge``)
+    plain_recent: deque = field(default_factory=lambda: deque(maxlen=PLAIN_WINDOW))   # raw plain step seconds
+                                                                                     # (``SpecGate._clip_plain``)
     lease_basis: tuple = ()   # ``basis`` of the answer that granted the current rest lease (``rest_lease``)
 
     def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:
@@ -373,15 +387,16 @@ class SpecGate:
                  probe_steps: int = PROBE_STEPS, decay: float = DECAY, probe_max: int = PROBE_MAX,
                  margin: float = MARGIN, probe_budget: float = PROBE_BUDGET, prior_steps: float = PRIOR_STEPS,
                  warmup: int = WARMUP, beside_prompts: bool = False, probe_cut: float | None = PROBE_CUT,
-                 charge_steps: float | None = CHARGE_STEPS):
+                 charge_steps: float | None = CHARGE_STEPS, plain_clip: float | None = PLAIN_CLIP):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
                 or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
                 or warmup < 0 or probe_cut is not None and not probe_cut >= 1
-                or charge_steps is not None and not charge_steps > 0):
+                or charge_steps is not None and not charge_steps > 0
+                or plain_clip is not None and not plain_clip >= 1):
             raise GateError(f"bad gate settings: min_samples={min_samples}, probe_every={probe_every}, "
                             f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}, "
                             f"probe_budget={probe_budget}, prior_steps={prior_steps}, warmup={warmup}, "
-                            f"probe_cut={probe_cut}, charge_steps={charge_steps}")
+                            f"probe_cut={probe_cut}, charge_steps={charge_steps}, plain_clip={plain_clip}")
         self.warmup = warmup
         # True: gated requests draft in a step with prompt chunks where the measured steps say drafting
         # wins (``drafts_beside_prompts``). Off: on the H200 it lost (session 13, run AP, in the same run:
@@ -398,6 +413,10 @@ class SpecGate:
         # the held capture time a drafting sample carries at most, in plain steps (None: all of it, as
         # until session 39; ``charge``)
         self.charge_steps = charge_steps
+        # a plain sample counts at most ``plain_clip`` times its cell's fastest recent plain step (None: as
+        # measured, the rule until session 41; ``_clip_plain``)
+        self.plain_clip = plain_clip
+        self.plain_clipped_s = 0.0   # plain steps' time over their clip, left out of the plain arm, in all
         self.cells: dict[tuple[str, int], Cell] = {}
         self.classes: OrderedDict[tuple[str, tuple[int, ...]], ClassRecord] = OrderedDict()
         self.probes = 0
@@ -836,6 +855,8 @@ class SpecGate:
         if len(cell.trace) < TRACE_STEPS:
             cell.trace.append(report)
         cell.recent.append(report)
+        if not drafted:
+            seconds = self._clip_plain(cell, seconds)
         if not used:             # the arm's first step at this cell's shape: one-off costs, no sample
             arm.warmups += 1
             return
@@ -848,6 +869,26 @@ class SpecGate:
             cell.draft.add(tokens, seconds, sequences, drafters)
         else:
             cell.plain.add(tokens, seconds, sequences)
+
+    def _clip_plain(self, cell: Cell, seconds: float) -> float:
+        """A plain step's seconds as the plain arm takes them: at most ``plain_clip`` times the fastest of
+        the cell's last ``PLAIN_WINDOW`` plain steps (its warm-ups included; the raw time joins them).
+
+        Why only plain: a pure decode step's time barely moves within a load bucket (memory-bound; a bucket's
+        batches differ by less than 2x in size), so a step at twice the fastest recent one is a stall (a
+        collector pass, the host), not the arm's cost. A stalled plain sample makes drafting look faster
+        than it is, and the gate then drafts where it loses: the one error that breaks "never slower than
+        `none`". A slow drafting sample errs the other way (the gate rests where drafting might win), and
+        drafting steps vary for real with their verify lengths, so they are taken as measured. The window's
+        minimum follows a real slowdown within ``PLAIN_WINDOW`` steps, and the arm's decayed sums forget a
+        clipped sample like any other; the trace keeps the raw time."""
+        fastest = min(cell.plain_recent, default=inf)
+        cell.plain_recent.append(seconds)
+        if self.plain_clip is None or seconds <= self.plain_clip * fastest:
+            return seconds
+        clipped = self.plain_clip * fastest
+        self.plain_clipped_s += seconds - clipped
+        return clipped
 
     @staticmethod
     def _check_sample(sequences: int, tokens: int, seconds: float) -> None:
@@ -917,7 +958,8 @@ class SpecGate:
         whether drafting currently wins (1) or the drafter rests (0), at the cell's own acceptance."""
         out: dict[str, float | int] = {"spec_gate_probes_total": self.probes,
                                        "spec_gate_probes_cut_total": self.probes_cut,
-                                       "spec_gate_capture_charged_seconds_total": self.charged_s}
+                                       "spec_gate_capture_charged_seconds_total": self.charged_s,
+                                       "spec_gate_plain_clipped_seconds_total": self.plain_clipped_s}
         for reason, n in self.drafted_by.items():
             out[f"spec_gate_drafted_{reason}_steps_total"] = n
         for (method, bucket), cell in sorted(self.cells.items()):

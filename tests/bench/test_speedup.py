@@ -417,11 +417,13 @@ def test_the_probe_budget_rows_run_behind_a_gate_of_their_own(row, budget, most)
 
 
 @pytest.mark.parametrize("row, setting, default", [("dspark-probe-uncut", "probe_cut", 2.0),
-                                                   ("dspark-charge-whole", "charge_steps", 1.0)])
+                                                   ("dspark-charge-whole", "charge_steps", 1.0),
+                                                   ("dspark-clip-off", "plain_clip", 2.0)])
 def test_the_old_rule_rows_run_behind_a_gate_of_their_own(row, setting, default):
     """dspark-probe-uncut: a gate of its own that never cuts a probe short (``probe_cut`` None);
     dspark-charge-whole: one that puts all held capture time on the next drafting sample (``charge_steps``
-    None, as until session 39). The engine's gate (the defaults) is back after the row. Not default rows."""
+    None, as until session 39); dspark-clip-off: one that takes every plain sample as measured (``plain_clip``
+    None, as until session 41). The engine's gate (the defaults) is back after the row. Not default rows."""
     from types import SimpleNamespace
 
     from bench.speedup import DEFAULT_ROWS, row_gate

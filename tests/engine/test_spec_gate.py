@@ -163,8 +163,9 @@ def test_a_probe_is_cut_on_a_sample_only():
     assert probe_runs(drive(gate, 4, draft_tok_s=400.0)) == [1] and gate.probes_cut == 1
 
 
-@pytest.mark.parametrize("setting, value", [("probe_cut", 0.5), ("charge_steps", 0.0), ("charge_steps", -1.0)])
-def test_a_bad_probe_cut_or_charge_cap_is_refused(setting, value):
+@pytest.mark.parametrize("setting, value", [("probe_cut", 0.5), ("charge_steps", 0.0), ("charge_steps", -1.0),
+                                            ("plain_clip", 0.5)])
+def test_a_bad_probe_cut_charge_cap_or_plain_clip_is_refused(setting, value):
     with pytest.raises(GateError, match=f"{setting}={value}"):
         SpecGate(**{setting: value})
 
@@ -2588,3 +2589,58 @@ def test_a_draining_batch_carries_its_rest_into_the_smaller_bucket():
     assert low.rest_bound == (carried_bound(high, low),) * 2 and low.clock == clock + 1
     gate.record("dspark", [4, 5, 6])                                      # an admission since the bound
     assert not gate.carries_rest("dspark", 16, 3)
+
+
+# H100, session 41, run DN, coding at c = 16: the b16 cell's plain steps (ms; the first is the warm-up) and
+# its drafting steps (20 tokens for 16 sequences in 6.5 ms), as the gate trace recorded them
+DN_PLAIN_MS = [2.895, 2.867, 2.803, 2.825, 23.342, 3.112]
+DN_DRAFT = (20, 6.5e-3)
+
+
+def explore_dn_cell(gate: SpecGate) -> None:
+    """Explore a b16 cell on run DN's steps: drafting first, then plain decoding with its one stall."""
+    plain = iter(DN_PLAIN_MS)
+    while gate.exploring("dspark") != [] or not gate.cells:
+        if gate.should_draft("dspark", 16):
+            gate.observe("dspark", 16, True, *DN_DRAFT)
+        else:
+            gate.observe("dspark", 16, False, 16, next(plain) * 1e-3)
+
+
+@pytest.mark.parametrize("plain_clip, drafts", [(2.0, False), (None, True)])
+def test_one_stalled_plain_step_does_not_make_drafting_the_winner(plain_clip, drafts):
+    """Run DN's b16 cell: one 23.3 ms plain step among ~2.9 ms ones. Taken as measured (``plain_clip``
+    None, the rule until session 41) it rates plain decoding at 2,160 tok/s, the rate run DN's trace shows,
+    below drafting's ~3,080, and the cell drafts, where plain decoding runs ~5,600; clipped at twice the
+    fastest recent plain step it rates plain at ~4,560 and the cell rests."""
+    gate = SpecGate(plain_clip=plain_clip)
+    explore_dn_cell(gate)
+    cell = gate.cells[("dspark", 16)]
+    assert gate.should_draft("dspark", 16, measured=False) is drafts
+    if plain_clip is None:
+        assert gate.plain_clipped_s == 0.0 and cell.plain.per_s == pytest.approx(2160.1, abs=0.1)   # the trace's
+    else:
+        assert gate.plain_clipped_s == pytest.approx((23.342 - 2 * 2.803) * 1e-3)
+        assert gate.stats()["spec_gate_plain_clipped_seconds_total"] == gate.plain_clipped_s
+        assert cell.plain.per_s == pytest.approx(4560, rel=0.001)
+    assert cell.draft.per_s == pytest.approx(20 / 6.5e-3)
+    assert [r[2] for r in gate.trace()["dspark_b16"] if not r[0]] == DN_PLAIN_MS    # the trace keeps raw times
+
+
+def test_the_plain_clip_follows_a_real_slowdown_and_leaves_drafting_samples_alone():
+    """Plain steps that slow down for good (2 ms, then 5 ms) are clipped only until the window holds no
+    2 ms step; after that the arm takes them as measured. A drafting step is never clipped, however slow."""
+    gate = SpecGate(warmup=0, min_samples=3, probe_every=2048, probe_max=2048, probe_budget=1.0)
+    for _ in range(20):
+        gate.observe("dspark", 4, False, 4, 2e-3)
+    cell = gate.cells[("dspark", 4)]
+    slow = []
+    for _ in range(60):
+        before = gate.plain_clipped_s
+        gate.observe("dspark", 4, False, 4, 5e-3)
+        slow.append(gate.plain_clipped_s > before)
+    assert slow == [True] * 8 + [False] * 52                 # PLAIN_WINDOW = 8 steps of 2 ms to forget
+    assert cell.plain.step_s == pytest.approx(5e-3, rel=0.05)
+    clipped = gate.plain_clipped_s
+    gate.observe("dspark", 4, True, 4, 0.5)                  # a drafting step 100x a plain one: as measured
+    assert gate.plain_clipped_s == clipped and cell.draft.seconds == pytest.approx(0.5)
