@@ -118,10 +118,15 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # own: in run DN one stalled plain step made drafting the winner where it ran 0.62x `none`; this row
     # measures the clip against the old rule in the same run. A diagnostic, not a default row
     "dspark-clip-off": {"method": "dspark", "schedule": "confidence", "gamma": None, "plain_clip": None},
+    # EAGLE-3 at γ = 7 with its draft eager instead of replayed from its CUDA graphs (specd/engine/
+    # eagle3_graphs.py, session 41), through a gate of its own: what the graphs save, in the same run. Until
+    # session 41 the `eagle3` row ran this way (0.13-0.18x `none` on the H100, run DN). A diagnostic, not a
+    # default row
+    "eagle3-eager": {"method": "eagle3", "schedule": "fixed", "gamma": 7, "graphs": "eager"},
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
-                   "dspark-no-span", "dspark-charge-whole", "dspark-clip-off")
+                   "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -319,10 +324,9 @@ def gc_split(d: dict) -> dict[str, list[float]]:
             for g in GENERATIONS if d.get(f"gc_gen{g}_passes_total")}
 
 
-# ROWS keys for the row's own gate (SpecGate settings, or its verify or projection path), not request fields
+# ROWS keys for the row's own gate (SpecGate settings, or its verify, draft or projection path), not request fields
 GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "charge_steps", "plain_clip", "gate",
-                 "verify",
-                 "absorb", "spans")
+                 "verify", "graphs", "absorb", "spans")
 
 
 @contextmanager
@@ -342,6 +346,10 @@ def row_gate(engine, row: str, own: dict):
         return
     rejection = settings.pop("verify", None) == "rejection"
     spans = settings.pop("spans", True)
+    eager_proposer = engine._proposer(ROWS[row]["method"]) if settings.pop("graphs", None) == "eager" else None
+    eager_rounds = None if eager_proposer is None else eager_proposer.rounds
+    if eager_proposer is not None:
+        eager_proposer.rounds = None     # ``FeatureProposer``: the drafter's eager draft (``draft_contexts``)
     rounds = getattr(engine._proposer(ROWS[row]["method"]), "rounds", None) \
         if settings.pop("absorb", None) == "eager" else None
     absorbs = None if rounds is None else rounds.absorbs
@@ -365,6 +373,8 @@ def row_gate(engine, row: str, own: dict):
         engine.rest_spans = True
         if rounds is not None:
             rounds.absorbs = absorbs
+        if eager_proposer is not None:
+            eager_proposer.rounds = eager_rounds
 
 
 def repeat_order(rows: list[str], rep: int) -> list[str]:

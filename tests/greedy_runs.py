@@ -8,11 +8,14 @@ from specd.sampling_params import SamplingParams
 STORY_PROMPTS = ("Once upon a time, there was a", "Tom had a big dog. The dog", "One day, Lily went to the")
 
 
-def greedy_outputs(engine, tag: str, prompts=STORY_PROMPTS, max_tokens: int = 24) -> dict[str, list[int]]:
-    """Run every prompt to ``max_tokens`` greedy tokens in one batch; returns prompt index -> token ids."""
+def greedy_outputs(engine, tag: str, prompts=STORY_PROMPTS, max_tokens: int = 24,
+                   speculation: str | None = None) -> dict[str, list[int]]:
+    """Run every prompt to ``max_tokens`` greedy tokens in one batch (``speculation``: the requests'
+    method, None the deployment's); returns prompt index -> token ids."""
     for i, p in enumerate(prompts):
         engine.add_request(Request(f"{tag}{i}", engine.tokenizer.encode(p),
-                                   SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)))
+                                   SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+                                   speculation=speculation))
     got: dict[str, list[int]] = {}
     while engine.has_work():
         for out in engine.step():

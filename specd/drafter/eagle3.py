@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from specd.drafter.base import (BorrowsTargetHeads, DrafterError, DraftOutput, SlotSampler, TargetHeads,
                                 count_parameters)
 from specd.drafter.config import DrafterConfig
-from specd.drafter.context_cache import DraftContext, padded_layer
+from specd.drafter.context_cache import DraftContext, append_many, padded_layer
 from specd.models.config import ModelConfig
 from specd.models.layers import MLP, RMSNorm, Rotary, apply_rotary
 from specd.sampling_params import SamplingParams
@@ -180,13 +180,44 @@ class Eagle3Drafter(BorrowsTargetHeads, nn.Module):
             context.append([(k, v)])
         return feats[max(m, 0):]
 
+    def absorb_pairs(self, contexts: Sequence[DraftContext], feats: Sequence[Tensor],
+                     next_tokens: Sequence[Tensor]) -> list[Tensor]:
+        """``absorb`` for a batch of requests in one projection: each element's key depends only on its own
+        feature, token and position, so every request's new elements go through ``context_kv`` as one
+        [Σm, d] batch, are split back and appended in one foreach copy (``context_cache.append_many``).
+        Returns each request's kept-back features, as ``absorb`` does.
+
+        Why: ``absorb`` per request is ~20 small kernels a request; at c = 32 that is ~640 launches a
+        draft, several ms of host time on the GPU (session 41, run DN: `eagle3`'s schedule phase 35-43 ms a
+        step at c = 32 against 13.5-17.7 at c = 1). The block drafters batch theirs the same way
+        (``BlockDrafter.absorb_many``)."""
+        if not len(contexts) == len(feats) == len(next_tokens):
+            raise DrafterError(f"{len(contexts)} contexts for {len(feats)} feature tensors and "
+                               f"{len(next_tokens)} token tensors")
+        if any(f.shape[0] != t.shape[0] for f, t in zip(feats, next_tokens)):
+            raise DrafterError("every request needs one next token per feature")
+        live = [(c, f[:-1], t[:-1]) for c, f, t in zip(contexts, feats, next_tokens) if f.shape[0] > 1]
+        if live:
+            dev, dtype = self.fc.weight.device, self.fc.weight.dtype
+            sizes = [f.shape[0] for _, f, _ in live]
+            positions = torch.tensor([p for (c, _, _), m in zip(live, sizes) for p in range(c.n, c.n + m)], device=dev)
+            k, v = self.context_kv(torch.cat([f for _, f, _ in live]).to(dev, dtype),
+                                   torch.cat([t for _, _, t in live]).to(dev), positions)
+            append_many([c for c, _, _ in live], [[kv] for kv in zip(k.split(sizes), v.split(sizes))])
+        return [f[max(f.shape[0] - 1, 0):] for f in feats]
+
     @torch.no_grad()
     def draft_contexts(self, contexts: Sequence[DraftContext], tails: Sequence[Tensor], last_tokens: Sequence[int],
-                       params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]) -> DraftOutput:
+                       params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+                       rounds=None) -> DraftOutput:
         """γ sequential steps batched over requests. contexts[i] holds elements 0..n_i-1; tails[i] [1, d]
-        is the feature of position n_i, the anchor last_tokens[i] sits at n_i + 1."""
+        is the feature of position n_i, the anchor last_tokens[i] sits at n_i + 1. ``rounds``: a
+        specd.engine.eagle3_graphs.Eagle3Graphs that replays the γ steps from CUDA graphs; None (or a
+        shape it holds no graph for) runs this eager reference."""
         if len(tails) != len(contexts) or any(t.shape[0] != 1 for t in tails):
             raise DrafterError("eagle3 needs one kept-back feature per request (absorb's return value)")
+        if rounds is not None:
+            return rounds.run(self, contexts, tails, last_tokens, params, generators)
         dev, dtype = self.fc.weight.device, self.fc.weight.dtype
         lens = torch.tensor([c.n for c in contexts], dtype=torch.int64, device=dev)
         ctx = padded_layer(contexts, 0)
@@ -201,6 +232,26 @@ class Eagle3Drafter(BorrowsTargetHeads, nn.Module):
             tokens.append(tok)
             probs.append(p)
         return DraftOutput(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), confidence=None)
+
+    def padded_draft(self, tails: Tensor, anchors: Tensor, lens: Tensor, ctx: KV, settings, path,
+                     probs_out: Tensor) -> Tensor:
+        """``draft_contexts``'s γ steps on fixed shapes, no host reads: what a CUDA graph captures per
+        (batch, S, sampling path) (specd/engine/eagle3_graphs.py).
+
+        tails: [B, d] kept-back features; anchors, lens: [B] int64; ctx: (k, v) [B, S, Hkv, D], row i's
+        positions >= lens[i] padding (masked; must be finite); settings: the rows' sampling settings
+        (eagle3_graphs.SlotSettings), path: the transforms they need. Each step's probabilities go into
+        probs_out [B, γ, V] fp32; returns the tokens [B, γ] int64."""
+        from specd.engine.draft_graphs import sample_slot     # the engine imports this module's package
+
+        s = ctx[0].shape[1]
+        ctx_mask = torch.arange(s, device=lens.device)[None, :] < lens[:, None]
+        hidden, tok, own, tokens = tails, anchors, [], []
+        for k in range(self.config.gamma):
+            hidden = self.step(hidden, tok, lens + k, ctx, ctx_mask, own)
+            tok = sample_slot(self.logits(hidden), settings, path, k, probs_out)
+            tokens.append(tok)
+        return torch.stack(tokens, dim=1)
 
     @torch.no_grad()
     def draft(self, ctx_feats: Sequence[Tensor], last_tokens: Sequence[int], params: Sequence[SamplingParams],

@@ -89,6 +89,21 @@ def warm_keys(max_batch: int, vocab: int) -> list[DraftGraphKey]:
     return [DraftGraphKey(b, p) for b in buckets for p in WARM_PATHS if p.max_k < vocab]
 
 
+def sample_slot(logits: Tensor, x, path: SamplingPath, k: int, probs_out: Tensor) -> Tensor:
+    """Slot ``k`` of a static round: each row's sampling distribution from its fp32 ``logits`` [Bp, V]
+    (written into ``probs_out[:, k]``) and its token [Bp]: a greedy row the argmax, a sampled row the
+    inverse CDF at its uniform for slot k. ``x``: the rows' settings (``RoundInputs``, or EAGLE-3's
+    ``SlotSettings``: ``top_k``, ``kind``, ``temperature``, ``top_p``, ``uniforms``). Row for row ``SlotSampler``'s computation, on every row of
+    the path (``static_probs``), chosen per row by ``where``; shared by the block drafters' Markov loop
+    and EAGLE-3's sequential steps (specd/engine/eagle3_graphs.py)."""
+    probs, argmax = static_probs(logits, x.temperature, x.top_k, x.top_p, x.kind, path)
+    probs_out[:, k] = probs
+    if not (path.plain or path.max_k or path.top_p):
+        return argmax
+    drawn = inverse_cdf(probs, x.uniforms[:, k])
+    return torch.where(x.kind == GREEDY_ROW, argmax, drawn) if path.greedy else drawn
+
+
 def markov_round(x: RoundInputs, path: SamplingPath, markov_head, confidence: Callable | None,
                  probs_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """The Markov loop, per-slot sampling and confidence head on fixed-shape inputs: what is captured.
@@ -103,16 +118,9 @@ def markov_round(x: RoundInputs, path: SamplingPath, markov_head, confidence: Ca
     gamma = base.shape[1]
     probs_out = probs_out if probs_out is not None else torch.empty_like(base)
     prev, tokens = x.anchors, []
-    greedy = x.kind == GREEDY_ROW
     for k in range(gamma):
         logits = base[:, k] if markov_head is None else markov_head(base[:, k], prev)
-        probs, argmax = static_probs(logits, x.temperature, x.top_k, x.top_p, x.kind, path)
-        if path.plain or path.max_k or path.top_p:
-            drawn = inverse_cdf(probs, x.uniforms[:, k])
-            prev = torch.where(greedy, argmax, drawn) if path.greedy else drawn
-        else:
-            prev = argmax
-        probs_out[:, k] = probs
+        prev = sample_slot(logits, x, path, k, probs_out)
         tokens.append(prev)
     tokens = torch.stack(tokens, dim=1)
     conf = None
@@ -160,6 +168,10 @@ class DraftGraphs(KeyedGraphs):
 
     def key(self, params: Sequence[SamplingParams]) -> DraftGraphKey | None:
         return draft_graph_key(params, self.max_batch, self.vocab)
+
+    def warm_keys(self) -> list[DraftGraphKey]:
+        """The keys captured when the proposer loads (``warm_keys``)."""
+        return warm_keys(self.max_batch, self.vocab)
 
     def inputs(self, batch: int) -> RoundInputs:
         b, g, bm = batch, self.gamma, self.max_batch

@@ -72,12 +72,10 @@ class FeatureProposer:
         """Capture the common draft rounds now (draft_graphs.warm_keys); 0 without draft graphs."""
         if self.rounds is None:
             return 0
-        from specd.engine.draft_graphs import warm_keys
-
         blocks, absorbs = self.rounds.blocks, self.rounds.absorbs
         fresh = 0 if blocks is None else blocks.warm(self.drafter, blocks.warm_keys())
         fresh += 0 if absorbs is None else absorbs.warm(self.drafter, absorbs.warm_keys())
-        return fresh + self.rounds.warm(self.drafter, warm_keys(self.rounds.max_batch, self.rounds.vocab))
+        return fresh + self.rounds.warm(self.drafter, self.rounds.warm_keys())
 
     @property
     def round_captures(self) -> int:
@@ -141,8 +139,16 @@ class FeatureProposer:
         return bool(pending)
 
     def _absorb_all(self, seqs) -> None:
-        """``_absorb`` for every sequence of a round: one batched projection where the drafter has one
-        (block drafters: ``absorb_many``), else one per sequence (EAGLE-3 pairs features with tokens)."""
+        """``_absorb`` for every sequence of a round in one batched projection: block drafters'
+        ``absorb_many``, EAGLE-3's ``absorb_pairs`` (it pairs each feature with the token after it)."""
+        pairs = getattr(self.drafter, "absorb_pairs", None)
+        if pairs is not None:
+            firsts = [self._open_context(s) for s in seqs]
+            after = [torch.tensor(s.ids(first + 1, s.num_computed_tokens + 1), dtype=torch.int64)
+                     for s, first in zip(seqs, firsts)]
+            for s, rest in zip(seqs, pairs([s.draft_ctx for s in seqs], [s.draft_feats for s in seqs], after)):
+                s.draft_feats = rest
+            return
         many = getattr(self.drafter, "absorb_many", None)
         if many is None:
             for s in seqs:
@@ -217,9 +223,19 @@ def draft_rounds(drafter, config, max_len: int):
     (specd/engine/absorb_graphs.py), in one graph pool. None elsewhere (the eager reference: the CPU path).
     ``max_len``: the engine's context limit (the largest context bucket). ``KVSPEC_ABSORB_GRAPHS=0`` keeps
     the projection eager with the other graphs on: it is the newest of them (session 29), so a deployment
-    can turn it off alone, and a benchmark can set it beside the eager path."""
+    can turn it off alone, and a benchmark can set it beside the eager path. EAGLE-3 drafts in γ sequential
+    steps, replayed from specd/engine/eagle3_graphs.py (session 41; ``KVSPEC_EAGLE3_GRAPHS=0`` keeps them
+    eager, as before)."""
     device = drafter.fc.weight.device
-    if device.type != "cuda" or not config.cuda_graphs or not hasattr(drafter, "sample_drafts"):
+    if device.type != "cuda" or not config.cuda_graphs:
+        return None
+    if drafter.config.method == "eagle3":         # γ sequential steps: its own graphs (eagle3_graphs.py)
+        if os.environ.get("KVSPEC_EAGLE3_GRAPHS", "1") == "0":
+            return None
+        from specd.engine.eagle3_graphs import Eagle3Graphs
+
+        return Eagle3Graphs(drafter, config.max_num_seqs, max_len, device)
+    if not hasattr(drafter, "sample_drafts"):
         return None
     from specd.engine.absorb_graphs import AbsorbGraphs
     from specd.engine.block_graphs import BlockGraphs

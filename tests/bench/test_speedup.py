@@ -346,6 +346,31 @@ def test_the_rejection_rows_verify_greedy_drafts_through_the_rejection_sampler(t
     assert tokens["dspark-g7"] == tokens["dspark-g7-rejection"]
 
 
+def test_the_eagle3_eager_row_drafts_without_its_graphs_and_puts_them_back():
+    """eagle3-eager: while the row runs, the eagle3 proposer has no draft graphs (the eager
+    ``draft_contexts``); after it, and after a failed run, they are back; the `eagle3` row keeps them.
+    Not a default row."""
+    from types import SimpleNamespace
+
+    from bench.speedup import DEFAULT_ROWS, row_gate
+    from specd.engine.spec_gate import SpecGate
+
+    assert "eagle3-eager" not in DEFAULT_ROWS and "eagle3" in DEFAULT_ROWS
+    graphs = object()
+    proposer = SimpleNamespace(rounds=graphs)
+    gate = SpecGate()
+    engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: proposer)
+    own: dict = {}
+    with row_gate(engine, "eagle3-eager", own):
+        assert proposer.rounds is None and engine.spec_gate is own["eagle3-eager"]
+    assert proposer.rounds is graphs and engine.spec_gate is gate
+    with pytest.raises(RuntimeError), row_gate(engine, "eagle3-eager", own):
+        raise RuntimeError("a failed run")
+    assert proposer.rounds is graphs
+    with row_gate(engine, "eagle3", own):
+        assert proposer.rounds is graphs and engine.spec_gate is gate
+
+
 def test_the_absorb_eager_row_runs_without_the_projection_graphs_and_puts_them_back():
     """dspark-absorb-eager: while the row runs, the proposer's round graphs keep no projection graphs (the
     eager ``absorb_many``) and a gate of its own decides; after it, both are the engine's again, also when the

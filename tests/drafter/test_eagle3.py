@@ -74,3 +74,33 @@ def test_draft_needs_context_tokens(eagle, feats, tokens):
         eagle.draft([feats[:4]], [int(tokens[4])], [GREEDY], [None])
     with pytest.raises(DrafterError):
         eagle.ttt_logits(feats, tokens, torch.tensor([0]), steps=2)
+
+
+def test_absorb_pairs_equals_absorb_per_request(eagle):
+    """One batched projection for several requests (``absorb_pairs``) leaves every context with the keys
+    ``absorb`` would have written, to rounding (BLAS may round a row differently at another row count),
+    and the same kept-back features; a request with one feature or none absorbs nothing. A token moved by
+    one position changes the keys by far more than rounding."""
+    g = torch.Generator().manual_seed(3)
+    d, vocab = eagle.config.hidden_size, eagle.config.vocab_size
+    sizes = [5, 1, 0, 9]
+    feats = [torch.randn(m, d, generator=g) for m in sizes]
+    after = [torch.randint(0, vocab, (m,), generator=g) for m in sizes]
+    one, many = [eagle.new_context() for _ in sizes], [eagle.new_context() for _ in sizes]
+    for c in one + many:                                   # contexts that already hold elements
+        eagle.absorb(c, torch.randn(4, d, generator=torch.Generator().manual_seed(9)), torch.arange(4))
+    with torch.no_grad():
+        want = [eagle.absorb(c, f, t) for c, f, t in zip(one, feats, after)]
+        got = eagle.absorb_pairs(many, feats, after)
+        shifted = [eagle.new_context()]
+        eagle.absorb(shifted[0], torch.randn(4, d, generator=torch.Generator().manual_seed(9)), torch.arange(4))
+        eagle.absorb_pairs(shifted, [feats[0]], [after[0].roll(1)])
+    assert [c.n for c in many] == [c.n for c in one] == [3 + 4, 3, 3, 3 + 8]
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    for a, b in zip(many, one):
+        for x, y in zip(a.layer(0), b.layer(0)):
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-5)
+    assert (shifted[0].layer(0)[0] - one[0].layer(0)[0]).abs().max() > 1e-2
+    with pytest.raises(DrafterError, match="one next token per feature"):
+        eagle.absorb_pairs(many[:1], feats[:1], [after[0][:2]])
