@@ -536,6 +536,7 @@ PY
   graphs-check)
     mkdir -p "$RES/graphs-check"
     timeout "${CHECK_TIMEOUT:-240}" python -m pytest -q -p no:cacheprovider tests/engine/test_absorb_graphs.py \
+      tests/engine/test_eagle3_graphs.py \
       tests/engine/test_block_graphs.py tests/engine/test_draft_graphs.py > "$RES/graphs-check/pytest.txt" 2>&1
     echo "pytest rc=$?"; tail -n 3 "$RES/graphs-check/pytest.txt"
     CUDA_VISIBLE_DEVICES=0 timeout "${PROFILE_TIMEOUT:-120}" python -m bench.gpu_profile --draft-round \
