@@ -18,7 +18,8 @@
 #   bash bench/gpu/session.sh train-probe  # one GPU, no GGUF: drafter training steps by batch size (train_probe.py),
 #                                          #   this export and, with OLD=<export dir>, an older one; with
 #                                          #   PROBE_FEATURES=bfloat16, this export again with a bf16 target pass
-#   bash bench/gpu/session.sh drafter-out  # the trained dspark drafter in bf16, as 15 MB pieces dsq.NN, to carry later
+#   bash bench/gpu/session.sh drafter-out  # the trained dspark drafter in bf16, as 15 MB pieces dsq.NN, to carry later;
+#                                          # DRAFTER=dflash (pieces dfq.NN) or eagle3 (e3q.NN): those `train` left
 #   bash bench/gpu/session.sh stash DIR    # copy a carried folder's files to /tmp/stash (the drafter's pieces)
 #   bash bench/gpu/session.sh final        # GPU0: bench speedup with the carried drafter, the draft-round profile,
 #                                          #   sps-projection | GPU1: serve-plan gpu-kv (issue 7, per-cell stats;
@@ -100,15 +101,26 @@ triton_compiles() {  # compiled Triton kernels so far, per kernel name (one cach
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 second_gpu() { if [ "$GPUS" -ge 2 ]; then echo 1; else echo 0; fi; }
 
-unpack_drafter() {  # the dspark drafter of train-kv, carried back as bf16 pieces (drafter-out), stashed
-  if [ ! -d /tmp/dsp ]; then
-    cat /tmp/stash/dsq.* > /tmp/dsp.tgz && tar xzf /tmp/dsp.tgz -C /tmp && ls -la /tmp/dsp || exit 1
+# a drafter carried back in bf16 pieces (drafter-out): method -> "pieces folder" (pieces /tmp/stash/<pieces>.NN,
+# unpacked into /tmp/<folder>); dspark's names are session 8's
+carried() { case "$1" in dspark) echo "dsq dsp" ;; dflash) echo "dfq dfl" ;; eagle3) echo "e3q e3d" ;; *) return 1 ;; esac; }
+
+unpack_carried() {  # unpack_carried METHOD: its stashed pieces into /tmp/<folder>, once
+  local names pieces folder
+  names=$(carried "$1") || { echo "no carried drafter for $1"; exit 2; }
+  read -r pieces folder <<< "$names"
+  if [ ! -d "/tmp/$folder" ]; then
+    cat /tmp/stash/"$pieces".* > "/tmp/$folder.tgz" && tar xzf "/tmp/$folder.tgz" -C /tmp && ls -la "/tmp/$folder" || exit 1
   fi
 }
 
+unpack_drafter() { unpack_carried dspark; }  # the dspark drafter of train-kv, carried back and stashed
+
 speed_drafters() {  # DRAFTERS for speedup_run: ${SPEED_DRAFTERS} (empty: none), default the stashed dspark, unpacked
   DRAFTERS=${SPEED_DRAFTERS-dspark=/tmp/dsp}   # dspark=/tmp/dp/drafters/dspark: the one `train` left on this machine
-  case "$DRAFTERS" in *=/tmp/dsp*) unpack_drafter ;; esac
+  case "$DRAFTERS" in *=/tmp/dsp*) unpack_carried dspark ;; esac   # dflash=/tmp/dfl, eagle3=/tmp/e3d: carried too
+  case "$DRAFTERS" in *=/tmp/dfl*) unpack_carried dflash ;; esac
+  case "$DRAFTERS" in *=/tmp/e3d*) unpack_carried eagle3 ;; esac
 }
 
 train_data() {  # the training sessions: ${TRAIN_DATA:-.carry/qwen-sessions500}, a folder or a .tgz of one folder
@@ -346,24 +358,30 @@ PY
     pack answers-stacks
     ;;
   drafter-out)
-    # the trained dspark drafter in bf16 as 15 MB pieces dsq.NN, all in one call (a file comes back only
-    # up to 16 MiB: session 8's two 30 MB halves did not). Keep them in two carried folders of <= 30 MB
-    # (.carry/dsq8a: dsq.00-01, .carry/dsq8b: the rest) and bring them back with `stash` (two calls)
-    D=/tmp/dp/drafters/dspark
-    if [ ! -f /tmp/dspark-bf16.tgz ]; then
-      python - "$D" <<'PY'
+    # the trained drafter (DRAFTER, default dspark) in bf16 as 15 MB pieces, all in one call (a file comes
+    # back only up to 16 MiB: session 8's two 30 MB halves did not). Keep them in carried folders of <= 30 MB
+    # (.carry/dsq8a: dsq.00-01, .carry/dsq8b: the rest) and bring them back with `stash` (a call each); then
+    # SPEED_DRAFTERS=dspark=/tmp/dsp,dflash=/tmp/dfl,eagle3=/tmp/e3d unpacks each one named. dflash and eagle3
+    # in bf16 are ~38 MB each (session 41's: 75.7 and 73.4 MB in fp32), three pieces
+    M=${DRAFTER:-dspark}
+    names=$(carried "$M") || { echo "DRAFTER=$M: dspark, dflash or eagle3"; exit 2; }
+    read -r pieces folder <<< "$names"
+    D=/tmp/dp/drafters/$M
+    [ -f "$D/drafter.safetensors" ] || { echo "no trained $M drafter in $D (run train first)"; exit 2; }
+    if [ ! -f "/tmp/$M-bf16.tgz" ]; then
+      python - "$D" "/tmp/$M-bf16.safetensors" <<'PY'
 import sys, torch
 from safetensors.torch import load_file, save_file
-d = sys.argv[1]
+d, out = sys.argv[1], sys.argv[2]
 state = load_file(f"{d}/drafter.safetensors")
-save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, "/tmp/dspark-bf16.safetensors")
+save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, out)
 PY
-      mkdir -p /tmp/dsp && cp /tmp/dspark-bf16.safetensors /tmp/dsp/drafter.safetensors
-      cp "$D"/*.json /tmp/dsp/ && tar czf /tmp/dspark-bf16.tgz -C /tmp dsp && rm -f /tmp/dsq.*
-      split -b 15000000 -d -a 2 /tmp/dspark-bf16.tgz /tmp/dsq.
-      ls -la /tmp/dsp /tmp/dsq.*; sha256sum /tmp/dspark-bf16.tgz
+      mkdir -p "/tmp/$folder" && cp "/tmp/$M-bf16.safetensors" "/tmp/$folder/drafter.safetensors"
+      cp "$D"/*.json "/tmp/$folder/" && tar czf "/tmp/$M-bf16.tgz" -C /tmp "$folder" && rm -f /tmp/"$pieces".*
+      split -b 15000000 -d -a 2 "/tmp/$M-bf16.tgz" "/tmp/$pieces."
+      ls -la "/tmp/$folder" /tmp/"$pieces".*; sha256sum "/tmp/$M-bf16.tgz"
     fi
-    cp /tmp/dsq.* "$OUT/"
+    cp /tmp/"$pieces".* "$OUT/"
     ;;
   stash)
     mkdir -p /tmp/stash && cp "$2"/* /tmp/stash/ && ls -la /tmp/stash
