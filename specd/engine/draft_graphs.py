@@ -89,6 +89,32 @@ def warm_keys(max_batch: int, vocab: int) -> list[DraftGraphKey]:
     return [DraftGraphKey(b, p) for b in buckets for p in WARM_PATHS if p.max_k < vocab]
 
 
+def float_settings(max_batch: int, gamma: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The device buffer of the rows' float settings and its pinned host twin, laid out [temperature Bmax |
+    top-p Bmax | uniforms Bmax·γ] (``pack_floats``)."""
+    n = 2 * max_batch + max_batch * gamma
+    return (torch.zeros(n, dtype=torch.float32, device=device),
+            torch.zeros(n, dtype=torch.float32, pin_memory=device.type == "cuda"))
+
+
+def pack_floats(host: Tensor, device: Tensor, params: Sequence[SamplingParams],
+                generators: Sequence[torch.Generator | None], max_batch: int, batch: int, gamma: int) -> None:
+    """Each row's temperature (1.0 on greedy and padding rows), top-p (1.0 on padding) and γ uniforms (0 on
+    greedy and padding rows; the sampled rows' drawn from their own generators in the same order as
+    ``SlotSampler`` draws them) into the host buffer, then one copy of the first ``batch`` rows' worth."""
+    n, bm, bp, g = len(params), max_batch, batch, gamma
+    host[:bp] = 1.0
+    host[bm:bm + bp] = 1.0
+    host[:n] = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
+    host[bm:bm + n] = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+    u = host[2 * bm:2 * bm + bp * g].view(bp, g)
+    u.zero_()
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if sampled:
+        u[sampled] = draw_uniforms([generators[i] for i in sampled], g)
+    device[: 2 * bm + bp * g].copy_(host[: 2 * bm + bp * g], non_blocking=True)
+
+
 def sample_slot(logits: Tensor, x, path: SamplingPath, k: int, probs_out: Tensor) -> Tensor:
     """Slot ``k`` of a static round: each row's sampling distribution from its fp32 ``logits`` [Bp, V]
     (written into ``probs_out[:, k]``) and its token [Bp]: a greedy row the argmax, a sampled row the
@@ -146,10 +172,8 @@ class DraftGraphs(KeyedGraphs):
         self.logits = torch.zeros(b * g, cfg.vocab_size, dtype=dtype, device=device)     # [Bmax·γ, V]
         self.hidden = torch.zeros(b, g, cfg.hidden_size, dtype=dtype, device=device)
         self._ints = torch.zeros(3 * b, dtype=torch.int64, device=device)     # anchors, top_k, kind
-        self._floats = torch.zeros(2 * b + b * g, dtype=torch.float32, device=device)   # temperature, top_p, u
-        pin = device.type == "cuda"
-        self._h_ints = torch.zeros(3 * b, dtype=torch.int64, pin_memory=pin)
-        self._h_floats = torch.zeros(2 * b + b * g, dtype=torch.float32, pin_memory=pin)
+        self._h_ints = torch.zeros(3 * b, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self._floats, self._h_floats = float_settings(b, g, device)           # temperature, top_p, u
         self.tokens = torch.zeros(b, g, dtype=torch.int64, device=device)
         self.probs = torch.zeros(b, g, cfg.vocab_size, dtype=torch.float32, device=device)
         self.confidence = torch.zeros(b, g, dtype=torch.float32, device=device)     # pre-sigmoid
@@ -188,23 +212,14 @@ class DraftGraphs(KeyedGraphs):
         torch.mm(hidden.reshape(n * g, -1), drafter.heads.lm_head.weight.detach().t(), out=self.logits[: n * g])
         if hidden.data_ptr() != self.hidden.data_ptr():       # the block graphs write it in place
             self.hidden[:n].copy_(hidden)
-        hi, hf = self._h_ints, self._h_floats
-        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        hi = self._h_ints
         kinds = row_kind_codes(params, self.vocab)
         hi[:n] = torch.tensor(list(last_tokens), dtype=torch.int64)
         hi[bm:bm + n] = torch.tensor([p.top_k for p in params], dtype=torch.int64)
         hi[2 * bm:2 * bm + n] = torch.tensor(kinds, dtype=torch.int64)
         hi[2 * bm + n:2 * bm + bp] = GREEDY_ROW                                 # padding rows: inert
-        hf[:bp] = 1.0
-        hf[bm:bm + bp] = 1.0
-        hf[:n] = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
-        hf[bm:bm + n] = torch.tensor([p.top_p for p in params], dtype=torch.float32)
-        u = hf[2 * bm:2 * bm + bp * g].view(bp, g)
-        u.zero_()
-        if sampled:      # the same draws, in the same order, as SlotSampler
-            u[sampled] = draw_uniforms([generators[i] for i in sampled], g)
         self._ints.copy_(hi, non_blocking=True)
-        self._floats[: 2 * bm + bp * g].copy_(hf[: 2 * bm + bp * g], non_blocking=True)
+        pack_floats(self._h_floats, self._floats, params, generators, bm, bp, g)
 
     # -- capture and replay ----------------------------------------------------------------------------
     def _body(self, drafter, key: DraftGraphKey) -> None:

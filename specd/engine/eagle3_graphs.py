@@ -52,9 +52,9 @@ from torch import Tensor
 from specd.drafter.base import DraftOutput
 from specd.drafter.context_cache import DraftContext, copy_into_rows
 from specd.engine.block_graphs import MAX_CONTEXT_TOKENS, block_graph_key, context_buckets
-from specd.engine.draft_graphs import BATCH_BUCKETS
+from specd.engine.draft_graphs import BATCH_BUCKETS, float_settings, pack_floats
 from specd.engine.keyed_graphs import KeyedGraphs
-from specd.engine.sampler import GREEDY_ROW, SamplingPath, draw_uniforms, row_kind_codes
+from specd.engine.sampler import GREEDY_ROW, SamplingPath, row_kind_codes
 from specd.sampling_params import SamplingParams
 
 MAX_EAGLE3_GRAPHS = 96     # keys holding a graph: the warm-up's (81 at 256 sequences) and some room
@@ -101,10 +101,8 @@ class Eagle3Graphs(KeyedGraphs):
         self._kv = torch.zeros(2, self.capacity, c.num_kv_heads, c.head_dim, dtype=dtype, device=device)
         self._tails = torch.zeros(b, cfg.hidden_size, dtype=dtype, device=device)
         self._ints = torch.zeros(4 * b, dtype=torch.int64, device=device)      # anchors, lens, top_k, kind
-        self._floats = torch.zeros(2 * b + b * g, dtype=torch.float32, device=device)   # temperature, top_p, u
-        pin = device.type == "cuda"
-        self._h_ints = torch.zeros(4 * b, dtype=torch.int64, pin_memory=pin)
-        self._h_floats = torch.zeros(2 * b + b * g, dtype=torch.float32, pin_memory=pin)
+        self._h_ints = torch.zeros(4 * b, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self._floats, self._h_floats = float_settings(b, g, device)          # temperature, top_p, u
         self.tokens = torch.zeros(b, g, dtype=torch.int64, device=device)
         self.probs = torch.zeros(b, g, cfg.vocab_size, dtype=torch.float32, device=device)
         super().__init__(MAX_EAGLE3_GRAPHS, "eagle3 draft", replay_eagerly,
@@ -145,7 +143,7 @@ class Eagle3Graphs(KeyedGraphs):
              key: Eagle3GraphKey) -> None:
         """Anchors, lengths and settings packed on the host (padding rows inert), two copies; the tails in
         one copy; every context's K/V in one foreach copy."""
-        n, g, bm, bp, hi, hf = len(params), self.gamma, self.max_batch, key.batch, self._h_ints, self._h_floats
+        n, bm, bp, hi = len(params), self.max_batch, key.batch, self._h_ints
         for at in (0, bm, 2 * bm):                                    # anchors, lengths, top-k: 0
             hi[at:at + bp] = 0
         hi[3 * bm:3 * bm + bp] = GREEDY_ROW
@@ -153,17 +151,8 @@ class Eagle3Graphs(KeyedGraphs):
         hi[bm:bm + n] = torch.tensor([c.n for c in contexts], dtype=torch.int64)
         hi[2 * bm:2 * bm + n] = torch.tensor([p.top_k for p in params], dtype=torch.int64)
         hi[3 * bm:3 * bm + n] = torch.tensor(row_kind_codes(params, self.vocab), dtype=torch.int64)
-        hf[:bp] = 1.0
-        hf[bm:bm + bp] = 1.0
-        hf[:n] = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
-        hf[bm:bm + n] = torch.tensor([p.top_p for p in params], dtype=torch.float32)
-        u = hf[2 * bm:2 * bm + bp * g].view(bp, g)
-        u.zero_()
-        sampled = [i for i, p in enumerate(params) if not p.greedy]
-        if sampled:      # the same draws, in the same order, as SlotSampler
-            u[sampled] = draw_uniforms([generators[i] for i in sampled], g)
         self._ints.copy_(hi, non_blocking=True)
-        self._floats[: 2 * bm + bp * g].copy_(hf[: 2 * bm + bp * g], non_blocking=True)
+        pack_floats(self._h_floats, self._floats, params, generators, bm, bp, self.gamma)
         self._tails[:n].copy_(torch.cat(list(tails)))
         self._tails[n:bp].zero_()
         copy_into_rows(contexts, [(self._kv[0], self._kv[1])], key.context)

@@ -31,10 +31,12 @@ STORIES = Path(__file__).resolve().parents[2] / "models" / "stories260K.gguf"
 CPU = torch.device("cpu")
 
 
-def make_drafter(device: str):
+def make_drafter(device: str, method: str = "dspark"):
+    """A seeded random drafter on stories260K (dspark: one layer, Markov rank 16; eagle3: its one layer)."""
     model, _ = load_model(STORIES, dtype="float32", device=device)
     torch.manual_seed(0)
-    d = build_drafter(DrafterConfig.for_target(model.config, "dspark", num_layers=1, markov_rank=16), model)
+    extra = {"num_layers": 1, "markov_rank": 16} if method == "dspark" else {}
+    d = build_drafter(DrafterConfig.for_target(model.config, method, **extra), model)
     return d.to(device).eval()
 
 

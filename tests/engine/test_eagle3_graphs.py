@@ -10,33 +10,23 @@ weights no draw sits within rounding of a boundary; a planted bug moves tokens a
 more)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from specd.drafter import DrafterConfig, build_drafter
 from specd.engine.eagle3_graphs import Eagle3GraphKey, Eagle3Graphs
 from specd.engine.sampler import SamplingPath
-from specd.loader import load_model
 from specd.sampling_params import SamplingParams
+from tests.engine.test_block_graphs import make_drafter
 
-STORIES = Path(__file__).resolve().parents[2] / "models" / "stories260K.gguf"
 CPU = torch.device("cpu")
 PARAMS = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p=0.9),
           SamplingParams(temperature=1.0, top_k=20), SamplingParams(temperature=0.7)]
 
 
-def make_drafter(device: str):
-    model, _ = load_model(STORIES, dtype="float32", device=device)
-    torch.manual_seed(0)
-    return build_drafter(DrafterConfig.for_target(model.config, "eagle3"), model).to(device).eval()
-
-
 @pytest.fixture(scope="module")
 def drafter():
     torch.set_num_threads(1)
-    return make_drafter("cpu")
+    return make_drafter("cpu", "eagle3")
 
 
 def requests(drafter, n: int, seed: int, longest: int = 300, device: str = "cpu"):
@@ -172,7 +162,7 @@ def test_the_engine_serves_eagle3_through_its_graphs_exactly(drafter):
 def test_cuda_graph_replay_equals_the_static_draft_and_eager():
     """On the GPU: a replay equals the same static function run eagerly on the same buffers bit for bit,
     and the eager reference's tokens (probabilities to rounding)."""
-    d, dev = make_drafter("cuda"), torch.device("cuda")
+    d, dev = make_drafter("cuda", "eagle3"), torch.device("cuda")
     graphs = Eagle3Graphs(d, 16, 1024, dev)
     static = Eagle3Graphs(d, 16, 1024, dev, replay_eagerly=True)
     with torch.no_grad():
