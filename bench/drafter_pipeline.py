@@ -49,9 +49,17 @@ STOP_SHARE = 0.90
 
 def _methods(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
-    if "dspark" not in names or any(m not in METHODS for m in names):
-        raise argparse.ArgumentTypeError(f"--methods must include dspark and name only {', '.join(METHODS)}; got {text!r}")
+    if not names or any(m not in METHODS for m in names):
+        raise argparse.ArgumentTypeError(f"--methods must name one or more of {', '.join(METHODS)}; got {text!r}")
     return names
+
+
+def check_methods(methods: tuple[str, ...], stop_after: str | None) -> None:
+    """dspark is needed past training (the tuned rows start from it); a run that stops after training may
+    leave it out, so the whole window goes to the others (a deployment keeping a longer-trained dspark)."""
+    if "dspark" not in methods and stop_after not in ("data", "train"):
+        raise SystemExit(f"--methods {','.join(methods)} leaves out dspark, which tuning and the evaluation "
+                         "start from: add it, or stop the run with --stop-after train")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,7 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=Path, help="GGUF file or HF directory of the target")
     p.add_argument("--methods", type=_methods, default=METHODS,
                    help="comma-separated trained methods (default dspark,dflash,eagle3): e.g. 'dspark' to spend the "
-                        "whole training budget on one drafter; dspark is required (the tuned rows start from it)")
+                        "whole training budget on one drafter; dspark is required unless --stop-after train "
+                        "(the tuned rows start from it)")
     p.add_argument("--sessions", type=Path, help="directory of <workload>.{train,eval}.jsonl session files")
     p.add_argument("--work", type=Path, help="stage markers, data, drafters, checkpoints (kept for resume)")
     p.add_argument("--out", type=Path, required=True, help="results: JSON, markdown, PNG plots")
@@ -263,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
         return prepare(args)
     if args.target is None or args.work is None:
         raise SystemExit("--target and --work are required")
+    check_methods(args.methods, args.stop_after)
     import torch
 
     if args.threads:

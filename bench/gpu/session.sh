@@ -300,7 +300,8 @@ PY
     # session 7: the dspark drafter alone (train-kv's recipe, no serving plan beside it: one GPU), through
     # training only (no tuning or acceptance evaluation); resumable: run it again until it prints "trained";
     # TRAIN_METHODS=dspark,dflash,eagle3 trains the three on the same data, then SPEED_DRAFTERS=dspark=/tmp/dp/
-    # drafters/dspark,dflash=/tmp/dp/drafters/dflash,eagle3=/tmp/dp/drafters/eagle3 runs them in `speedup`
+    # drafters/dspark,dflash=/tmp/dp/drafters/dflash,eagle3=/tmp/dp/drafters/eagle3 runs them in `speedup`;
+    # TRAIN_METHODS=dflash,eagle3 gives those two the whole window beside a stashed dspark (dspark=/tmp/dsp)
     mkdir -p "$RES/train"
     case "${TRAIN_INIT:-}" in /tmp/dsp*) unpack_drafter ;; esac
     train_dspark "$RES/train/acceptance" "${TRAIN_TIMEOUT:-560}" --stop-after train

@@ -98,18 +98,27 @@ def test_spent_budget_truncates_training_and_skips_the_rest(sessions, tmp_path, 
     assert "Cut by the budget" in (out / "acceptance-qwen.md").read_text()
 
 
-def test_methods_flag_needs_dspark_and_known_names():
+def test_methods_flag_takes_known_names_and_needs_dspark_past_training():
+    """--methods names known drafters; one without dspark only stops after training (tuning starts from
+    dspark), so a session can give the whole window to dflash and eagle3 beside a carried dspark."""
     import argparse
 
     import pytest
 
-    from bench.drafter_pipeline import _methods, eval_plan
+    from bench.drafter_pipeline import _methods, check_methods, eval_plan
 
     assert _methods("dspark") == ("dspark",)
     assert _methods("eagle3, dspark,eagle3") == ("eagle3", "dspark")
-    for bad in ("dflash", "dspark,medusa", ""):
-        with pytest.raises(argparse.ArgumentTypeError):
+    assert _methods("dflash,eagle3") == ("dflash", "eagle3")
+    for bad in ("dspark,medusa", "", " , "):
+        with pytest.raises(argparse.ArgumentTypeError, match="one or more of dspark, dflash, eagle3"):
             _methods(bad)
+    for stop in ("data", "train"):
+        check_methods(("dflash", "eagle3"), stop)
+    for stop in ("tune", None):
+        with pytest.raises(SystemExit, match="leaves out dspark"):
+            check_methods(("dflash",), stop)
+    check_methods(("dspark",), None)
     names = [name for name, _, _ in eval_plan(__import__("pathlib").Path("/w"), ("dspark",))]
     assert "dflash" not in names and "eagle3" not in names and "ngram" in names and "dspark" in names
 
@@ -186,3 +195,17 @@ def test_a_truncated_training_stage_is_continued_by_a_later_run(sessions, tmp_pa
     assert second["wall_s"] > first["wall_s"]
     assert _pipeline(sessions, work, out, *args) == 0       # now done: skipped
     assert "done earlier, skipped" in capsys.readouterr().out
+
+
+def test_a_run_without_dspark_trains_the_others_and_stops(sessions, tmp_path):
+    """--methods dflash,eagle3 --stop-after train: both drafters written on the same data, no dspark; the
+    same methods without --stop-after are refused before any work."""
+    work = tmp_path / "work"
+    assert _pipeline(sessions, work, tmp_path / "out", "--methods", "dflash,eagle3", "--stop-after", "train") == 0
+    assert sorted(p.name for p in (work / "drafters").iterdir()) == ["dflash", "eagle3"]
+    shas = {json.loads((work / "drafters" / m / "training.json").read_text())["data"]["answers_sha256"]
+            for m in ("dflash", "eagle3")}
+    assert len(shas) == 1
+    with pytest.raises(SystemExit, match="leaves out dspark"):
+        _pipeline(sessions, tmp_path / "w2", tmp_path / "o2", "--methods", "dflash")
+    assert not (tmp_path / "w2").exists()
