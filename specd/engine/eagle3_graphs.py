@@ -4,7 +4,8 @@ Why: EAGLE-3 drafts token by token, so its draft is γ passes of the drafter lay
 target's LM head and the sampler, each feeding the next. Run eagerly that is ~100 host launches a pass.
 H100, session 41, run DN (docs/results/speedup.md): `bench speedup`'s schedule phase, where the draft
 runs, took 13.5-17.7 ms a step at c = 1 and 35-43 ms at c = 32 for `eagle3`, against 0.9-1.2 ms at c = 1
-and 2.6-4.4 ms at c = 32 for `dflash-g7`, whose round replays from graphs (coding, extraction), and the `eagle3` row ran at 0.13-0.18x plain decoding.
+and 2.6-4.4 ms at c = 32 for `dflash-g7`, whose round replays from graphs (coding, extraction); the
+`eagle3` row ran at 0.13-0.18x plain decoding.
 Replayed, the γ passes are one launch, plus the fill below.
 
 What runs where, per draft of B requests:
