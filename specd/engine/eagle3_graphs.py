@@ -117,7 +117,9 @@ class Eagle3Graphs(KeyedGraphs):
 
     def key(self, contexts: Sequence[DraftContext], params: Sequence[SamplingParams]) -> Eagle3GraphKey | None:
         shape = block_graph_key([c.n for c in contexts], self.max_batch, self.buckets, self.capacity)
-        return None if shape is None else Eagle3GraphKey(shape.batch, shape.context, SamplingPath.of(params, self.vocab))
+        if shape is None:
+            return None
+        return Eagle3GraphKey(shape.batch, shape.context, SamplingPath.of(params, self.vocab))
 
     def warm_keys(self) -> list[Eagle3GraphKey]:
         """Every batch bucket x the context buckets up to ``WARM_CONTEXT`` x ``WARM_PATHS``, within the static

@@ -189,7 +189,8 @@ def test_warm_up_captures_the_common_keys_largest_first(drafter):
     from specd.engine.eagle3_graphs import MAX_EAGLE3_GRAPHS, WARM_PATHS
     from specd.engine.proposers import FeatureProposer
 
-    assert len(Eagle3Graphs(drafter, 256, 32768, CPU, replay_eagerly=True).warm_keys()) == 9 * 3 * 3 <= MAX_EAGLE3_GRAPHS
+    wide = Eagle3Graphs(drafter, 256, 32768, CPU, replay_eagerly=True)
+    assert len(wide.warm_keys()) == 9 * 3 * 3 <= MAX_EAGLE3_GRAPHS
     graphs = Eagle3Graphs(drafter, 8, 2048, CPU, replay_eagerly=True)
     keys = graphs.warm_keys()
     assert {(k.batch, k.context) for k in keys} == {(b, c) for b in (1, 2, 4, 8) for c in (256, 512, 1024)}
