@@ -346,15 +346,13 @@ def row_gate(engine, row: str, own: dict):
         return
     rejection = settings.pop("verify", None) == "rejection"
     spans = settings.pop("spans", True)
-    eager_proposer = engine._proposer(ROWS[row]["method"]) if settings.pop("graphs", None) == "eager" else None
-    eager_rounds = None if eager_proposer is None else eager_proposer.rounds
-    if eager_proposer is not None:
-        eager_proposer.rounds = None     # ``FeatureProposer``: the drafter's eager draft (``draft_contexts``)
-    rounds = getattr(engine._proposer(ROWS[row]["method"]), "rounds", None) \
-        if settings.pop("absorb", None) == "eager" else None
-    absorbs = None if rounds is None else rounds.absorbs
-    if rounds is not None:
-        rounds.absorbs = None        # ``FeatureProposer``: no graphs, the eager projection (``absorb_many``)
+    swaps = []        # (object, attribute, value while the row runs): each put back after it
+    if settings.pop("graphs", None) == "eager":   # ``FeatureProposer``: the drafter's eager draft (``draft_contexts``)
+        swaps.append((engine._proposer(ROWS[row]["method"]), "rounds", None))
+    if settings.pop("absorb", None) == "eager":   # no projection graphs: the eager ``absorb_many``
+        rounds = getattr(engine._proposer(ROWS[row]["method"]), "rounds", None)
+        if rounds is not None:
+            swaps.append((rounds, "absorbs", None))
     if row not in own:
         if settings.pop("gate", None) == "resting":
             from bench.resting_gate import RestingGate
@@ -365,16 +363,17 @@ def row_gate(engine, row: str, own: dict):
     engine.spec_gate = own[row]
     engine.greedy_chain = not rejection
     engine.rest_spans = spans
+    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in swaps]
+    for obj, attr, value in swaps:
+        setattr(obj, attr, value)
     try:
         yield
     finally:
         engine.spec_gate = gate
         engine.greedy_chain = True
         engine.rest_spans = True
-        if rounds is not None:
-            rounds.absorbs = absorbs
-        if eager_proposer is not None:
-            eager_proposer.rounds = eager_rounds
+        for obj, attr, value in reversed(saved):
+            setattr(obj, attr, value)
 
 
 def repeat_order(rows: list[str], rep: int) -> list[str]:
