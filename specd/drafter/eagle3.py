@@ -172,13 +172,7 @@ class Eagle3Drafter(BorrowsTargetHeads, nn.Module):
         is the query's own key, not context). Returns the features kept back ([1, d], or [0, d])."""
         if feats.shape[0] != next_tokens.shape[0]:
             raise DrafterError(f"{feats.shape[0]} features but {next_tokens.shape[0]} next tokens")
-        m = feats.shape[0] - 1
-        if m > 0:
-            dev, dtype = self.fc.weight.device, self.fc.weight.dtype
-            pos = torch.arange(context.n, context.n + m, device=dev)
-            k, v = self.context_kv(feats[:m].to(dev, dtype), next_tokens[:m].to(dev), pos)
-            context.append([(k, v)])
-        return feats[max(m, 0):]
+        return self.absorb_pairs([context], [feats], [next_tokens])[0]
 
     def absorb_pairs(self, contexts: Sequence[DraftContext], feats: Sequence[Tensor],
                      next_tokens: Sequence[Tensor]) -> list[Tensor]:

@@ -143,9 +143,7 @@ class FeatureProposer:
         ``absorb_many``, EAGLE-3's ``absorb_pairs`` (it pairs each feature with the token after it)."""
         pairs = getattr(self.drafter, "absorb_pairs", None)
         if pairs is not None:
-            firsts = [self._open_context(s) for s in seqs]
-            after = [torch.tensor(s.ids(first + 1, s.num_computed_tokens + 1), dtype=torch.int64)
-                     for s, first in zip(seqs, firsts)]
+            after = [self._tokens_after(s, self._open_context(s)) for s in seqs]
             for s, rest in zip(seqs, pairs([s.draft_ctx for s in seqs], [s.draft_feats for s in seqs], after)):
                 s.draft_feats = rest
             return
@@ -165,9 +163,14 @@ class FeatureProposer:
         """Move the sequence's new features into its drafter context (K/V projected once, kept in
         ``seq.draft_ctx``); ``seq.draft_feats`` keeps only what the drafter still needs raw."""
         feats = seq.draft_feats
-        first = self._open_context(seq)
-        after = torch.tensor(seq.ids(first + 1, seq.num_computed_tokens + 1), dtype=torch.int64)
+        after = self._tokens_after(seq, self._open_context(seq))
         seq.draft_feats = self.drafter.absorb(seq.draft_ctx, feats, after)
+
+    @staticmethod
+    def _tokens_after(seq, first: int):
+        """The token after each of the sequence's new features (positions ``first`` on): what EAGLE-3 pairs
+        each feature with; block drafters ignore it."""
+        return torch.tensor(seq.ids(first + 1, seq.num_computed_tokens + 1), dtype=torch.int64)
 
     def _open_context(self, seq) -> int:
         """The absolute position of ``seq.draft_feats[0]``, after giving the sequence its drafter context
