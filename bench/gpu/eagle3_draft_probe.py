@@ -65,7 +65,8 @@ def main(argv=None) -> int:
                 if i >= 3:                      # the first calls capture / warm up
                     times.append(1e3 * (time.perf_counter() - t0))
                 tokens = tok
-            row[name] = {"ms_p50": round(statistics.median(times), 3), "ms_p90": round(sorted(times)[int(0.9 * len(times))], 3)}
+            row[name] = {"ms_p50": round(statistics.median(times), 3),
+                         "ms_p90": round(sorted(times)[int(0.9 * len(times))], 3)}
             row[f"{name}_tokens"] = tokens
         row["tokens_equal"] = row.pop("eager_tokens") == row.pop("graph_tokens")
         row["speedup_p50"] = round(row["eager"]["ms_p50"] / row["graph"]["ms_p50"], 2)
