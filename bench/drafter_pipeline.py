@@ -54,6 +54,30 @@ def _methods(text: str) -> tuple[str, ...]:
     return names
 
 
+def _warm_start(text: str) -> tuple[str, Path]:
+    method, sep, path = text.partition("=")
+    if not sep or method.strip() not in METHODS or not path.strip():
+        raise argparse.ArgumentTypeError(f"--init takes METHOD=DIR, METHOD one of {', '.join(METHODS)}; got {text!r}")
+    return method.strip(), Path(path.strip())
+
+
+def warm_starts(args: argparse.Namespace) -> dict[str, Path]:
+    """Method -> the trained drafter its generic stage starts from (``--init METHOD=DIR``, ``--init-dspark DIR``).
+    Refused before any work when a method is named twice or a directory holds no drafter: a typo must not
+    cost a device session's training window by training from scratch."""
+    pairs = list(args.init or []) + ([("dspark", args.init_dspark)] if args.init_dspark else [])
+    out: dict[str, Path] = {}
+    for method, path in pairs:
+        if method in out:
+            raise SystemExit(f"--init names {method} twice ({out[method]} and {path})")
+        if method not in args.methods:
+            raise SystemExit(f"--init {method}={path}: --methods {','.join(args.methods)} does not train {method}")
+        if not (path / "drafter.safetensors").is_file():
+            raise SystemExit(f"--init {method}={path}: no drafter.safetensors there")
+        out[method] = path
+    return out
+
+
 def check_methods(methods: tuple[str, ...], stop_after: str | None) -> None:
     """dspark is needed past training (the tuned rows start from it); a run that stops after training may
     leave it out, so the whole window goes to the others (a deployment keeping a longer-trained dspark)."""
@@ -113,6 +137,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="warm-start the generic dspark drafter from this trained drafter directory (its "
                         "layers, Markov rank and γ; a bf16 copy loads into fp32 training weights): more steps "
                         "on more data without repeating the ones a device session already paid for")
+    p.add_argument("--init", type=_warm_start, action="append", metavar="METHOD=DIR",
+                   help="warm-start that method's generic drafter from this trained drafter directory, as "
+                        "--init-dspark does for dspark (repeat for several: --init dflash=DIR --init eagle3=DIR), "
+                        "so dflash and eagle3 also add up their training across device sessions")
     p.add_argument("--tune-steps", type=int, default=80, help="tuning steps per workload")
     p.add_argument("--layers", type=int, default=1, help="dspark/dflash draft layers")
     p.add_argument("--markov-rank", type=int, default=64, help="dspark Markov rank (2·V·r parameters)")
@@ -273,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
     if args.target is None or args.work is None:
         raise SystemExit("--target and --work are required")
     check_methods(args.methods, args.stop_after)
+    args.warm_starts = warm_starts(args)
     import torch
 
     if args.threads:
@@ -370,7 +399,7 @@ def _fit(r: Run, args: argparse.Namespace, seq_file: Path, deadline: float) -> d
 def stage_train(r: Run, method: str, methods_left: int) -> dict:
     """Stage 2: one generic drafter on the shared data, within its share of the training window."""
     out = r.work / "drafters" / method
-    init = r.args.init_dspark if method == "dspark" else None
+    init = r.args.warm_starts.get(method)
     args = _trainer_args(r, method, out, r.args.steps, r.args.lr, init)
     return _fit(r, args, r.work / "data" / "all.jsonl", r.budget.share("train", methods_left))
 

@@ -141,15 +141,17 @@ train_dspark() {  # train_dspark OUT TIMEOUT [ARGS...]: train-kv's recipe on GPU
                   # train sessions per workload answered by the serving engine, TRAIN_BATCH sequences a step of
                   # TRAIN_ANCHORS anchors each, default 8 x 16; TRAIN_LAYERS draft layers, default 1, the
                   # DSpark paper's drafter has 2; TRAIN_INIT=/tmp/dsp warm-starts from the stashed drafter,
-                  # after `unpack_drafter`); resumable from /tmp/dp
-  local out=$1 limit=$2 data
+                  # after `unpack_drafter`; TRAIN_INITS=dflash=/tmp/dfl,eagle3=/tmp/e3d warm-starts those from
+                  # their carried pieces (drafter-out), unpacked in `train`); resumable from /tmp/dp
+  local out=$1 limit=$2 data inits=() w
   shift 2
   data=$(train_data) || return 1
+  for w in $(echo "${TRAIN_INITS:-}" | tr , ' '); do inits+=(--init "$w"); done
   CUDA_VISIBLE_DEVICES=0 timeout "$limit" python -m bench drafter-pipeline --target "$MODEL" \
     --sessions "$data" --work /tmp/dp --out "$out" --methods "${TRAIN_METHODS:-dspark}" \
     --steps "${TRAIN_STEPS:-2500}" --train-sessions "${TRAIN_SESSIONS:-500}" --answers engine \
     --budget-s "${TRAIN_BUDGET:-900}" --gamma 7 --device cuda --batch-size "${TRAIN_BATCH:-8}" \
-    --anchors "${TRAIN_ANCHORS:-16}" --layers "${TRAIN_LAYERS:-1}" ${TRAIN_INIT:+--init-dspark "$TRAIN_INIT"} "$@" \
+    --anchors "${TRAIN_ANCHORS:-16}" --layers "${TRAIN_LAYERS:-1}" ${TRAIN_INIT:+--init-dspark "$TRAIN_INIT"} "${inits[@]}" "$@" \
     >> /tmp/logs/drafter-pipeline.log 2>&1
 }
 
@@ -304,6 +306,8 @@ PY
     # TRAIN_METHODS=dflash,eagle3 gives those two the whole window beside a stashed dspark (dspark=/tmp/dsp)
     mkdir -p "$RES/train"
     case "${TRAIN_INIT:-}" in /tmp/dsp*) unpack_drafter ;; esac
+    case "${TRAIN_INITS:-}" in *=/tmp/dfl*) unpack_carried dflash ;; esac     # carried dflash / eagle3 pieces
+    case "${TRAIN_INITS:-}" in *=/tmp/e3d*) unpack_carried eagle3 ;; esac
     train_dspark "$RES/train/acceptance" "${TRAIN_TIMEOUT:-560}" --stop-after train
     rc=$?; echo "drafter-pipeline rc=$rc"
     grep -v "it/s\]" /tmp/logs/drafter-pipeline.log | tail -n 12

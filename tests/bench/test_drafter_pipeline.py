@@ -1,6 +1,7 @@
 """The drafter pipeline end to end on stories260K at a tiny scale: every stage runs, a second run resumes
 (skips every stage), the JSON holds every row × workload × temperature, and a budget that is already
 spent cuts training short and skips what cannot start, saying so."""
+import argparse
 import json
 from pathlib import Path
 
@@ -143,27 +144,53 @@ def test_served_copy_casts_a_copy_only_when_asked():
     assert model.embed_tokens.weight.dtype == torch.float32
 
 
-def test_init_dspark_warm_starts_the_generic_dspark_drafter(sessions, tmp_path):
-    """--init-dspark: the generic dspark stage starts from a trained drafter (a device session's), so more
-    data and steps add to the steps already paid for. With no steps of its own, the stage writes the
-    drafter it started from, weight for weight, and its training.json names it."""
+@pytest.mark.parametrize("method,flag", [("dspark", "--init-dspark"), ("dspark", "--init"),
+                                         ("dflash", "--init"), ("eagle3", "--init")])
+def test_init_warm_starts_a_generic_drafter(sessions, tmp_path, method, flag):
+    """--init METHOD=DIR (--init-dspark DIR for dspark): the method's generic stage starts from a trained
+    drafter (a device session's), so more data and steps add to the steps already paid for. With no steps
+    of its own, the stage writes the drafter it started from, weight for weight, and its training.json names
+    it."""
     from safetensors.torch import load_file
 
     first = tmp_path / "first"
-    assert _pipeline(sessions, first, tmp_path / "out1", "--methods", "dspark", "--stop-after", "train") == 0
-    start = first / "drafters" / "dspark"
+    assert _pipeline(sessions, first, tmp_path / "out1", "--methods", method, "--stop-after", "train") == 0
+    start = first / "drafters" / method
     second = tmp_path / "second"
-    assert _pipeline(sessions, second, tmp_path / "out2", "--methods", "dspark", "--stop-after", "train",
-                     "--init-dspark", str(start), "--steps", "0") == 0
-    got = load_file(str(second / "drafters" / "dspark" / "drafter.safetensors"))
+    arg = str(start) if flag == "--init-dspark" else f"{method}={start}"
+    assert _pipeline(sessions, second, tmp_path / "out2", "--methods", method, "--stop-after", "train",
+                     flag, arg, "--steps", "0") == 0
+    got = load_file(str(second / "drafters" / method / "drafter.safetensors"))
     want = load_file(str(start / "drafter.safetensors"))
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
-    assert json.loads((second / "drafters" / "dspark" / "training.json").read_text())["init"] == str(start)
+    assert json.loads((second / "drafters" / method / "training.json").read_text())["init"] == str(start)
     fresh = tmp_path / "fresh"                       # the same stage without it starts elsewhere
-    assert _pipeline(sessions, fresh, tmp_path / "out3", "--methods", "dspark", "--stop-after", "train",
+    assert _pipeline(sessions, fresh, tmp_path / "out3", "--methods", method, "--stop-after", "train",
                      "--steps", "0") == 0
-    other = load_file(str(fresh / "drafters" / "dspark" / "drafter.safetensors"))
+    other = load_file(str(fresh / "drafters" / method / "drafter.safetensors"))
     assert not all(torch.equal(other[k], want[k]) for k in want)
+
+
+def test_warm_starts_are_refused_before_any_work(tmp_path):
+    """A warm start that would be ignored or cannot load stops the run before the data stage: a typo must
+    not spend a device session's window training from scratch."""
+    from bench.drafter_pipeline import _warm_start, warm_starts
+
+    good = tmp_path / "d"
+    good.mkdir()
+    (good / "drafter.safetensors").write_bytes(b"")
+    ns = lambda methods, init=(), dspark=None: argparse.Namespace(methods=methods, init=list(init), init_dspark=dspark)
+    assert warm_starts(ns(("dspark", "dflash"), [("dflash", good)], good)) == {"dflash": good, "dspark": good}
+    assert warm_starts(ns(("dflash",))) == {}
+    for bad, match in [(ns(("dflash",), [("dflash", tmp_path / "none")]), "no drafter.safetensors"),
+                       (ns(("dflash",), [("eagle3", good)]), "does not train eagle3"),
+                       (ns(("dspark",), [("dspark", good)], good), "twice")]:
+        with pytest.raises(SystemExit, match=match):
+            warm_starts(bad)
+    assert _warm_start(" eagle3 = /x ") == ("eagle3", Path("/x"))
+    for text in ("eagle3", "medusa=/x", "dflash="):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _warm_start(text)
 
 
 def test_the_last_stage_of_a_stop_after_run_takes_the_skipped_stages_windows():
