@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="the target pass's dtype (Trainer.features): target = fp32, as before session 9; "
                         "bfloat16 = the pipeline's CUDA default since session 9 (--features-dtype auto)")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--method", default="dspark", choices=("dspark", "dflash", "eagle3"),
+                   help="the drafter trained (session 42: eagle3, whose loss ran one sequence at a time until then)")
+    p.add_argument("--reference", action="store_true",
+                   help="time the per-sequence loss (train.block_loss_reference) instead of the batched one")
     p.add_argument("--tiny", action="store_true", help="a 4-layer, 64-wide target (CPU smoke test)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -57,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     from specd.drafter.base import build_drafter
     from specd.drafter.config import DrafterConfig
     from specd.drafter.data import TrainSequence
+    from specd.drafter import train
     from specd.drafter.train import Trainer, TrainConfig
+
+    if args.reference:
+        train.block_loss = train.block_loss_reference       # the Trainer looks it up at each step
 
     device = torch.device(args.device)
     shape = dict(QWEN05)
@@ -75,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         ids = [t % config.vocab_size for t in r["ids"]][: (64 if args.tiny else None)]
         answer = torch.randint(3, config.vocab_size, (args.answer_tokens,), generator=gen).tolist()
         seqs.append(TrainSequence(ids + answer, len(ids)))
-    dcfg = DrafterConfig.for_target(config, "dspark", gamma=7, num_layers=1, markov_rank=64)
+    extra = {"markov_rank": 64} if args.method == "dspark" else {}
+    dcfg = DrafterConfig.for_target(config, args.method, gamma=7, num_layers=1, **extra)
     result: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                    "method": args.method, "loss": "reference" if args.reference else "batched",
                     "features_dtype": args.features_dtype, "sequences": len(seqs), "mean_tokens": sum(len(s.tokens) for s in seqs) / len(seqs),
                     "anchors": args.anchors, "batches": {}}
 

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
 
 from specd.drafter.base import (BorrowsTargetHeads, DrafterError, DraftOutput, SlotSampler, TargetHeads,
                                 count_parameters)
@@ -73,6 +74,25 @@ class Eagle3Attention(nn.Module):
         out = torch.einsum(mix_eq, w[..., :n_ctx], cv)
         out = out + torch.einsum("nhs,nshd->nhd", w[..., n_ctx:], ov)
         return self.o_proj(out.reshape(q.shape[0], self.hq * self.d))
+
+    def attend_batched(self, q: Tensor, ctx: KV, ctx_mask: Tensor, own: list[KV]) -> Tensor:
+        """``attend`` for B padded sequences at once (training's unroll): q [B, n, Hq, D] over each sequence's
+        context keys [B, S, Hkv, D] (masked by ctx_mask [B, n, S]) plus the row's own drafted keys
+        ([B, n, Hkv, D] each, all visible) -> [B, n, d]. Grouped heads index the shared keys instead of
+        repeating them (``attend`` repeats them once per call, fine for a draft, not for B × γ steps)."""
+        b, n = q.shape[:2]
+        rep = self.hq // self.hkv
+        qg = q.view(b, n, self.hkv, rep, self.d)
+        ok = torch.stack([k for k, _ in own], dim=2)                      # [B, n, s, Hkv, D]
+        ov = torch.stack([v for _, v in own], dim=2)
+        s_ctx = torch.einsum("bnkrd,bskd->bkrns", qg, ctx[0]).float()
+        s_ctx = s_ctx.masked_fill(~ctx_mask[:, None, None], float("-inf"))
+        s_own = torch.einsum("bnkrd,bntkd->bkrnt", qg, ok).float()
+        w = torch.softmax(torch.cat([s_ctx, s_own], dim=-1) * self.d ** -0.5, dim=-1).to(q.dtype)
+        n_ctx = s_ctx.shape[-1]
+        out = torch.einsum("bkrns,bskd->bnkrd", w[..., :n_ctx], ctx[1])
+        out = out + torch.einsum("bkrnt,bntkd->bnkrd", w[..., n_ctx:], ov)
+        return self.o_proj(out.reshape(b, n, self.hq * self.d))
 
 
 class Eagle3Layer(nn.Module):
@@ -157,6 +177,50 @@ class Eagle3Drafter(BorrowsTargetHeads, nn.Module):
         for s in range(steps):
             hidden = self.step(hidden, tokens[anchors + s], anchors - 1 + s, ctx, ctx_mask, own)
             out.append(self.logits(hidden))
+        return torch.stack(out, dim=1)
+
+    def ttt_logits_batch(self, feats: Sequence[Tensor], tokens: Sequence[Tensor], anchors: Sequence[Tensor],
+                         steps: int) -> Tensor:
+        """``ttt_logits`` of several sequences in one unroll: feats [T_i, d] fused, tokens [T_i], anchors
+        [N_i ≥ 1] (host or device; each as ``ttt_logits`` requires) -> logits [ΣN_i, steps, V] fp32, the
+        sequences' rows in order, as ``torch.cat`` of ``ttt_logits`` per sequence gives them (only the
+        padding changes the summation order; tests/drafter/test_train.py). Why: training unrolled every
+        sequence of a batch on its own, B × γ sequential steps of small kernels (65k aten ops a step of 8
+        sequences × 64 anchors against 11k here, CPU count, ``bench/gpu/train_probe.py``), and EAGLE-3
+        trained at 2.2 steps a second against DFlash's 13 on the H100 (session 41). The contexts are
+        padded to the longest and masked; anchors are checked and padded on the host (no device sync); the
+        LM head runs on the real rows only."""
+        b = len(feats)
+        if not (b == len(tokens) == len(anchors)) or b == 0:
+            raise DrafterError(f"{len(feats)} contexts, {len(tokens)} token rows, {len(anchors)} anchor rows")
+        lens, counts = [int(t.shape[0]) for t in tokens], [a.numel() for a in anchors]
+        cpu = [a.detach().to("cpu") for a in anchors]
+        for f, t, a in zip(feats, lens, cpu):
+            if f.shape[0] != t:
+                raise DrafterError(f"feats have {f.shape[0]} positions, tokens {t}")
+            if a.numel() == 0 or int(a.min()) < 1 or int(a.max()) + steps - 1 > t - 1:
+                raise DrafterError(f"TTT anchors need 1 <= a <= {t - steps} for T={t}, steps={steps}; "
+                                   f"got {a.tolist()}")
+        dev, dtype, n_max = tokens[0].device, feats[0].dtype, max(counts)
+        anc = torch.ones(b, n_max, dtype=torch.int64)           # padded rows: anchor 1, no context, dropped
+        for i, a in enumerate(cpu):
+            anc[i, :counts[i]] = a
+        flat = torch.cat([i * n_max + torch.arange(c) for i, c in enumerate(counts)])   # the real rows
+        anc, flat = anc.to(dev), flat.to(dev)
+        fused = pad_sequence(list(feats), batch_first=True)                 # [B, T_max, d]
+        toks = pad_sequence(list(tokens), batch_first=True)
+        pos = torch.arange(fused.shape[1] - 1, device=dev)
+        ctx = self.context_kv(fused[:, :-1], toks[:, 1:], pos.expand(b, -1))   # elements 0..T_max-2
+        ctx_mask = pos[None, None, :] <= (anc - 2)[:, :, None]                  # [B, n, T_max-1]
+        hidden, own, out = fused.gather(1, (anc - 1)[..., None].expand(-1, -1, fused.shape[-1])), [], []
+        layer = self.layer
+        for s in range(steps):
+            x = layer.inputs(self.heads.embed(toks.gather(1, anc + s)).to(dtype), hidden)
+            cos, sin = self._rope(anc - 1 + s, dtype)
+            own.append(layer.self_attn.kv(x, cos, sin))
+            q = layer.self_attn.query(x, cos, sin)
+            hidden = layer.finish(hidden, layer.self_attn.attend_batched(q, ctx, ctx_mask, own))
+            out.append(self.logits(hidden.flatten(0, 1)[flat]))
         return torch.stack(out, dim=1)
 
     keeps_tail = True    # absorb() keeps the last feature back for the next draft

@@ -144,14 +144,12 @@ def make_blocks(tokens: Tensor, states: Tensor | None, anchors: Tensor, gamma: i
 
 def block_loss(drafter, method: str, feats: list[list[Tensor]], seqs: list[Tensor], hidden: list[Tensor],
                anchors: list[Tensor], to_logits: Callable[[Tensor], Tensor]) -> LossParts:
-    """``block_loss_reference`` for the block drafters in one batched drafter forward: the features of
-    all sequences fused in one projection, every block in ``block_logits_batch``, the target's LM head
-    once over every block position. The rows reach the loss in the reference's order, so only the
+    """``block_loss_reference`` in one batched drafter forward: the features of all sequences fused in one
+    projection, every block in ``block_logits_batch`` (EAGLE-3: every unroll in ``ttt_logits_batch``), the
+    target's LM head once over every block position. The rows reach the loss in the reference's order, so only the
     attention's padding changes the summation order (tests/drafter/test_train.py). Why: the reference
     runs the drafter once per sequence, and the H200 step is host-bound (docs/results/acceptance.md,
     session 8). ``anchors`` may live on the host: they are moved to the device in one copy."""
-    if method == "eagle3":
-        return block_loss_reference(drafter, method, feats, seqs, hidden, anchors, to_logits)
     keep = [i for i, an in enumerate(anchors) if an.numel()]
     if not keep:
         raise ValueError("no sequence of the batch has an anchor")
@@ -162,6 +160,10 @@ def block_loss(drafter, method: str, feats: list[list[Tensor]], seqs: list[Tenso
     sizes = [t.shape[0] for t in toks]
     layers = len(feats[keep[0]])
     fused = drafter.fuse([torch.cat([feats[i][j] for i in keep]) for j in range(layers)]).split(sizes)
+    if method == "eagle3":                  # the unroll of every sequence at once (``ttt_logits_batch``)
+        blocks = [make_blocks(t, None, a, gamma) for t, a in zip(toks, on_device)]
+        pred = drafter.ttt_logits_batch(fused, toks, host, gamma)
+        return eagle3_loss(pred, torch.cat([b.labels for b in blocks]), torch.cat([b.valid for b in blocks]))
     out = drafter.block_logits_batch(fused, toks, host)
     dspark = method == "dspark"
     blocks = [make_blocks(t, hidden[i] if dspark else None, a, gamma) for i, t, a in zip(keep, toks, on_device)]
@@ -180,7 +182,7 @@ def block_loss(drafter, method: str, feats: list[list[Tensor]], seqs: list[Tenso
 def block_loss_reference(drafter, method: str, feats: list[list[Tensor]], seqs: list[Tensor], hidden: list[Tensor],
                          anchors: list[Tensor], to_logits: Callable[[Tensor], Tensor]) -> LossParts:
     """The method's loss over all anchors of the batch (blocks of every sequence concatenated), one
-    drafter forward per sequence: the readable reference of ``block_loss``, and EAGLE-3's path.
+    drafter forward per sequence: the readable reference of ``block_loss`` (EAGLE-3's path until session 42).
     hidden: the target's final hidden states per sequence; `to_logits` (the target's LM head) runs on the
     dspark block positions only."""
     gamma = drafter.config.gamma

@@ -45,6 +45,24 @@ def test_ttt_never_sees_features_at_or_after_the_anchor(eagle, feats, tokens):
     assert (moved[0] - ref[0]).abs().max() > 1e-3
 
 
+def test_batched_ttt_equals_the_unroll_of_each_sequence(eagle, feats, tokens):
+    """``ttt_logits_batch`` (training's path since session 42) gives ``ttt_logits`` of each sequence, rows
+    in order: ragged lengths (one sequence the full text, others cut and shifted), different anchor counts,
+    the first and last anchors an unroll allows. The masks are the point: a padded context position, or
+    one at or after an anchor, would change the logits."""
+    steps = 3
+    cuts = [(0, tokens.shape[0]), (4, 19), (2, 11)]
+    seqs = [(feats[a:b], tokens[a:b]) for a, b in cuts]
+    anchors = [torch.tensor([1, 9, tokens.shape[0] - steps]), torch.tensor([15 - steps, 2]), torch.tensor([6])]
+    with torch.no_grad():
+        want = torch.cat([eagle.ttt_logits(f, t, a, steps) for (f, t), a in zip(seqs, anchors)])
+        got = eagle.ttt_logits_batch([f for f, _ in seqs], [t for _, t in seqs], anchors, steps)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for bad in (torch.tensor([0]), torch.tensor([15 - steps + 1]), torch.empty(0, dtype=torch.int64)):
+        with pytest.raises(DrafterError, match="anchors"):
+            eagle.ttt_logits_batch([f for f, _ in seqs[1:2]], [t for _, t in seqs[1:2]], [bad], steps)
+
+
 def test_ttt_with_drafted_tokens_reproduces_the_greedy_draft(eagle, feats, tokens):
     """TTT teacher-forces the tokens; feeding it the draft's own tokens must give the draft's choices."""
     a, steps = 11, eagle.config.gamma

@@ -219,17 +219,22 @@ def test_cli_writes_drafter_and_training_json_then_resumes(tmp_path):
     assert again["data"]["answers_sha256"] == report["data"]["answers_sha256"]
 
 
-@pytest.mark.parametrize("method", ["dspark", "dflash"])
+@pytest.mark.parametrize("method", ["dspark", "dflash", "eagle3"])
 def test_batched_block_loss_matches_the_per_sequence_reference(stories, method):
     """One drafter forward for the batch gives the reference's loss parts and gradients: ragged
-    lengths, different anchor counts, an anchor at the last position and a sequence with none."""
+    lengths, different anchor counts, an anchor at the last position (EAGLE-3: the last its unroll
+    fits, and the first) and a sequence with none."""
     from specd.drafter.train import block_loss, block_loss_reference, target_states
 
     target, _ = stories
     g = torch.Generator().manual_seed(3)
     seqs = [torch.randint(3, 512, (n,), generator=g) for n in (30, 9, 17, 12)]
-    anchors = [torch.tensor([3, 10, 28]), torch.tensor([8]), torch.tensor([0, 5, 6, 15]),
-               torch.empty(0, dtype=torch.int64)]
+    if method == "eagle3":                  # 1 <= a <= T - γ (``method_anchors``)
+        anchors = [torch.tensor([3, 10, 26]), torch.tensor([5]), torch.tensor([1, 5, 6, 13]),
+                   torch.empty(0, dtype=torch.int64)]
+    else:
+        anchors = [torch.tensor([3, 10, 28]), torch.tensor([8]), torch.tensor([0, 5, 6, 15]),
+                   torch.empty(0, dtype=torch.int64)]
     torch.manual_seed(0)
     overrides = {"markov_rank": 16} if method == "dspark" else {}
     drafter = build_drafter(DrafterConfig.for_target(target.config, method, gamma=4, **overrides), target)
