@@ -17,7 +17,8 @@
 #   bash bench/gpu/session.sh answers-stacks  # one GPU: the data stage's Python stacks every 20 s for 80 s
 #   bash bench/gpu/session.sh train-probe  # one GPU, no GGUF: drafter training steps by batch size (train_probe.py),
 #                                          #   this export and, with OLD=<export dir>, an older one; with
-#                                          #   PROBE_FEATURES=bfloat16, this export again with a bf16 target pass
+#                                          #   PROBE_FEATURES=bfloat16, this export again with a bf16 target pass;
+#                                          #   PROBE_METHODS=eagle3: batched loss against the per-sequence one
 #   bash bench/gpu/session.sh drafter-out  # the trained dspark drafter in bf16, as 15 MB pieces dsq.NN, to carry later;
 #                                          # DRAFTER=dflash (pieces dfq.NN) or eagle3 (e3q.NN): those `train` left
 #   bash bench/gpu/session.sh stash DIR    # copy a carried folder's files to /tmp/stash (the drafter's pieces)
@@ -322,10 +323,19 @@ PY
   train-probe)
     # session 8: the training step by batch size, random Qwen-0.5B weights (bench/gpu/train_probe.py); needs
     # .carry/answers-prompts.json (answers_probe --prepare). OLD=.carry/old42 times an older export too
+    # PROBE_METHODS=eagle3 (session 42) times each named method's batched loss against its per-sequence
+    # reference instead, in the same call: <method>.json and <method>-reference.json
     mkdir -p "$RES/train-probe"
-    for tree in . ${OLD:-}; do
-      train_probe "$tree" "$(basename "$(cd "$tree" && pwd)")" --profile-batch 8x16
-    done
+    if [ -n "${PROBE_METHODS:-}" ]; then
+      for m in $(echo "$PROBE_METHODS" | tr , ' '); do
+        train_probe . "$m" --method "$m" --profile-batch 8x64
+        train_probe . "$m-reference" --method "$m" --reference --profile-batch 8x64
+      done
+    else
+      for tree in . ${OLD:-}; do
+        train_probe "$tree" "$(basename "$(cd "$tree" && pwd)")" --profile-batch 8x16
+      done
+    fi
     if [ -n "${PROBE_FEATURES:-}" ]; then   # session 9: this tree again, its target pass in PROBE_FEATURES (bfloat16)
       train_probe . "features-$PROBE_FEATURES" --features-dtype "$PROBE_FEATURES"
     fi
