@@ -122,6 +122,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answers", choices=("engine", "harness"), default=None,
                    help="answer generator of the data stage (specd.drafter.data.ANSWERS): engine (serving engine, "
                         "CUDA graphs) or harness (eager); default: engine on CUDA, harness on the CPU")
+    p.add_argument("--answers-from", type=Path, default=None, metavar="DIR",
+                   help="take the data stage from an earlier run's work folder (its data/ and stages/data.json, "
+                        "e.g. carried back from a device session) instead of answering again: same sessions, "
+                        "--train-sessions, --max-len and --seed, checked before any work; the answers cost this "
+                        "run's budget nothing (session 42: the stage took 178 of a 570 s call)")
     p.add_argument("--answers-dtype", default="auto", choices=SERVED_DTYPES,
                    help="dtype the data stage answers in: auto = bfloat16 on CUDA (what specd serves in; 2.4x "
                         "faster than fp32 in session 8; a copy of the target, 2 bytes per parameter, during the "
@@ -311,6 +316,8 @@ def run(args: argparse.Namespace) -> int:
         torch.backends.cudnn.allow_tf32 = True            # w.r.t. the target as computed
     args.work.mkdir(parents=True, exist_ok=True)
     stages = Stages(args.work)
+    if args.answers_from is not None and stages.done("data") is None:
+        stages.record("data", carried_data_stage(args))
     r = Run(args, Budget(args.budget_s, stages.spent_s(), args.stop_after), stages)
     progress(r.budget, "start", f"work {args.work}, out {args.out}")
     r.stage("data", lambda: stage_data(r))
@@ -356,11 +363,57 @@ def stage_data(r: Run) -> dict:
         mine = [seq for i, seq in pairs if sessions[i].workload == w]
         data.save_sequences(ddir / f"{w}.jsonl", mine)
         counts[w] = {"sequences": len(mine), "answer_tokens": sum(len(s.tokens) - s.prompt_len for s in mine)}
-    sources = "".join(file_sha256(r.args.sessions / f"{w}.train.jsonl") for w in WORKLOADS)
     return {"status": "done", "answers": answers, "answers_dtype": str(model.embed_tokens.weight.dtype),
             "sequences": len(pairs), "per_workload": counts,
             "answer_tokens": sum(c["answer_tokens"] for c in counts.values()),
-            "answers_sha256": file_sha256(ddir / "all.jsonl"), "sessions_sha256": _sha(sources)}
+            "answers_sha256": file_sha256(ddir / "all.jsonl"), "sessions_sha256": sessions_sha256(r.args.sessions),
+            "settings": answer_settings(r.args)}
+
+
+def sessions_sha256(sessions: Path) -> str:
+    """One hash of the five workloads' train session files: which prompts the answers are to."""
+    from bench.workloads.split import file_sha256
+
+    return _sha("".join(file_sha256(sessions / f"{w}.train.jsonl") for w in WORKLOADS))
+
+
+def answer_settings(args: argparse.Namespace) -> dict:
+    """The settings besides the sessions that decide which answers the data stage writes."""
+    return {"train_sessions": args.train_sessions, "max_len": args.max_len, "seed": args.seed}
+
+
+def carried_data_stage(args: argparse.Namespace) -> dict:
+    """The data stage's marker for answers carried from an earlier run (``--answers-from DIR``), after
+    copying them into this run's work folder; SystemExit, before any work, when they are not the answers
+    this run would write (other sessions or settings) or did not arrive whole (their sha256). Its wall
+    time is 0: the carried answers cost this run's budget nothing (the original time is kept apart)."""
+    import shutil
+
+    from bench.workloads.split import file_sha256
+
+    src = args.answers_from
+    marker_path = src / "stages" / "data.json"
+    if not marker_path.is_file():
+        raise SystemExit(f"--answers-from {src}: no stages/data.json there (a drafter-pipeline work folder)")
+    marker = json.loads(marker_path.read_text())
+    if marker.get("status") != "done":
+        raise SystemExit(f"--answers-from {src}: its data stage is {marker.get('status')!r}, not done")
+    if marker.get("sessions_sha256") != sessions_sha256(args.sessions):
+        raise SystemExit(f"--answers-from {src}: its answers are to other sessions than {args.sessions}")
+    if marker.get("settings") != answer_settings(args):
+        raise SystemExit(f"--answers-from {src}: answered with {marker.get('settings')}, this run asks for "
+                         f"{answer_settings(args)}")
+    files = ["all.jsonl"] + [f"{w}.jsonl" for w in WORKLOADS]
+    missing = [f for f in files if not (src / "data" / f).is_file()]
+    if missing:
+        raise SystemExit(f"--answers-from {src}: data/{', data/'.join(missing)} missing")
+    if file_sha256(src / "data" / "all.jsonl") != marker.get("answers_sha256"):
+        raise SystemExit(f"--answers-from {src}: data/all.jsonl is not the file its marker hashed (cut short?)")
+    dest = args.work / "data"
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copyfile(src / "data" / f, dest / f)
+    return {**marker, "carried_from": str(src), "carried_wall_s": marker.get("wall_s"), "wall_s": 0.0}
 
 
 def _trainer_args(r: Run, method: str, out: Path, steps: int, lr: float, init: Path | None) -> argparse.Namespace:

@@ -21,6 +21,8 @@
 #                                          #   PROBE_METHODS=eagle3: batched loss against the per-sequence one
 #   bash bench/gpu/session.sh drafter-out  # the trained dspark drafter in bf16, as 15 MB pieces dsq.NN, to carry later;
 #                                          # DRAFTER=dflash (pieces dfq.NN) or eagle3 (e3q.NN): those `train` left
+#   bash bench/gpu/session.sh data-out     # the data stage `train` left, as 15 MB pieces dpd.NN (DATA_FROM=4: the next
+#                                          # four); stashed, TRAIN_ANSWERS=carried trains without answering again
 #   bash bench/gpu/session.sh stash DIR    # copy a carried folder's files to /tmp/stash (the drafter's pieces)
 #   bash bench/gpu/session.sh final        # GPU0: bench speedup with the carried drafter, the draft-round profile,
 #                                          #   sps-projection | GPU1: serve-plan gpu-kv (issue 7, per-cell stats;
@@ -143,16 +145,21 @@ train_dspark() {  # train_dspark OUT TIMEOUT [ARGS...]: train-kv's recipe on GPU
                   # TRAIN_ANCHORS anchors each, default 8 x 16; TRAIN_LAYERS draft layers, default 1, the
                   # DSpark paper's drafter has 2; TRAIN_INIT=/tmp/dsp warm-starts from the stashed drafter,
                   # after `unpack_drafter`; TRAIN_INITS=dflash=/tmp/dfl,eagle3=/tmp/e3d warm-starts those from
-                  # their carried pieces (drafter-out), unpacked in `train`); resumable from /tmp/dp
-  local out=$1 limit=$2 data inits=() w
+                  # their carried pieces (drafter-out), unpacked in `train`; TRAIN_ANSWERS=carried takes the data
+                  # stage from the stashed pieces of data-out, dpd.NN); resumable from /tmp/dp
+  local out=$1 limit=$2 data extra=() w
   shift 2
   data=$(train_data) || return 1
-  for w in $(echo "${TRAIN_INITS:-}" | tr , ' '); do inits+=(--init "$w"); done
+  for w in $(echo "${TRAIN_INITS:-}" | tr , ' '); do extra+=(--init "$w"); done
+  if [ "${TRAIN_ANSWERS:-}" = carried ]; then    # the data stage carried back by data-out, stashed as dpd.NN
+    if [ ! -d /tmp/dpd ]; then mkdir -p /tmp/dpd && cat /tmp/stash/dpd.* | tar xz -C /tmp/dpd || return 1; fi
+    extra+=(--answers-from /tmp/dpd)
+  fi
   CUDA_VISIBLE_DEVICES=0 timeout "$limit" python -m bench drafter-pipeline --target "$MODEL" \
     --sessions "$data" --work /tmp/dp --out "$out" --methods "${TRAIN_METHODS:-dspark}" \
     --steps "${TRAIN_STEPS:-2500}" --train-sessions "${TRAIN_SESSIONS:-500}" --answers engine \
     --budget-s "${TRAIN_BUDGET:-900}" --gamma 7 --device cuda --batch-size "${TRAIN_BATCH:-8}" \
-    --anchors "${TRAIN_ANCHORS:-16}" --layers "${TRAIN_LAYERS:-1}" ${TRAIN_INIT:+--init-dspark "$TRAIN_INIT"} "${inits[@]}" "$@" \
+    --anchors "${TRAIN_ANCHORS:-16}" --layers "${TRAIN_LAYERS:-1}" ${TRAIN_INIT:+--init-dspark "$TRAIN_INIT"} "${extra[@]}" "$@" \
     >> /tmp/logs/drafter-pipeline.log 2>&1
 }
 
@@ -397,6 +404,19 @@ PY
       ls -la "/tmp/$folder" /tmp/"$pieces".*; sha256sum "/tmp/$M-bf16.tgz"
     fi
     cp /tmp/"$pieces".* "$OUT/"
+    ;;
+  data-out)
+    # session 42: the data stage `train` left (/tmp/dp/data and its marker) as 15 MB pieces dpd.NN, four a call
+    # from DATA_FROM (default 0; a call brings back 64 MB at most): carried in folders of <= 30 MB and
+    # stashed, TRAIN_ANSWERS=carried trains on them without answering again (drafter-pipeline --answers-from)
+    [ -f /tmp/dp/stages/data.json ] || { echo "no data stage in /tmp/dp (run train first)"; exit 2; }
+    if [ ! -f /tmp/dpd.tgz ]; then
+      tar czf /tmp/dpd.tgz -C /tmp/dp data stages/data.json && split -b 15000000 -d -a 2 /tmp/dpd.tgz /tmp/dpd.
+      ls -la /tmp/dpd.*; sha256sum /tmp/dpd.tgz
+    fi
+    for i in $(seq "${DATA_FROM:-0}" $(( ${DATA_FROM:-0} + 3 ))); do
+      f=/tmp/dpd.$(printf %02d "$i"); [ -f "$f" ] && cp "$f" "$OUT/"
+    done
     ;;
   stash)
     mkdir -p /tmp/stash && cp "$2"/* /tmp/stash/ && ls -la /tmp/stash

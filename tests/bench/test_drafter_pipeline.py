@@ -236,3 +236,53 @@ def test_a_run_without_dspark_trains_the_others_and_stops(sessions, tmp_path):
     with pytest.raises(SystemExit, match="leaves out dspark"):
         _pipeline(sessions, tmp_path / "w2", tmp_path / "o2", "--methods", "dflash")
     assert not (tmp_path / "w2").exists()
+
+
+def test_answers_from_an_earlier_run_skip_the_data_stage_and_cost_no_budget(sessions, tmp_path, capsys):
+    """--answers-from DIR: a device session carries back the data stage (its answers and marker) and the
+    next one trains on them without answering again. The copy is the earlier run's answers, byte for
+    byte; its marker says where they came from, and its wall time counts 0 against this run's budget."""
+    first = tmp_path / "first"
+    assert _pipeline(sessions, first, tmp_path / "out1", "--stop-after", "data") == 0
+    capsys.readouterr()
+    second = tmp_path / "second"
+    assert _pipeline(sessions, second, tmp_path / "out2", "--methods", "dflash", "--stop-after", "train",
+                     "--answers-from", str(first)) == 0
+    log = capsys.readouterr().out
+    assert "data: done earlier, skipped" in log
+    marker = json.loads((second / "stages" / "data.json").read_text())
+    made = json.loads((first / "stages" / "data.json").read_text())
+    assert marker["wall_s"] == 0.0 and marker["carried_wall_s"] == made["wall_s"] > 0
+    assert marker["carried_from"] == str(first) and marker["answers_sha256"] == made["answers_sha256"]
+    for f in (first / "data").iterdir():
+        assert (second / "data" / f.name).read_bytes() == f.read_bytes()
+    assert (second / "drafters" / "dflash" / "drafter.safetensors").exists()
+
+
+def test_answers_from_refuses_answers_this_run_would_not_write(sessions, tmp_path):
+    """Answers to other sessions or settings, or a copy cut short, stop the run before any work."""
+    first = tmp_path / "first"
+    assert _pipeline(sessions, first, tmp_path / "out1", "--stop-after", "data") == 0
+    cases = [(first, ["--train-sessions", "3"], "answered with"),
+             (tmp_path / "nothing", [], "no stages/data.json")]
+    cut = tmp_path / "cut"
+    (cut / "stages").mkdir(parents=True)
+    (cut / "stages" / "data.json").write_bytes((first / "stages" / "data.json").read_bytes())
+    (cut / "data").mkdir()
+    for f in (first / "data").iterdir():
+        (cut / "data" / f.name).write_bytes(f.read_bytes())
+    whole = (cut / "data" / "all.jsonl").read_bytes()
+    (cut / "data" / "all.jsonl").write_bytes(whole[: len(whole) // 2])
+    cases.append((cut, [], "not the file its marker hashed"))
+    other = tmp_path / "other-sessions"                 # the same files but one train session changed
+    other.mkdir()
+    for f in sessions.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    train = other / f"{WORKLOADS[0]}.train.jsonl"
+    train.write_text(train.read_text() + "\n")
+    for i, (src, extra, match) in enumerate(cases + [(first, [], "other sessions")]):
+        work = tmp_path / f"w{i}"
+        which = other if match == "other sessions" else sessions
+        with pytest.raises(SystemExit, match=match):
+            _pipeline(which, work, tmp_path / f"o{i}", "--stop-after", "train", "--answers-from", str(src), *extra)
+        assert not (work / "stages" / "data.json").exists()
