@@ -147,14 +147,18 @@ class Eagle3Drafter(BorrowsTargetHeads, nn.Module):
         return self.layer.self_attn.kv(x, cos, sin)
 
     def step(self, hidden: Tensor, tokens: Tensor, positions: Tensor, ctx: KV, ctx_mask: Tensor,
-             own: list[KV]) -> Tensor:
+             own: list[KV], batched: bool = False) -> Tensor:
         """One autoregressive step for N rows: hidden [N, d], tokens/positions [N]; appends this
-        element's k/v to `own`. Returns the new hidden [N, d] (pre-norm; logits via `logits`)."""
+        element's k/v to `own`. Returns the new hidden [N, d] (pre-norm; logits via `logits`).
+        ``batched``: rows of B padded sequences, hidden [B, n, d], over per-sequence contexts
+        (``Eagle3Attention.attend_batched``, training's unroll)."""
+        attn = self.layer.self_attn
         x = self.layer.inputs(self.heads.embed(tokens).to(hidden.dtype), hidden)
         cos, sin = self._rope(positions, hidden.dtype)
-        own.append(self.layer.self_attn.kv(x, cos, sin))
-        q = self.layer.self_attn.query(x, cos, sin)
-        return self.layer.finish(hidden, self.layer.self_attn.attend(q, ctx, ctx_mask, own))
+        own.append(attn.kv(x, cos, sin))
+        q = attn.query(x, cos, sin)
+        attend = attn.attend_batched if batched else attn.attend
+        return self.layer.finish(hidden, attend(q, ctx, ctx_mask, own))
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden: [..., d] -> [..., V] fp32 through the final norm and the target's LM head."""
@@ -201,7 +205,7 @@ class Eagle3Drafter(BorrowsTargetHeads, nn.Module):
             if a.numel() == 0 or int(a.min()) < 1 or int(a.max()) + steps - 1 > t - 1:
                 raise DrafterError(f"TTT anchors need 1 <= a <= {t - steps} for T={t}, steps={steps}; "
                                    f"got {a.tolist()}")
-        dev, dtype, n_max = tokens[0].device, feats[0].dtype, max(counts)
+        dev, n_max = tokens[0].device, max(counts)
         anc = torch.ones(b, n_max, dtype=torch.int64)           # padded rows: anchor 1, no context, dropped
         for i, a in enumerate(cpu):
             anc[i, :counts[i]] = a
@@ -213,13 +217,8 @@ class Eagle3Drafter(BorrowsTargetHeads, nn.Module):
         ctx = self.context_kv(fused[:, :-1], toks[:, 1:], pos.expand(b, -1))   # elements 0..T_max-2
         ctx_mask = pos[None, None, :] <= (anc - 2)[:, :, None]                  # [B, n, T_max-1]
         hidden, own, out = fused.gather(1, (anc - 1)[..., None].expand(-1, -1, fused.shape[-1])), [], []
-        layer = self.layer
         for s in range(steps):
-            x = layer.inputs(self.heads.embed(toks.gather(1, anc + s)).to(dtype), hidden)
-            cos, sin = self._rope(anc - 1 + s, dtype)
-            own.append(layer.self_attn.kv(x, cos, sin))
-            q = layer.self_attn.query(x, cos, sin)
-            hidden = layer.finish(hidden, layer.self_attn.attend_batched(q, ctx, ctx_mask, own))
+            hidden = self.step(hidden, toks.gather(1, anc + s), anc - 1 + s, ctx, ctx_mask, own, batched=True)
             out.append(self.logits(hidden.flatten(0, 1)[flat]))
         return torch.stack(out, dim=1)
 
