@@ -88,9 +88,30 @@ def table(by_cell: list[tuple[str, int, list[dict]]], row: str) -> str:
     return "\n".join(lines)
 
 
+def step_costs(runs: list[dict], row: str) -> str:
+    """``--step-costs``: what `none`'s runs are made of, cell by cell (medians over the repeats): prompt and
+    plain steps per run, milliseconds a step of each, and the prompt steps' share of the wall. Why: where
+    prompt steps hold most of a run (c = 32, 48-token answers), a drafter can act on the rest only, and
+    each extra prompt step its requests cause costs a few plain steps (docs/results/speedup.md, session 42)."""
+    lines = [f"| workload | c | repeats | {BASELINE} prompt steps/run | ms a prompt step | plain steps/run | "
+             "ms a plain step | prompt steps' share of the wall |", "|---" * 8 + "|"]
+    for workload, level, pairs in repeat_pairs(runs, row):
+        cols = []
+        for base, _run in pairs:
+            (pn, pms, _), (dn, dms, _) = step_kind(base, "prompt"), step_kind(base, "plain")
+            cols.append((pn, pms / pn if pn else None, dn, dms / dn if dn else None, pms / (1000 * base["wall_s"])))
+        med = [statistics.median(v for v in col if v is not None) if any(v is not None for v in col) else None
+               for col in zip(*cols)]
+        lines.append(f"| {workload} | {level} | {len(cols)} | {med[0]:g} | {_fmt(med[1], '.2f')} | {med[2]:g} | "
+                     f"{_fmt(med[3], '.2f')} | {med[4]:.0%} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     return row_tool_main("python -m bench.step_split", __doc__.splitlines()[0],
-                         lambda runs, row: table(cell_splits(runs, row), row), argv, "the row to split against none (default dspark)")
+                         lambda runs, row: table(cell_splits(runs, row), row), argv, "the row to split against none (default dspark)",
+                         other=("--step-costs", "print what none's runs are made of instead: prompt and plain steps "
+                                "per run, ms a step of each, the prompt steps' share of the wall", step_costs))
 
 
 if __name__ == "__main__":

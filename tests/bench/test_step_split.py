@@ -54,3 +54,13 @@ def test_the_command_pools_repeats_per_cell_and_refuses_runs_without_step_kinds(
         cell_splits([old], "dspark")
     with pytest.raises(SystemExit):
         main([str(path), "--row", "eagle3"])
+
+
+def test_step_costs_say_what_nones_runs_are_made_of(tmp_path, capsys):
+    result = {"workloads": {"extraction.eval": {"32": {"rows": {"none": {"runs": [NONE, NONE]},
+                                                                "dspark": {"runs": [DRAFTING, DRAFTING]}}}}}}
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result))
+    assert main([str(path), "--step-costs"]) == 0
+    # 16 prompt steps of 7.00 ms, 179 plain of 412.7 / 179 = 2.31 ms; 112 of 529.7 ms in prompt steps: 21%
+    assert "| extraction.eval | 32 | 2 | 16 | 7.00 | 179 | 2.31 | 21% |" in capsys.readouterr().out
