@@ -1,5 +1,6 @@
-"""Shared by the graph-path tests: greedy continuations of a few prompts through a live engine, so a fast
-path (a replayed graph) and the eager reference can be compared token for token."""
+"""Shared by the engine tests: continuations of prompts through a live engine, so a fast path (a replayed
+graph, speculation) and the reference (eager, plain decoding) can be compared token for token or by
+distribution."""
 from __future__ import annotations
 
 from specd.engine.request import Request
@@ -21,6 +22,20 @@ def greedy_outputs(engine, tag: str, prompts=STORY_PROMPTS, max_tokens: int = 24
         for out in engine.step():
             got.setdefault(out.id[len(tag):], []).extend(out.token_ids)
     return got
+
+
+def batch_outputs(engine, tag: str, prompts: list[str], params: SamplingParams | list[SamplingParams],
+                  speculation: str | None = None) -> list[list[int]]:
+    """Queue every prompt (``params``: one setting for all, or one each) and step the engine until it is
+    idle; returns each prompt's token ids, in order. ``max_num_seqs`` decides how many share a step."""
+    each = params if isinstance(params, list) else [params] * len(prompts)
+    for i, (p, sp) in enumerate(zip(prompts, each)):
+        engine.add_request(Request(f"{tag}{i}", engine.tokenizer.encode(p), sp, speculation=speculation))
+    got: dict[str, list[int]] = {}
+    while engine.has_work():
+        for out in engine.step():
+            got.setdefault(out.id, []).extend(out.token_ids)
+    return [got.get(f"{tag}{i}", []) for i in range(len(prompts))]
 
 
 def greedy_run(engine, rid: str, prompt: list[int], max_tokens: int = 8):

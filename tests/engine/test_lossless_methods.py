@@ -27,6 +27,7 @@ from specd.engine.config import EngineConfig
 from specd.engine.engine import SpecEngine
 from specd.engine.request import Request
 from specd.sampling_params import SamplingParams
+from tests.greedy_runs import batch_outputs
 from tests.token_stats import token_p_value
 
 ALPHA = 1e-3
@@ -80,15 +81,8 @@ def proposer(drafters, method: str, graphs: bool):
 
 def runs(engine, method: str, params: SamplingParams, salt: int, n: int = N) -> list[list[int]]:
     """n seeded runs of the prompt under ``method`` (seeds differ between methods by ``salt``)."""
-    tag = f"{method}-{salt}-{n}-"
-    for i in range(n):
-        engine.add_request(Request(f"{tag}{i}", engine.tokenizer.encode(PROMPT),
-                                   params.model_copy(update={"seed": 9000 + i + salt}), speculation=method))
-    got = collections.defaultdict(list)
-    while engine.has_work():
-        for out in engine.step():
-            got[out.id] += out.token_ids
-    return [got[f"{tag}{i}"] for i in range(n)]
+    per = [params.model_copy(update={"seed": 9000 + i + salt}) for i in range(n)]
+    return batch_outputs(engine, f"{method}-{salt}-{n}-", [PROMPT] * n, per, method)
 
 
 @pytest.fixture(scope="module")
@@ -174,16 +168,6 @@ def batch_engines(drafters):
     return out
 
 
-def batch_runs(engine, prompts: list[str], params: list[SamplingParams], method: str, tag: str) -> list[list[int]]:
-    for i, (p, sp) in enumerate(zip(prompts, params)):
-        engine.add_request(Request(f"{tag}{i}", engine.tokenizer.encode(p), sp, speculation=method))
-    got = collections.defaultdict(list)
-    while engine.has_work():
-        for out in engine.step():
-            got[out.id] += out.token_ids
-    return [got[f"{tag}{i}"] for i in range(len(prompts))]
-
-
 def top2_within(model, ids: list[int], ulps: int) -> bool:
     """Are the target's two largest logits after ``ids`` within ``ulps`` float32 ULPs of the larger?"""
     import math
@@ -207,9 +191,9 @@ def test_greedy_speculation_reproduces_plain_decoding_in_a_batch(batch_engines, 
     prompts = [GREEDY_PROMPTS[i % len(GREEDY_PROMPTS)] + " " * (i // len(GREEDY_PROMPTS)) for i in range(n)]
     params = [SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)] * n
     tag = f"g{method}{concurrency}-"
-    want = batch_runs(engine, prompts, params, "none", tag + "plain")
+    want = batch_outputs(engine, tag + "plain", prompts, params, "none")
     before = engine.stats()
-    got = batch_runs(engine, prompts, params, method, tag)
+    got = batch_outputs(engine, tag, prompts, params, method)
     verified = engine.stats()["spec_verifications_total"] - before["spec_verifications_total"]
     assert verified > 0, f"{method} never drafted"
     ties = 0
@@ -234,7 +218,7 @@ def test_sampled_tokens_follow_the_target_distribution_in_a_batch(batch_engines,
     params = [PARAMS[setting].model_copy(update={"seed": 20_000 + i}) for i in range(N)]
     plain = batch_plain(batch_engines[16], prompt, setting)
     before = engine.stats()
-    spec = batch_runs(engine, [prompt] * N, params, method, f"s{method}{concurrency}{setting}-")
+    spec = batch_outputs(engine, f"s{method}{concurrency}{setting}-", [prompt] * N, params, method)
     after = engine.stats()
     drafted = after["spec_drafted_tokens_total"] - before["spec_drafted_tokens_total"]
     accepted = after["spec_accepted_tokens_total"] - before["spec_accepted_tokens_total"]
@@ -253,7 +237,7 @@ def batch_plain(engine, prompt: str, setting: int) -> list[list[int]]:
     key = (prompt, setting)
     if key not in _PLAIN:
         params = [PARAMS[setting].model_copy(update={"seed": 40_000 + i}) for i in range(N)]
-        _PLAIN[key] = batch_runs(engine, [prompt] * N, params, "none", f"p{setting}{len(_PLAIN)}-")
+        _PLAIN[key] = batch_outputs(engine, f"p{setting}{len(_PLAIN)}-", [prompt] * N, params, "none")
     return _PLAIN[key]
 
 
@@ -275,9 +259,9 @@ def test_a_request_verified_against_its_neighbours_draft_is_caught_only_in_a_bat
     monkeypatch.setattr(FeatureProposer, "propose", neighbours)
     n = 3 * N
     params = [PARAMS[0].model_copy(update={"seed": 60_000 + i}) for i in range(n)]
-    plain = batch_runs(batch_engines[16], [PROMPT] * n, [p.model_copy(update={"seed": 90_000 + i})
-                                                         for i, p in enumerate(params)], "none", "pb-")
-    alone = batch_runs(batch_engines[1], [PROMPT] * N, params[:N], "dspark", "b1-")
+    plain = batch_outputs(batch_engines[16], "pb-", [PROMPT] * n,
+                          [p.model_copy(update={"seed": 90_000 + i}) for i, p in enumerate(params)], "none")
+    alone = batch_outputs(batch_engines[1], "b1-", [PROMPT] * N, params[:N], "dspark")
     assert min_p_value(plain[:N], alone) > ALPHA
-    batched = batch_runs(batch_engines[16], [PROMPT] * n, params, "dspark", "b16-")
+    batched = batch_outputs(batch_engines[16], "b16-", [PROMPT] * n, params, "dspark")
     assert min_p_value(plain, batched) < ALPHA

@@ -3,7 +3,6 @@ under load, its causality (later confidences never change a decision), the SPS p
 with the committed stories260K DSpark drafter (greedy outputs unchanged, shorter drafts under load)."""
 from __future__ import annotations
 
-import collections
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,10 @@ from hypothesis import given, settings, strategies as st
 
 from specd.engine.config import EngineConfig
 from specd.engine.engine import SpecEngine
-from specd.engine.request import Request
 from specd.engine.spec_scheduler import (SchedulerError, SpsProfile, calibrate, profile_points, schedule_verify,
                                          survivals)
 from specd.sampling_params import SamplingParams
+from tests.greedy_runs import batch_outputs
 
 torch.set_num_threads(1)
 
@@ -145,13 +144,7 @@ def engine():
 
 
 def run(engine, prompts, speculation):
-    for i, p in enumerate(prompts):
-        engine.add_request(Request(f"{speculation}{i}", engine.tokenizer.encode(p), GREEDY, speculation=speculation))
-    got = collections.defaultdict(list)
-    while engine.has_work():
-        for out in engine.step():
-            got[out.id] += out.token_ids
-    return [got[f"{speculation}{i}"] for i in range(len(prompts))]
+    return batch_outputs(engine, speculation, prompts, GREEDY, speculation)
 
 
 def scheduled_mean(engine, prompts) -> tuple[float, list[list[int]]]:
