@@ -59,9 +59,41 @@ def table(by_cell: list[tuple[str, int, list[dict]]], row: str) -> str:
     return "\n".join(lines)
 
 
+PHASES = ("draft_first", "draft_later")
+
+
+def phases(runs: list[dict], row: str) -> str:
+    """``--phases``: the drafting steps that open a drafting phase (a probe's, an exploration's, a switch
+    to the winner) against the phase's later ones, cell by cell, over every repeat that drafted: steps a
+    run, and ms a step with its schedule (the proposal) and forward (the verify pass) parts. From the
+    runs' ``draft_phases`` (``bench speedup`` records them since session 42). Why: at c = 32 a probe's
+    steps cost 10-27 ms on the H200 against 7-8 ms in a drafting phase (session 40), unexplained."""
+    head = " | ".join(f"{p} steps/run | ms a step (schedule + forward)" for p in PHASES)
+    lines = [f"| workload | c | repeats that drafted | {head} |", "|---" * (3 + 2 * len(PHASES)) + "|"]
+    for workload, level, pairs in repeat_pairs(runs, row):
+        drafted = [r["draft_phases"] for _, r in pairs if r.get("draft_phases")]
+        if not drafted:
+            continue
+        cols = []
+        for phase in PHASES:
+            got = [d[phase] for d in drafted if phase in d]
+            n = sum(g["steps"] for g in got)
+            if not n:
+                cols += ["0", "-"]
+                continue
+            ms, sched, fwd = (sum(g[k] for g in got) / n for k in ("ms", "schedule_ms", "forward_ms"))
+            cols += [f"{n / len(drafted):.1f}", f"{ms:.2f} ({sched:.2f} + {fwd:.2f})"]
+        lines.append(f"| {workload} | {level} | {len(drafted)} | " + " | ".join(cols) + " |")
+    if len(lines) == 2:
+        return f"No repeat of {row} recorded draft_phases (bench speedup since session 42) with a drafting step."
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     return row_tool_main("python -m bench.draft_step_cost", __doc__.splitlines()[0],
-                         lambda runs, row: table(cell_costs(runs, row), row), argv, "the drafting row (default dspark)")
+                         lambda runs, row: table(cell_costs(runs, row), row), argv, "the drafting row (default dspark)",
+                         other=("--phases", "print a drafting phase's first steps against its later ones instead "
+                                "(ms a step, schedule and forward apart)", phases))
 
 
 if __name__ == "__main__":

@@ -211,6 +211,10 @@ class RunResult:
     # row's loss that its decode steps do not show is in its prompt steps, or in how many of them it runs
     # (session 13); ``capture`` steps are no-draft decode steps that did drafter work (session 17)
     step_kinds: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the ``draft`` steps again, as a drafting phase's first step and the others, with their schedule (the
+    # proposal) and forward (the verify pass) ms apart (``draft_phases``; session 42: a probe's steps cost
+    # 10-27 ms at c = 32 on the H200 against 7-8 ms in a drafting phase, and nothing said where)
+    draft_phases: dict[str, dict[str, float]] = field(default_factory=dict)
     # requests whose prompt captured no drafter features (the gate rested their cell): rated by their class's
     # prompt-less drafting steps (``ClassRecord``, session 14)
     gate_promptless_requests: int = 0
@@ -315,7 +319,8 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         gate_rest_span_steps=int(d["spec_rest_span_steps_total"]),
         gate_probes=int(d.get("spec_gate_probes_total", 0)), gate_probes_cut=int(d.get("spec_gate_probes_cut_total", 0)),
         gate_promptless_requests=int(d["spec_promptless_requests_total"]),
-        phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d), gc_pauses=gc_split(d))
+        phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d), draft_phases=draft_phases(d),
+        gc_pauses=gc_split(d))
 
 
 def gc_split(d: dict) -> dict[str, list[float]]:
@@ -409,6 +414,22 @@ def step_kinds(d: dict) -> dict[str, dict[str, float]]:
         if n:
             out[kind] = {"steps": n, "ms": round(1e3 * d[f"step_{kind}_seconds_total"], 3),
                          "tokens": int(d[f"step_{kind}_tokens_total"])}
+    return out
+
+
+def draft_phases(d: dict) -> dict[str, dict[str, float]]:
+    """The run's drafting steps again (``specd.engine.engine.DRAFT_PHASES``: the first step of a drafting
+    phase, the others), {phase: {steps, ms, tokens, schedule_ms, forward_ms}}, phases that ran only. Kept
+    apart from ``step_kinds``, whose kinds partition the run's steps."""
+    from specd.engine.engine import DRAFT_PHASES
+
+    out = {}
+    for phase in DRAFT_PHASES:
+        n = int(d.get(f"step_{phase}_steps_total", 0))
+        if n:
+            out[phase] = {"steps": n, "tokens": int(d[f"step_{phase}_tokens_total"]),
+                          **{f"{what}ms": round(1e3 * d[f"step_{phase}_{what}seconds_total"], 3)
+                             for what in ("", "schedule_", "forward_")}}
     return out
 
 

@@ -49,6 +49,12 @@ OVERHEAD_EMA = 0.2           # weight of the newest step in the step-overhead av
 # speculative run's time goes (session 13, run AO: scheduled dspark at coding c = 16 lost 15% end to end
 # while the gate measured its drafting decode steps 15% ahead).
 STEP_KINDS = ("prompt", "prompt_draft", "draft", "capture", "plain")
+# Drafting steps again, split: the first of a drafting phase (the step before drafted for nobody) and the
+# others, each with its schedule phase (the proposal is made there) and forward phase (the verify pass)
+# apart. Counted beside STEP_KINDS, not in them. Why: at c = 32 on the H200 (session 40, runs DJ, DK, DM)
+# the 1-3 drafting steps of a probe took 10-27 ms each against 7-8 ms for a drafting phase's steps, with
+# no graph capture in those runs, and the records could not say which part of the step held the excess.
+DRAFT_PHASES = ("draft_first", "draft_later")
 # A step with at least this many prompt tokens runs ``forward_hook`` while the GPU computes it (the server
 # reads requests that arrive meanwhile and warms their cached prefixes in kvd). Why only those: on the 8B
 # agentic load (run BV) prompt steps took ~73 ms and decode steps ~7 ms; a request that arrives during a
@@ -120,7 +126,10 @@ class SpecEngine(GateSteps):
                               spec_promptless_requests_total=0, forward_hook_steps_total=0,
                               forward_hook_calls_total=0, warmed_requests_total=0,
                               **{f"step_{kind}_{what}_total": 0 for kind in STEP_KINDS
-                                 for what in ("steps", "seconds", "tokens")})
+                                 for what in ("steps", "seconds", "tokens")},
+                              **{f"step_{kind}_{what}_total": 0 for kind in DRAFT_PHASES
+                                 for what in ("steps", "seconds", "tokens", "schedule_seconds",
+                                              "forward_seconds")})
         self._scheduled_lengths: collections.Counter[int] = collections.Counter()   # ℓ chosen per scheduled draft
         self._proposers: dict = {}
         self._admissions: dict = {}      # speculation settings -> (method, gate key, proposer): ``_admit_speculation``
@@ -140,6 +149,7 @@ class SpecEngine(GateSteps):
         self._profiled = False                  # this step measured self.sps: its time is no gate sample
         self._rest_absorbed = False             # a rest this step ran the drafter (absorb): no gate sample
         self._decode_step = False               # this step: every sequence decodes one token (set by step)
+        self._drafted_last = False              # the last step drafted (``DRAFT_PHASES``)
         self._rest_chain = None                 # the last step rested a whole gated group (gating.RestChain)
         self._lease_step = None                 # this step rests on that chain's lease (``GateSteps._fold``)
         self._whole_rest = False                # this step: the lease rests the whole batch (``_rests_whole_batch``)
@@ -384,6 +394,14 @@ class SpecEngine(GateSteps):
         c[f"step_{kind}_steps_total"] += 1
         c[f"step_{kind}_seconds_total"] += t6 - t0
         c[f"step_{kind}_tokens_total"] += sum(len(toks) for _, toks in emitted)
+        if kind == "draft":
+            phase = "draft_later" if self._drafted_last else "draft_first"
+            c[f"step_{phase}_steps_total"] += 1
+            c[f"step_{phase}_seconds_total"] += t6 - t0
+            c[f"step_{phase}_tokens_total"] += sum(len(toks) for _, toks in emitted)
+            c[f"step_{phase}_schedule_seconds_total"] += t1 - t0
+            c[f"step_{phase}_forward_seconds_total"] += t2 - t1 - committing
+        self._drafted_last = kind in ("draft", "prompt_draft")
         # A step that captured a CUDA graph (target step, draft round or block forward) or built a Triton
         # kernel lasted ~100 ms-seconds once: no sample of what a step costs. Session 8, run U: dspark's
         # b = 1 drafting cell held 5 warm-up samples at 66 tok/s against 296 plain, so the gate rested it

@@ -118,6 +118,11 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                     assert sum(k["steps"] for k in kinds.values()) == x["steps"]
                     assert sum(k["tokens"] for k in kinds.values()) == x["tokens"]
                     assert kinds["prompt"]["steps"] >= 1 and all(k["ms"] > 0 for k in kinds.values())
+                    phases = x["draft_phases"]        # the drafting steps again: a phase's first and the others
+                    for what in ("steps", "tokens"):
+                        assert sum(p[what] for p in phases.values()) == kinds.get("draft", {}).get(what, 0)
+                    assert all(p["schedule_ms"] + p["forward_ms"] <= p["ms"] for p in phases.values())
+                    assert not phases or phases["draft_first"]["steps"] >= 1     # a run's first drafting step opens one
                     assert set(x["gc_pauses"]) <= {"gen0", "gen1", "gen2"}
                     assert all(n >= 1 and ms >= 0 for n, ms in x["gc_pauses"].values())
                     if row.startswith("none"):
