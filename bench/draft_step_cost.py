@@ -68,7 +68,7 @@ def phases(runs: list[dict], row: str) -> str:
     run, and ms a step with its schedule (the proposal) and forward (the verify pass) parts. From the
     runs' ``draft_phases`` (``bench speedup`` records them since session 42). Why: at c = 32 a probe's
     steps cost 10-27 ms on the H200 against 7-8 ms in a drafting phase (session 40), unexplained."""
-    head = " | ".join(f"{p} steps/run | ms a step (schedule + forward)" for p in PHASES)
+    head = " | ".join(f"{p} steps/run | ms a step (schedule [gate, propose] + forward)" for p in PHASES)
     lines = [f"| workload | c | repeats that drafted | {head} |", "|---" * (3 + 2 * len(PHASES)) + "|"]
     for workload, level, pairs in repeat_pairs(runs, row):
         drafted = [r["draft_phases"] for _, r in pairs if r.get("draft_phases")]
@@ -81,8 +81,9 @@ def phases(runs: list[dict], row: str) -> str:
             if not n:
                 cols += ["0", "-"]
                 continue
-            ms, sched, fwd = (sum(g[k] for g in got) / n for k in ("ms", "schedule_ms", "forward_ms"))
-            cols += [f"{n / len(drafted):.1f}", f"{ms:.2f} ({sched:.2f} + {fwd:.2f})"]
+            ms, sched, gate, prop, fwd = (sum(g.get(k, 0.0) for g in got) / n
+                                          for k in ("ms", "schedule_ms", "gate_ms", "propose_ms", "forward_ms"))
+            cols += [f"{n / len(drafted):.1f}", f"{ms:.2f} ({sched:.2f} [{gate:.2f}, {prop:.2f}] + {fwd:.2f})"]
         lines.append(f"| {workload} | {level} | {len(drafted)} | " + " | ".join(cols) + " |")
     if len(lines) == 2:
         return f"No repeat of {row} recorded draft_phases (bench speedup since session 42) with a drafting step."

@@ -419,7 +419,8 @@ def step_kinds(d: dict) -> dict[str, dict[str, float]]:
 
 def draft_phases(d: dict) -> dict[str, dict[str, float]]:
     """The run's drafting steps again (``specd.engine.engine.DRAFT_PHASES``: the first step of a drafting
-    phase, the others), {phase: {steps, ms, tokens, schedule_ms, forward_ms}}, phases that ran only. Kept
+    phase, the others), {phase: {steps, ms, tokens, schedule_ms (of it gate_ms and propose_ms),
+    forward_ms}}, phases that ran only. Kept
     apart from ``step_kinds``, whose kinds partition the run's steps."""
     from specd.engine.engine import DRAFT_PHASES
 
@@ -428,8 +429,8 @@ def draft_phases(d: dict) -> dict[str, dict[str, float]]:
         n = int(d.get(f"step_{phase}_steps_total", 0))
         if n:
             out[phase] = {"steps": n, "tokens": int(d[f"step_{phase}_tokens_total"]),
-                          **{f"{what}ms": round(1e3 * d[f"step_{phase}_{what}seconds_total"], 3)
-                             for what in ("", "schedule_", "forward_")}}
+                          **{f"{what}ms": round(1e3 * d.get(f"step_{phase}_{what}seconds_total", 0.0), 3)
+                             for what in ("", "schedule_", "gate_", "propose_", "forward_")}}
     return out
 
 

@@ -50,8 +50,8 @@ OVERHEAD_EMA = 0.2           # weight of the newest step in the step-overhead av
 # while the gate measured its drafting decode steps 15% ahead).
 STEP_KINDS = ("prompt", "prompt_draft", "draft", "capture", "plain")
 # Drafting steps again, split: the first of a drafting phase (the step before drafted for nobody) and the
-# others, each with its schedule phase (the proposal is made there) and forward phase (the verify pass)
-# apart. Counted beside STEP_KINDS, not in them. Why: at c = 32 on the H200 (session 40, runs DJ, DK, DM)
+# others, each with its schedule phase (and, of it, the gate's questions and the proposals) and forward
+# phase (the verify pass) apart. Counted beside STEP_KINDS, not in them. Why: at c = 32 on the H200 (session 40, runs DJ, DK, DM)
 # the 1-3 drafting steps of a probe took 10-27 ms each against 7-8 ms for a drafting phase's steps, with
 # no graph capture in those runs, and the records could not say which part of the step held the excess.
 DRAFT_PHASES = ("draft_first", "draft_later")
@@ -129,7 +129,7 @@ class SpecEngine(GateSteps):
                                  for what in ("steps", "seconds", "tokens")},
                               **{f"step_{kind}_{what}_total": 0 for kind in DRAFT_PHASES
                                  for what in ("steps", "seconds", "tokens", "schedule_seconds",
-                                              "forward_seconds")})
+                                              "gate_seconds", "propose_seconds", "forward_seconds")})
         self._scheduled_lengths: collections.Counter[int] = collections.Counter()   # ℓ chosen per scheduled draft
         self._proposers: dict = {}
         self._admissions: dict = {}      # speculation settings -> (method, gate key, proposer): ``_admit_speculation``
@@ -150,6 +150,7 @@ class SpecEngine(GateSteps):
         self._rest_absorbed = False             # a rest this step ran the drafter (absorb): no gate sample
         self._decode_step = False               # this step: every sequence decodes one token (set by step)
         self._drafted_last = False              # the last step drafted (``DRAFT_PHASES``)
+        self._gate_s = self._propose_s = 0.0    # this step's gate questions and proposals, seconds
         self._rest_chain = None                 # the last step rested a whole gated group (gating.RestChain)
         self._lease_step = None                 # this step rests on that chain's lease (``GateSteps._fold``)
         self._whole_rest = False                # this step: the lease rests the whole batch (``_rests_whole_batch``)
@@ -400,6 +401,8 @@ class SpecEngine(GateSteps):
             c[f"step_{phase}_seconds_total"] += t6 - t0
             c[f"step_{phase}_tokens_total"] += sum(len(toks) for _, toks in emitted)
             c[f"step_{phase}_schedule_seconds_total"] += t1 - t0
+            c[f"step_{phase}_gate_seconds_total"] += self._gate_s          # parts of the schedule phase
+            c[f"step_{phase}_propose_seconds_total"] += self._propose_s
             c[f"step_{phase}_forward_seconds_total"] += t2 - t1 - committing
         self._drafted_last = kind in ("draft", "prompt_draft")
         # A step that captured a CUDA graph (target step, draft round or block forward) or built a Triton
@@ -464,6 +467,7 @@ class SpecEngine(GateSteps):
         over it (``_rests_whole_batch``)."""
         self._whole_rest = False     # set per step, here, so no step inherits it (``_feature_proposers``)
         self._span_step = self._span_observe = None   # nor a span's bookkeeping from a step that never launched
+        self._gate_s = self._propose_s = 0.0           # this step's gate questions and proposals (``DRAFT_PHASES``)
         if self._span_rests(batch) or self._decode_step and self._rests_whole_batch(batch):
             return
         by_method: dict[str, list[ScheduledSeq]] = {}
@@ -478,13 +482,17 @@ class SpecEngine(GateSteps):
             proposer = self._proposer(method)
             cheap = getattr(proposer, "proposes_cheaply", False)
             if not cheap:
+                t0 = time.perf_counter()
                 group = self._gate_group(batch, group)
+                self._gate_s += time.perf_counter() - t0
                 if not group:
                     continue
             limits = [self._draft_limit(s.seq) for s in group]
             if not cheap:
                 self._drop_undrafted(proposer, group, limits)
+            t0 = time.perf_counter()
             drafts = proposer.propose([s.seq for s in group], limits)
+            self._propose_s += time.perf_counter() - t0
             if cheap:
                 drafts = self._gate_found(batch, group, drafts)
             chosen = [i for i, (s, d) in enumerate(zip(group, drafts))

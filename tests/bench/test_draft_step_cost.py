@@ -39,8 +39,10 @@ def test_cells_keep_only_the_repeats_that_drafted(tmp_path, capsys):
 
 
 def test_phases_put_a_drafting_phases_first_steps_beside_its_later_ones(tmp_path, capsys):
-    first = {"steps": 2, "tokens": 120, "ms": 26.0, "schedule_ms": 9.0, "forward_ms": 15.0}
-    later = {"steps": 38, "tokens": 2520, "ms": 238.0, "schedule_ms": 76.0, "forward_ms": 150.0}
+    first = {"steps": 2, "tokens": 120, "ms": 26.0, "schedule_ms": 9.0, "gate_ms": 0.6, "propose_ms": 7.5,
+             "forward_ms": 15.0}
+    later = {"steps": 38, "tokens": 2520, "ms": 238.0, "schedule_ms": 76.0, "gate_ms": 3.8, "propose_ms": 57.0,
+             "forward_ms": 150.0}
     probing = dict(DRAFTING, draft_phases={"draft_first": first, "draft_later": later})
     probe_only = dict(DRAFTING, draft_phases={"draft_first": dict(first, steps=1, ms=14.0)})
     cell = {"rows": {"none": {"runs": [NONE, NONE, NONE]}, "dspark": {"runs": [probing, probe_only, NONE]}}}
@@ -48,7 +50,7 @@ def test_phases_put_a_drafting_phases_first_steps_beside_its_later_ones(tmp_path
     path.write_text(json.dumps({"workloads": {"extraction.eval": {"32": cell}}}))
     assert main([str(path), "--phases"]) == 0
     # first steps: 3 over 2 repeats, (26 + 14) / 3 ms; later: 38 in one repeat of 2 that drafted
-    assert ("| extraction.eval | 32 | 2 | 1.5 | 13.33 (6.00 + 10.00) | 19.0 | 6.26 (2.00 + 3.95) |"
+    assert ("| extraction.eval | 32 | 2 | 1.5 | 13.33 (6.00 [0.40, 5.00] + 10.00) | 19.0 | 6.26 (2.00 [0.10, 1.50] + 3.95) |"
             in capsys.readouterr().out)
     path.write_text(json.dumps({"workloads": {"extraction.eval": {"32": {"rows": {
         "none": {"runs": [NONE]}, "dspark": {"runs": [DRAFTING]}}}}}}))

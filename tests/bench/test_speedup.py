@@ -122,6 +122,7 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                     for what in ("steps", "tokens"):
                         assert sum(p[what] for p in phases.values()) == kinds.get("draft", {}).get(what, 0)
                     assert all(p["schedule_ms"] + p["forward_ms"] <= p["ms"] for p in phases.values())
+                    assert all(p["gate_ms"] + p["propose_ms"] <= p["schedule_ms"] for p in phases.values())
                     assert not phases or phases["draft_first"]["steps"] >= 1     # a run's first drafting step opens one
                     assert set(x["gc_pauses"]) <= {"gen0", "gen1", "gen2"}
                     assert all(n >= 1 and ms >= 0 for n, ms in x["gc_pauses"].values())

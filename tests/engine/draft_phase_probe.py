@@ -39,9 +39,10 @@ def main() -> None:
         for kind in DRAFT_PHASES:
             n = d[f"step_{kind}_steps_total"]
             if n:
-                ms = [1e3 * d[f"step_{kind}_{part}seconds_total"] / n for part in ("", "schedule_", "forward_")]
-                print(f"round {rnd} {kind:12s} {n:4d} steps  {ms[0]:6.2f} ms (schedule {ms[1]:.2f}, forward "
-                      f"{ms[2]:.2f})  {d[f'step_{kind}_tokens_total'] / n:5.1f} tokens a step")
+                ms = [1e3 * d[f"step_{kind}_{part}seconds_total"] / n
+                      for part in ("", "schedule_", "gate_", "propose_", "forward_")]
+                print(f"round {rnd} {kind:12s} {n:4d} steps  {ms[0]:6.2f} ms (schedule {ms[1]:.2f}: gate {ms[2]:.2f}, "
+                      f"propose {ms[3]:.2f}; forward {ms[4]:.2f})  {d[f'step_{kind}_tokens_total'] / n:5.1f} tokens a step")
         for kind in ("plain", "capture"):
             n = d[f"step_{kind}_steps_total"]
             if n:

@@ -259,4 +259,6 @@ def test_drafting_steps_are_split_into_a_phases_first_step_and_the_others(engine
     for phase in ("first", "later"):
         assert 0 < d[f"step_draft_{phase}_schedule_seconds_total"] + d[f"step_draft_{phase}_forward_seconds_total"] \
             <= d[f"step_draft_{phase}_seconds_total"]
+        assert 0 < d[f"step_draft_{phase}_propose_seconds_total"] + d[f"step_draft_{phase}_gate_seconds_total"] \
+            <= d[f"step_draft_{phase}_schedule_seconds_total"]      # the proposal is part of the schedule phase
     assert d["step_draft_first_tokens_total"] + d["step_draft_later_tokens_total"] == d["step_draft_tokens_total"]
