@@ -394,12 +394,13 @@ class SpecEngine(GateSteps):
         kind = step_kind(self._decode_step, batch, bool(capture) or self._rest_absorbed)
         c[f"step_{kind}_steps_total"] += 1
         c[f"step_{kind}_seconds_total"] += t6 - t0
-        c[f"step_{kind}_tokens_total"] += sum(len(toks) for _, toks in emitted)
+        n_emitted = sum(len(toks) for _, toks in emitted)
+        c[f"step_{kind}_tokens_total"] += n_emitted
         if kind == "draft":
             phase = "draft_later" if self._drafted_last else "draft_first"
             c[f"step_{phase}_steps_total"] += 1
             c[f"step_{phase}_seconds_total"] += t6 - t0
-            c[f"step_{phase}_tokens_total"] += sum(len(toks) for _, toks in emitted)
+            c[f"step_{phase}_tokens_total"] += n_emitted
             c[f"step_{phase}_schedule_seconds_total"] += t1 - t0
             c[f"step_{phase}_gate_seconds_total"] += self._gate_s          # parts of the schedule phase
             c[f"step_{phase}_propose_seconds_total"] += self._propose_s
