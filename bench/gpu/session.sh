@@ -33,6 +33,10 @@
 #   bash bench/gpu/session.sh last         # GPU0: prefill tile sweep, bench speedup (none/dspark/dspark-g7), gpu-agentic
 #                                          #   | GPU1: serve-plan gpu-agentic-idle (session 4's closing measurements)
 #   bash bench/gpu/session.sh speedup      # one GPU: bench speedup only (${SPEED_ROWS}, ${SPEED_REPEATS:-2} repeats)
+#   bash bench/gpu/session.sh lockstep     # one GPU: bench speedup twice on the same drafter and rows, each turn's own
+#                                          #   max_tokens (answers end at EOS) at ${LOCK_CONCURRENCY:-16,32}, then the
+#                                          #   table's 48-token answers at ${LOCK_FIXED:-32} (session 43: is c = 32's
+#                                          #   loss the 48-token cap's lockstep?); turn.tgz and fixed48.tgz
 #   bash bench/gpu/session.sh graphs-check # one GPU, no GGUF: the drafter graphs' CUDA tests and the draft-round
 #                                          #   profile (absorb_eager vs absorb_graph: the context projection,
 #                                          #   built in session 29 without a GPU run)
@@ -506,6 +510,23 @@ PY
     speedup_run 0 "$DRAFTERS" "${SPEED_ROWS:-none,dspark,dspark-g7}" "${SPEED_BUDGET:-200}" "$RES/speedup/speedup"
     tail -n 14 /tmp/logs/speedup.log
     pack speedup
+    ;;
+  lockstep)
+    # session 43: every answer of the table is capped at 48 tokens and nearly every one reaches the cap, so
+    # `none` finishes a cohort of requests in one step and their successors share prompt steps; drafting
+    # spreads the finishes, and each successor's prompt takes a step of its own (bench.step_split). Served
+    # answers end at EOS. The same rows, drafter and repeats at each turn's own max_tokens, then at 48 tokens,
+    # in one call on one card, say how much of the loss at c = 32 is the cap's lockstep
+    speed_drafters
+    rows=${SPEED_ROWS:-none,none-aa,dspark}
+    mkdir -p "$RES/turn" "$RES/fixed48"
+    SPEED_MAX_TOKENS=turn SPEED_CONCURRENCY=${LOCK_CONCURRENCY:-16,32} \
+      speedup_run 0 "$DRAFTERS" "$rows" "${LOCK_BUDGET:-280}" "$RES/turn/speedup"
+    cp /tmp/logs/speedup.log "$RES/turn/"; tail -n 8 /tmp/logs/speedup.log
+    SPEED_MAX_TOKENS=48 SPEED_CONCURRENCY=${LOCK_FIXED:-32} \
+      speedup_run 0 "$DRAFTERS" "$rows" "${LOCK_FIXED_BUDGET:-60}" "$RES/fixed48/speedup"
+    cp /tmp/logs/speedup.log "$RES/fixed48/"; tail -n 8 /tmp/logs/speedup.log
+    tar czf "$OUT/turn.tgz" -C "$RES" turn; tar czf "$OUT/fixed48.tgz" -C "$RES" fixed48; ls -la "$OUT"
     ;;
   verdict)
     # session 16's measurements in one call (~480 s with the upload and stash done): (1) a fresh engine on
