@@ -1,6 +1,6 @@
 """A row's runs by what its drafter did in them, against `none`: none of its work, only captures, or drafting.
 
-    python -m bench.run_kinds docs/results/gpu/s32/runC{S,T,U,V,W}/speedup.json.gz [--row dspark] [--runs]
+    python -m bench.run_kinds docs/results/gpu/s32/runC{S,T,U,V,W}/speedup.json.gz [--row dspark] [--runs | --where]
 
 Why: where the gate rests (c >= 16), a cell's ratio to `none` mixes runs in which the drafter did nothing
 (their whole difference is host time), runs that only captured target features (a probe's announcement),
@@ -11,6 +11,12 @@ kind's runs (count and share), their throughput ratio to `none`'s run of the sam
 bootstrap 95% interval), and its share of the row's loss: the kind's share of runs times its log ratio,
 over the row's mean log ratio. The A/A row (``none-aa``) of the same runs gives the noise floor. It reads
 only what ``bench speedup`` records; nothing is timed here.
+
+``--where`` prints, per kind, where the runs' time went against `none`'s run of the same repeat: the extra prompt
+steps a run, and the extra milliseconds a run in prompt steps (with or without drafts beside them) against
+those in decode steps (drafting, capture and plain). Why: at c = 32 (session 42, runs DQ and DR) the drafted
+runs lost ~25 ms a run in ~4.6 extra prompt steps while their decode steps ran ~2 ms faster than `none`'s:
+the loss was not the drafting steps but the lockstep a drafting step breaks (``bench.step_split``).
 
 ``--runs`` lists every run instead, cell by cell in repeat order: its kind's initial, its ratio and its
 drafting steps ("d1.38/120", "r0.99/0"). Why: a pooled cell hides the run in which a gate rested where it
@@ -75,11 +81,53 @@ def run_lines(runs: list[dict], row: str) -> str:
     return "\n".join(lines)
 
 
+PROMPT_KINDS = ("prompt", "prompt_draft")          # steps that carried prompt chunks, drafts beside them or not
+DECODE_KINDS = ("draft", "capture", "plain")
+
+
+def _steps_ms(run: dict, names: tuple[str, ...]) -> tuple[int, float]:
+    """Steps and milliseconds of the named step kinds of one timed run, summed."""
+    parts = [step_kind(run, n) for n in names]
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def where(runs: list[dict], row: str) -> str:
+    """``--where``: per concurrency and kind, the mean over the kind's runs of the row's extra prompt steps,
+    extra ms in prompt steps, extra ms in decode steps and extra wall ms, each against `none`'s run of the
+    same repeat, beside `none`'s mean wall ms."""
+    acc: dict[int, dict[str, list[list[float]]]] = {}
+    for _workload, level, pairs in each_run_pairs(runs, row):
+        by = acc.setdefault(int(level), {})
+        for base, run in pairs:
+            ps, pms = _steps_ms(run, PROMPT_KINDS)
+            bps, bpms = _steps_ms(base, PROMPT_KINDS)
+            dms, bdms = _steps_ms(run, DECODE_KINDS)[1], _steps_ms(base, DECODE_KINDS)[1]
+            extra = [ps - bps, pms - bpms, dms - bdms]
+            if "wall_s" in run and "wall_s" in base:
+                extra += [1e3 * (run["wall_s"] - base["wall_s"]), 1e3 * base["wall_s"]]
+            by.setdefault(kind(run), []).append(extra)
+    lines = [f"| c | kind | runs | +prompt steps a run | +ms in prompt steps | +ms in decode steps | +wall ms "
+             f"(none's) |", "|---|---|---|---|---|---|---|"]
+    for level, by in sorted(acc.items()):
+        for k in KINDS:
+            rows = by.get(k)
+            if not rows:
+                continue
+            mean = [math.fsum(r[i] for r in rows) / len(rows) for i in range(3)]
+            walls = [r for r in rows if len(r) == 5]
+            wall = (f"{math.fsum(r[3] for r in walls) / len(walls):+.1f} ({math.fsum(r[4] for r in walls) / len(walls):.0f})"
+                    if walls else "-")
+            lines.append(f"| {level} | {k} | {len(rows)} | {mean[0]:+.1f} | {mean[1]:+.1f} | {mean[2]:+.1f} | {wall} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     return row_tool_main("python -m bench.run_kinds", __doc__.splitlines()[0], table, argv,
                          "the row to split (default dspark; none-aa: the noise floor)",
-                         other=("--runs", "list every run instead, cell by cell in repeat order: kind, ratio to "
-                                          "none, drafting steps", run_lines))
+                         other=[("--runs", "list every run instead, cell by cell in repeat order: kind, ratio to "
+                                           "none, drafting steps", run_lines),
+                                ("--where", "print, per kind, the extra prompt steps and the extra ms in prompt "
+                                            "steps and in decode steps against none's runs instead", where)])
 
 
 if __name__ == "__main__":

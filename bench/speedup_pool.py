@@ -124,19 +124,22 @@ def step_kind(run: dict, name: str) -> tuple[int, float, int]:
 
 
 def row_tool_main(prog: str, description: str, render, argv: list[str] | None, row_help: str,
-                  other: tuple[str, str, object] | None = None) -> int:
+                  other: tuple[str, str, object] | list[tuple[str, str, object]] | None = None) -> int:
     """The command line of a tool that reads one row of ``bench speedup`` results against the baseline
     (``bench.step_split``, ``bench.draft_step_cost``): result files, ``--row``; prints ``render(runs, row)``.
-    ``other``: (flag, help, render) of a second view the flag prints instead (``bench.run_kinds --runs``)."""
+    ``other``: (flag, help, render) of a second view the flag prints instead (``bench.run_kinds --runs``), or
+    a list of them, one flag at a time (``bench.run_kinds --runs`` / ``--where``)."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz files of bench speedup runs "
                                                           "with the same cells (pooled repeat by repeat)")
     p.add_argument("--row", default="dspark", help=row_help)
-    if other is not None:
-        p.add_argument(other[0], action="store_true", dest="other", help=other[1])
+    views = [other] if isinstance(other, tuple) else list(other or [])
+    group = p.add_mutually_exclusive_group()
+    for i, (flag, help_text, _render) in enumerate(views):
+        group.add_argument(flag, action="store_const", const=i, dest="view", help=help_text)
     args = p.parse_args(argv)
-    if getattr(args, "other", False):
-        render = other[2]
+    if getattr(args, "view", None) is not None:
+        render = views[args.view][2]
     try:
         print(render([load(path) for path in args.result], args.row))
     except PoolError as e:

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from bench.run_kinds import kind, main, ratios_by_kind, run_lines, table
+from bench.run_kinds import kind, main, ratios_by_kind, run_lines, table, where
 
 
 def run(tok_s: float, **steps: int) -> dict:
@@ -54,3 +54,33 @@ def test_the_runs_flag_prints_the_listing_instead_of_the_table(tmp_path, capsys)
     assert main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "| 32 | drafted | 2 |" in out and "d0.90/2" not in out
+
+
+def timed(tok_s: float, wall_s: float, **kinds: tuple[int, float]) -> dict:
+    return {"throughput_tok_s": tok_s, "wall_s": wall_s,
+            "step_kinds": {k: {"steps": n, "ms": ms, "tokens": n} for k, (n, ms) in kinds.items()}}
+
+
+def test_where_splits_each_kinds_extra_time_into_prompt_and_decode_steps():
+    none = [timed(100.0, 0.100, prompt=(4, 40.0), plain=(20, 60.0)) for _ in range(3)]
+    row = [timed(100.0, 0.101, prompt=(4, 40.5), plain=(20, 60.5)),                       # rested
+           timed(90.0, 0.110, prompt=(6, 52.0), prompt_draft=(1, 8.0), draft=(5, 30.0), plain=(6, 20.0)),
+           timed(88.0, 0.112, prompt=(5, 47.0), draft=(4, 25.0), capture=(1, 3.0), plain=(10, 31.0))]
+    res = {"workloads": {"w": {"32": {"rows": {"none": {"runs": none}, "dspark": {"runs": row}}}}}}
+    lines = where([res], "dspark").splitlines()
+    assert lines[2] == "| 32 | rested | 1 | +0.0 | +0.5 | +0.5 | +1.0 (100) |"
+    # drafted: prompt steps +3 and +1 (prompt_draft counts as a prompt step), +20.0 and +7.0 ms in them;
+    # decode steps 50 and 59 ms against 60: -10.0 and -1.0; wall +10 and +12 ms
+    assert lines[3] == "| 32 | drafted | 2 | +2.0 | +13.5 | -5.5 | +11.0 (100) |"
+    assert len(lines) == 4
+
+
+def test_the_where_and_runs_views_are_one_at_a_time(tmp_path, capsys):
+    import json
+
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result()))
+    assert main([str(path), "--where"]) == 0
+    assert "+ms in prompt steps" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([str(path), "--where", "--runs"])
