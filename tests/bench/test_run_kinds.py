@@ -44,14 +44,20 @@ def test_runs_lists_each_run_in_repeat_order_with_its_kind_ratio_and_drafting_st
     assert len(lines) == 4
 
 
-def test_the_runs_flag_prints_the_listing_instead_of_the_table(tmp_path, capsys):
+def result_file(tmp_path) -> str:
+    """``result()`` written where the command line reads it."""
     import json
 
     path = tmp_path / "speedup.json"
     path.write_text(json.dumps(result()))
-    assert main([str(path), "--runs"]) == 0
+    return str(path)
+
+
+def test_the_runs_flag_prints_the_listing_instead_of_the_table(tmp_path, capsys):
+    path = result_file(tmp_path)
+    assert main([path, "--runs"]) == 0
     assert "d0.90/2" in capsys.readouterr().out
-    assert main([str(path)]) == 0
+    assert main([path]) == 0
     out = capsys.readouterr().out
     assert "| 32 | drafted | 2 |" in out and "d0.90/2" not in out
 
@@ -76,11 +82,8 @@ def test_where_splits_each_kinds_extra_time_into_prompt_and_decode_steps():
 
 
 def test_the_where_and_runs_views_are_one_at_a_time(tmp_path, capsys):
-    import json
-
-    path = tmp_path / "speedup.json"
-    path.write_text(json.dumps(result()))
-    assert main([str(path), "--where"]) == 0
+    path = result_file(tmp_path)
+    assert main([path, "--where"]) == 0
     assert "+ms in prompt steps" in capsys.readouterr().out
     with pytest.raises(SystemExit):
-        main([str(path), "--where", "--runs"])
+        main([path, "--where", "--runs"])
