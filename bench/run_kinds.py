@@ -26,6 +26,7 @@ drafts elsewhere (session 40, run DI: the old charge rule drafted 3 steps in two
 from __future__ import annotations
 
 import math
+import statistics
 
 from bench.speedup_pool import each_run_pairs, row_tool_main, step_kind
 from bench.stats import geomean_interval
@@ -91,11 +92,21 @@ def _steps_ms(run: dict, names: tuple[str, ...]) -> tuple[int, float]:
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
+def cohort(run: dict) -> float:
+    """The mean number of requests that finished in a step where any finished (``finish_cohorts``, recorded by
+    ``bench speedup`` since session 43): ~1 where answers end apart, the cohort size where they end in
+    lockstep."""
+    steps = sum(run["finish_cohorts"].values())
+    return sum(int(n) * k for n, k in run["finish_cohorts"].items()) / steps
+
+
 def where(runs: list[dict], row: str) -> str:
     """``--where``: per concurrency and kind, the mean over the kind's runs of the row's extra prompt steps,
     extra ms in prompt steps, extra ms in decode steps and extra wall ms, each against `none`'s run of the
-    same repeat, beside `none`'s mean wall ms."""
+    same repeat, beside `none`'s mean wall ms; and, where the runs record it, the requests a finishing step
+    finished, the row's beside `none`'s (``cohort``)."""
     acc: dict[int, dict[str, list[list[float]]]] = {}
+    cohorts: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for _workload, level, pairs in each_run_pairs(runs, row):
         by = acc.setdefault(int(level), {})
         for base, run in pairs:
@@ -106,8 +117,10 @@ def where(runs: list[dict], row: str) -> str:
             if "wall_s" in run and "wall_s" in base:
                 extra += [1e3 * (run["wall_s"] - base["wall_s"]), 1e3 * base["wall_s"]]
             by.setdefault(kind(run), []).append(extra)
+            if run.get("finish_cohorts") and base.get("finish_cohorts"):
+                cohorts.setdefault((int(level), kind(run)), []).append((cohort(run), cohort(base)))
     lines = [f"| c | kind | runs | +prompt steps a run | +ms in prompt steps | +ms in decode steps | +wall ms "
-             f"(none's) |", "|---|---|---|---|---|---|---|"]
+             f"(none's) | requests a finishing step (none's) |", "|---|---|---|---|---|---|---|---|"]
     for level, by in sorted(acc.items()):
         for k in KINDS:
             rows = by.get(k)
@@ -117,7 +130,11 @@ def where(runs: list[dict], row: str) -> str:
             walls = [r for r in rows if len(r) == 5]
             wall = (f"{math.fsum(r[3] for r in walls) / len(walls):+.1f} ({math.fsum(r[4] for r in walls) / len(walls):.0f})"
                     if walls else "-")
-            lines.append(f"| {level} | {k} | {len(rows)} | {mean[0]:+.1f} | {mean[1]:+.1f} | {mean[2]:+.1f} | {wall} |")
+            co = cohorts.get((level, k))
+            finish = (f"{statistics.fmean(c[0] for c in co):.2f} ({statistics.fmean(c[1] for c in co):.2f})"
+                      if co else "-")
+            lines.append(f"| {level} | {k} | {len(rows)} | {mean[0]:+.1f} | {mean[1]:+.1f} | {mean[2]:+.1f} | {wall} "
+                         f"| {finish} |")
     return "\n".join(lines)
 
 

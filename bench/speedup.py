@@ -39,7 +39,7 @@ import os
 import statistics
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -218,6 +218,13 @@ class RunResult:
     # requests whose prompt captured no drafter features (the gate rested their cell): rated by their class's
     # prompt-less drafting steps (``ClassRecord``, session 14)
     gate_promptless_requests: int = 0
+    # how the run's requests finished: by reason ("length", "stop", ...), and how many finished in the same step
+    # as how many others ({"4": 3}: three steps each finished four requests). Why: with every answer capped at
+    # 48 tokens, `none` finishes cohorts of requests in one step and their successors share prompt steps;
+    # drafting spreads the finishes, and the successors' prompts take steps of their own (session 43: the
+    # c = 32 loss of session 42's drafted runs was all in prompt steps). These say whether a run was in lockstep
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    finish_cohorts: dict[str, int] = field(default_factory=dict)
     # the garbage collector's passes during the run, by generation: [passes, ms] (kvd/gc_pauses.py).
     # A full pass over the process's heap took 113-182 ms on the CPU machine, against 2-10 ms steps
     gc_pauses: dict[str, list[float]] = field(default_factory=dict)
@@ -270,6 +277,8 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
     first: dict[str, float] = {}
     count: dict[str, int] = {}
     spans: list[tuple[int, float]] = []
+    reasons: Counter = Counter()
+    cohorts: Counter = Counter()
     inflight = 0
     before = dict(engine.stats())
     graphs0, eager0, compiles0 = _graph_state(engine)
@@ -284,6 +293,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         outs = engine.step()
         now = time.perf_counter()
         in_step += now - ts
+        finished = 0
         for out in outs:
             if out.error or out.finish_reason in ("error", "abort"):
                 raise SpeedupError(f"request {out.id} failed: {out.error or out.finish_reason}")
@@ -292,7 +302,11 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
                 count[out.id] = count.get(out.id, 0) + len(out.token_ids)
             if out.finished:
                 inflight -= 1
+                finished += 1
+                reasons[str(out.finish_reason)] += 1
                 spans.append((count.get(out.id, 0), now - first.get(out.id, now)))
+        if finished:
+            cohorts[str(finished)] += 1
     wall = time.perf_counter() - t0
     graphs1, eager1, compiles1 = _graph_state(engine)
     d = _delta(before, engine.stats())
@@ -320,7 +334,8 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         gate_probes=int(d.get("spec_gate_probes_total", 0)), gate_probes_cut=int(d.get("spec_gate_probes_cut_total", 0)),
         gate_promptless_requests=int(d["spec_promptless_requests_total"]),
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d), draft_phases=draft_phases(d),
-        gc_pauses=gc_split(d))
+        gc_pauses=gc_split(d), finish_reasons=dict(sorted(reasons.items())),
+        finish_cohorts=dict(sorted(cohorts.items(), key=lambda kv: int(kv[0]))))
 
 
 def gc_split(d: dict) -> dict[str, list[float]]:

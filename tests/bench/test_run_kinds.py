@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from bench.run_kinds import kind, main, ratios_by_kind, run_lines, table, where
+from bench.run_kinds import cohort, kind, main, ratios_by_kind, run_lines, table, where
 
 
 def run(tok_s: float, **steps: int) -> dict:
@@ -74,11 +74,15 @@ def test_where_splits_each_kinds_extra_time_into_prompt_and_decode_steps():
            timed(88.0, 0.112, prompt=(5, 47.0), draft=(4, 25.0), capture=(1, 3.0), plain=(10, 31.0))]
     res = {"workloads": {"w": {"32": {"rows": {"none": {"runs": none}, "dspark": {"runs": row}}}}}}
     lines = where([res], "dspark").splitlines()
-    assert lines[2] == "| 32 | rested | 1 | +0.0 | +0.5 | +0.5 | +1.0 (100) |"
+    assert lines[2] == "| 32 | rested | 1 | +0.0 | +0.5 | +0.5 | +1.0 (100) | - |"     # no finishes recorded
     # drafted: prompt steps +3 and +1 (prompt_draft counts as a prompt step), +20.0 and +7.0 ms in them;
     # decode steps 50 and 59 ms against 60: -10.0 and -1.0; wall +10 and +12 ms
-    assert lines[3] == "| 32 | drafted | 2 | +2.0 | +13.5 | -5.5 | +11.0 (100) |"
+    assert lines[3] == "| 32 | drafted | 2 | +2.0 | +13.5 | -5.5 | +11.0 (100) | - |"
     assert len(lines) == 4
+    for r in none:               # 8 requests: `none` in two cohorts of 4, the row's spread over 8 steps and 4
+        r["finish_cohorts"] = {"4": 2}
+    row[1]["finish_cohorts"], row[2]["finish_cohorts"] = {"1": 8}, {"2": 4}
+    assert where([res], "dspark").splitlines()[3].endswith("| 1.50 (4.00) |")
 
 
 def test_the_where_and_runs_views_are_one_at_a_time(tmp_path, capsys):
@@ -87,3 +91,7 @@ def test_the_where_and_runs_views_are_one_at_a_time(tmp_path, capsys):
     assert "+ms in prompt steps" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([path, "--where", "--runs"])
+
+
+def test_a_runs_cohort_is_the_mean_requests_a_finishing_step_finished():
+    assert cohort({"finish_cohorts": {"1": 6, "3": 2}}) == 12 / 8

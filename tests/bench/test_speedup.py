@@ -124,6 +124,9 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                     assert all(p["schedule_ms"] + p["forward_ms"] <= p["ms"] for p in phases.values())
                     assert all(p["gate_ms"] + p["propose_ms"] <= p["schedule_ms"] for p in phases.values())
                     assert not phases or phases["draft_first"]["steps"] >= 1     # a run's first drafting step opens one
+                    # every request finished once: by a reason, in a step with as many others as its cohort says
+                    assert sum(x["finish_reasons"].values()) == 3 and set(x["finish_reasons"]) <= {"length", "stop"}
+                    assert sum(int(n) * k for n, k in x["finish_cohorts"].items()) == 3
                     assert set(x["gc_pauses"]) <= {"gen0", "gen1", "gen2"}
                     assert all(n >= 1 and ms >= 0 for n, ms in x["gc_pauses"].values())
                     if row.startswith("none"):
