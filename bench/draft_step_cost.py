@@ -83,7 +83,9 @@ def phases(runs: list[dict], row: str) -> str:
                 continue
             ms, sched, gate, prop, fwd = (sum(g.get(k, 0.0) for g in got) / n
                                           for k in ("ms", "schedule_ms", "gate_ms", "propose_ms", "forward_ms"))
-            cols += [f"{n / len(drafted):.1f}", f"{ms:.2f} ({sched:.2f} [{gate:.2f}, {prop:.2f}] + {fwd:.2f})"]
+            # records before the split (session 42's runs) have no gate_ms / propose_ms: "-", not a zero
+            split = f"{gate:.2f}, {prop:.2f}" if all("gate_ms" in g for g in got) else "-"
+            cols += [f"{n / len(drafted):.1f}", f"{ms:.2f} ({sched:.2f} [{split}] + {fwd:.2f})"]
         lines.append(f"| {workload} | {level} | {len(drafted)} | " + " | ".join(cols) + " |")
     if len(lines) == 2:
         return f"No repeat of {row} recorded draft_phases (bench speedup since session 42) with a drafting step."

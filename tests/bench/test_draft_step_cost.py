@@ -52,6 +52,12 @@ def test_phases_put_a_drafting_phases_first_steps_beside_its_later_ones(tmp_path
     # first steps: 3 over 2 repeats, (26 + 14) / 3 ms; later: 38 in one repeat of 2 that drafted
     assert ("| extraction.eval | 32 | 2 | 1.5 | 13.33 (6.00 [0.40, 5.00] + 10.00) | 19.0 | 6.26 (2.00 [0.10, 1.50] + 3.95) |"
             in capsys.readouterr().out)
+    # a record from before the gate / propose split (session 42's runs): no split printed, not a zero
+    old = {k: v for k, v in first.items() if k not in ("gate_ms", "propose_ms")}
+    cell["rows"]["dspark"]["runs"] = [dict(DRAFTING, draft_phases={"draft_first": old}), NONE, NONE]
+    path.write_text(json.dumps({"workloads": {"extraction.eval": {"32": cell}}}))
+    assert main([str(path), "--phases"]) == 0
+    assert "| 13.00 (4.50 [-] + 7.50) |" in capsys.readouterr().out
     path.write_text(json.dumps({"workloads": {"extraction.eval": {"32": {"rows": {
         "none": {"runs": [NONE]}, "dspark": {"runs": [DRAFTING]}}}}}}))
     assert main([str(path), "--phases"]) == 0
