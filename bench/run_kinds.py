@@ -105,36 +105,33 @@ def where(runs: list[dict], row: str) -> str:
     extra ms in prompt steps, extra ms in decode steps and extra wall ms, each against `none`'s run of the
     same repeat, beside `none`'s mean wall ms; and, where the runs record it, the requests a finishing step
     finished, the row's beside `none`'s (``cohort``)."""
-    acc: dict[int, dict[str, list[list[float]]]] = {}
-    cohorts: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    acc: dict[tuple[int, str], list[dict]] = {}
     for _workload, level, pairs in each_run_pairs(runs, row):
-        by = acc.setdefault(int(level), {})
         for base, run in pairs:
             ps, pms = _steps_ms(run, PROMPT_KINDS)
             bps, bpms = _steps_ms(base, PROMPT_KINDS)
-            dms, bdms = _steps_ms(run, DECODE_KINDS)[1], _steps_ms(base, DECODE_KINDS)[1]
-            extra = [ps - bps, pms - bpms, dms - bdms]
+            got = {"steps": ps - bps, "prompt_ms": pms - bpms,
+                   "decode_ms": _steps_ms(run, DECODE_KINDS)[1] - _steps_ms(base, DECODE_KINDS)[1]}
             if "wall_s" in run and "wall_s" in base:
-                extra += [1e3 * (run["wall_s"] - base["wall_s"]), 1e3 * base["wall_s"]]
-            by.setdefault(kind(run), []).append(extra)
+                got["wall"] = (1e3 * (run["wall_s"] - base["wall_s"]), 1e3 * base["wall_s"])
             if run.get("finish_cohorts") and base.get("finish_cohorts"):
-                cohorts.setdefault((int(level), kind(run)), []).append((cohort(run), cohort(base)))
+                got["cohort"] = (cohort(run), cohort(base))
+            acc.setdefault((int(level), kind(run)), []).append(got)
     lines = [f"| c | kind | runs | +prompt steps a run | +ms in prompt steps | +ms in decode steps | +wall ms "
              f"(none's) | requests a finishing step (none's) |", "|---|---|---|---|---|---|---|---|"]
-    for level, by in sorted(acc.items()):
+    for level in sorted({lv for lv, _ in acc}):
         for k in KINDS:
-            rows = by.get(k)
-            if not rows:
+            got = acc.get((level, k))
+            if not got:
                 continue
-            mean = [math.fsum(r[i] for r in rows) / len(rows) for i in range(3)]
-            walls = [r for r in rows if len(r) == 5]
-            wall = (f"{math.fsum(r[3] for r in walls) / len(walls):+.1f} ({math.fsum(r[4] for r in walls) / len(walls):.0f})"
-                    if walls else "-")
-            co = cohorts.get((level, k))
-            finish = (f"{statistics.fmean(c[0] for c in co):.2f} ({statistics.fmean(c[1] for c in co):.2f})"
-                      if co else "-")
-            lines.append(f"| {level} | {k} | {len(rows)} | {mean[0]:+.1f} | {mean[1]:+.1f} | {mean[2]:+.1f} | {wall} "
-                         f"| {finish} |")
+            mean = [statistics.fmean(g[f] for g in got) for f in ("steps", "prompt_ms", "decode_ms")]
+            cols = []
+            for f, fmt in (("wall", "{:+.1f} ({:.0f})"), ("cohort", "{:.2f} ({:.2f})")):
+                pairs_ = [g[f] for g in got if f in g]
+                cols.append(fmt.format(statistics.fmean(p[0] for p in pairs_), statistics.fmean(p[1] for p in pairs_))
+                            if pairs_ else "-")
+            lines.append(f"| {level} | {k} | {len(got)} | {mean[0]:+.1f} | {mean[1]:+.1f} | {mean[2]:+.1f} | "
+                         f"{cols[0]} | {cols[1]} |")
     return "\n".join(lines)
 
 
