@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
+from specd.drafter.anchor_rows import anchor_rows
 from specd.drafter.base import (BlockOut, BorrowsTargetHeads, DrafterError, DraftOutput, SlotSampler, TargetHeads,
                                 count_parameters)
 from specd.drafter.confidence_head import ConfidenceHead
@@ -169,22 +170,9 @@ class BlockDrafter(BorrowsTargetHeads, nn.Module):
         ops each with the backward (CPU count), and the H200 step is host-bound (docs/results/acceptance.md,
         session 8). ``block_logits`` per sequence stays the reference (tests/drafter/test_train.py)."""
         b, g = len(ctxs), self.config.gamma
-        if not (b == len(tokens) == len(anchors)) or b == 0:
-            raise DrafterError(f"{len(ctxs)} contexts, {len(tokens)} token rows, {len(anchors)} anchor rows")
-        lens, counts = [t.shape[0] for t in tokens], [a.numel() for a in anchors]
-        cpu = [a.detach().to("cpu") for a in anchors]     # checked and padded on the host: no device sync
-        for c, n, a in zip(ctxs, lens, cpu):
-            if c.shape[0] != n:
-                raise DrafterError(f"ctx has {c.shape[0]} positions, tokens {n}")
-            if a.numel() == 0 or int(a.min()) < 0 or int(a.max()) > n - 1:
-                raise DrafterError(f"each sequence needs anchors in [0, {n - 1}], got {a.tolist()}")
-        dev, t_max, n_max = tokens[0].device, max(lens), max(counts)
-        anchor = torch.zeros(b, n_max, dtype=torch.int64)
-        real = torch.zeros(b, n_max, dtype=torch.bool)
-        for i, a in enumerate(cpu):
-            anchor[i, : counts[i]] = a
-            real[i, : counts[i]] = True
-        anchor, real = anchor.to(dev), real.to(dev)
+        rows = anchor_rows(ctxs, tokens, anchors, lo=0, tail=0, pad=0, what="block_logits_batch")
+        anchor, real = rows.anchor, rows.real
+        dev, t_max, n_max = tokens[0].device, max(t.shape[0] for t in tokens), anchor.shape[1]
         ctx = pad_sequence(list(ctxs), batch_first=True)                                 # [B, T_max, d]
         tok = pad_sequence(list(tokens), batch_first=True)
         first = tok.gather(1, anchor)                                                    # [B, N_max]

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
+from specd.drafter.anchor_rows import anchor_rows
 from specd.drafter.base import (BorrowsTargetHeads, DrafterError, DraftOutput, SlotSampler, TargetHeads,
                                 count_parameters)
 from specd.drafter.config import DrafterConfig
@@ -195,22 +196,10 @@ class Eagle3Drafter(BorrowsTargetHeads, nn.Module):
         padded to the longest and masked; anchors are checked and padded on the host (no device sync); the
         LM head runs on the real rows only."""
         b = len(feats)
-        if not (b == len(tokens) == len(anchors)) or b == 0:
-            raise DrafterError(f"{len(feats)} contexts, {len(tokens)} token rows, {len(anchors)} anchor rows")
-        lens, counts = [int(t.shape[0]) for t in tokens], [a.numel() for a in anchors]
-        cpu = [a.detach().to("cpu") for a in anchors]
-        for f, t, a in zip(feats, lens, cpu):
-            if f.shape[0] != t:
-                raise DrafterError(f"feats have {f.shape[0]} positions, tokens {t}")
-            if a.numel() == 0 or int(a.min()) < 1 or int(a.max()) + steps - 1 > t - 1:
-                raise DrafterError(f"TTT anchors need 1 <= a <= {t - steps} for T={t}, steps={steps}; "
-                                   f"got {a.tolist()}")
-        dev, n_max = tokens[0].device, max(counts)
-        anc = torch.ones(b, n_max, dtype=torch.int64)           # padded rows: anchor 1, no context, dropped
-        for i, a in enumerate(cpu):
-            anc[i, :counts[i]] = a
-        flat = torch.cat([i * n_max + torch.arange(c) for i, c in enumerate(counts)])   # the real rows
-        anc, flat = anc.to(dev), flat.to(dev)
+        # padded rows: anchor 1, no context, dropped
+        rows = anchor_rows(feats, tokens, anchors, lo=1, tail=steps - 1, pad=1, what="ttt_logits_batch")
+        anc, dev, n_max = rows.anchor, tokens[0].device, rows.anchor.shape[1]
+        flat = torch.cat([i * n_max + torch.arange(c) for i, c in enumerate(rows.counts)]).to(dev)   # real rows
         fused = pad_sequence(list(feats), batch_first=True)                 # [B, T_max, d]
         toks = pad_sequence(list(tokens), batch_first=True)
         pos = torch.arange(fused.shape[1] - 1, device=dev)
