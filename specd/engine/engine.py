@@ -482,6 +482,10 @@ class SpecEngine(GateSteps):
         for method, group in by_method.items():
             proposer = self._proposer(method)
             cheap = getattr(proposer, "proposes_cheaply", False)
+            if cheap and not self._decode_step:
+                group = self._cheap_beside_prompts(batch, group)
+                if not group:
+                    continue
             if not cheap:
                 t0 = time.perf_counter()
                 group = self._gate_group(batch, group)

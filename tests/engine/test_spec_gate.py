@@ -1649,6 +1649,62 @@ def test_a_cheap_proposer_is_gated_after_it_proposes_on_the_requests_it_found_dr
         engine.spec_gate = SpecGate()
 
 
+def test_a_cheap_proposer_looks_up_no_gated_request_on_a_step_with_prompt_chunks(engine):
+    """The gate rests every gated request of a step with prompt chunks (``beside_prompts`` off), so ngram
+    looks up none of them there (``_cheap_beside_prompts``), while fixed-γ ngram requests of the same
+    steps keep their lookups; the gate key's paused count still grows, and outputs stay plain decoding's."""
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    want = run(engine, "none", max_tokens=24)
+    engine._proposer("ngram")
+    real = engine._proposers["ngram"]
+    calls = []          # (pure decode step?, gated requests asked, ungated requests asked)
+
+    class Recording:
+        def __init__(self, inner):
+            self.inner, self.method, self.capture_layers = inner, inner.method, ()
+            self.has_confidence, self.proposes_cheaply = False, True
+
+        def propose(self, seqs, limits):
+            calls.append((engine._decode_step, sum(s.gate_key is not None for s in seqs),
+                          sum(s.gate_key is None for s in seqs)))
+            return self.inner.propose(seqs, limits)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    engine._proposers["ngram"] = Recording(real)
+    engine.spec_gate = RecordingGate(draft=True)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    got = collections.defaultdict(list)
+    try:
+        paused = engine.stats()["spec_paused_steps_total"]
+        for i in (0, 1):                 # a gated and a fixed-γ request decode ...
+            engine.add_request(Request(f"c{i}", engine.tokenizer.encode(PROMPTS[i]), params, speculation="ngram",
+                                       spec_schedule="gated" if i == 0 else "fixed"))
+        for _ in range(3):
+            for out in engine.step():
+                got[out.id.removeprefix("c")] += out.token_ids
+        for i in range(2, len(PROMPTS)):  # ... while the other prompts arrive: steps with prompt chunks
+            engine.add_request(Request(f"c{i}", engine.tokenizer.encode(PROMPTS[i]), params, speculation="ngram",
+                                       spec_schedule="gated"))
+            for out in engine.step():
+                got[out.id.removeprefix("c")] += out.token_ids
+        while engine.has_work():
+            for out in engine.step():
+                got[out.id.removeprefix("c")] += out.token_ids
+        paused = engine.stats()["spec_paused_steps_total"] - paused
+    finally:
+        engine._proposers["ngram"] = real
+        engine.spec_gate = SpecGate()
+    assert dict(got) == want
+    beside = [c for c in calls if not c[0]]
+    assert beside and all(gated == 0 and ungated == 1 for _, gated, ungated in beside)   # the fixed one only
+    assert any(gated for decode, gated, _ in calls if decode)         # decode steps still look gated ones up
+    assert paused >= len(beside)                                       # the gated key was told it rested
+
+
 def test_a_recurring_prompt_class_drafts_its_exploration_where_its_cell_rests_and_stays_exact(engine, clock):
     """Two requests of one class (a shared 32-token prefix) join a cell that rests a slow drafter: the
     class recurs, so its requests explore it (capture their prompts and draft until the class has
