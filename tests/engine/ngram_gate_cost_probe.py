@@ -1,0 +1,74 @@
+"""Host time of ``_add_drafts`` per decode step, plain decoding against gated ngram with the gate resting.
+
+Why: on the H100 (session 44, run DS) the gated ngram row on coding drafted 2-20 steps a run and still ran
+0.91-0.93x plain decoding, its decode steps ~9% slower. A resting gated ngram request is looked up at every
+step (the gate decides after the lookup, on the drafts found: ``GateSteps._gate_found``), so a resting step
+pays the lookups, the limits and the gate's question for every request. This probe times that engine
+method (no profiler; stories260K, 32 requests of repetitive prompts so lookups find drafts, greedy, 60
+tokens each) behind a gate that always rests, against the same requests with speculation off. Not a test
+(pytest does not collect it); run it per tree to compare:
+
+    PYTHONPATH=<tree> python tests/engine/ngram_gate_cost_probe.py [--repeats 7]
+
+Session 44, CPU machine: 8.1 µs a step for `none`, 230.6 µs for resting gated ngram (c = 32).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+from resting_probe_engine import BASE, resting_engine, time_methods   # this script's folder
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--concurrency", type=int, default=32)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    from specd.engine.request import Request
+    from specd.engine.spec_gate import SpecGate
+    from specd.sampling_params import SamplingParams
+
+    class Resting(SpecGate):
+        """Rests every gated step: the measured answer does not matter here, only what a rest costs."""
+
+        def should_draft(self, *args, **kwargs) -> bool:
+            return False
+
+    engine = resting_engine(args.concurrency)
+    engine.spec_gate = Resting(probe_every=100_000, probe_max=100_000)
+    engine.spec_gate.explores = staticmethod(lambda record: False)
+    spent = time_methods(engine, ("_add_drafts",))
+    prompts = [(text + " ") * 6 for text in (BASE * (args.concurrency // len(BASE) + 1))[:args.concurrency]]
+
+    def run(spec: str, rep: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+        extra = {"spec_schedule": "gated", "num_speculative_tokens": 7} if spec == "ngram" else {}
+        for i, text in enumerate(prompts):
+            engine.add_request(Request(f"{spec}{i}-{rep}", engine.tokenizer.encode(text), params,
+                                       speculation=spec, **extra))
+        for _ in range(2):                # admission and prefill
+            engine.step()
+        spent.clear()
+        steps = 0
+        while engine.has_work():
+            engine.step()
+            steps += 1
+        return spent.get("_add_drafts", 0.0) / steps * 1e6
+
+    got: dict[str, list[float]] = {"none": [], "ngram": []}
+    for rep in range(args.repeats):
+        for spec in got:                  # alternated, so drift hits both alike
+            got[spec].append(run(spec, rep))
+    verified = engine.stats().get("spec_verifications_total", 0)
+    print("| row | µs of _add_drafts a decode step (median of repeats) |")
+    print("|---|---|")
+    for spec, values in got.items():
+        print(f"| {spec} | {statistics.median(values):.1f} |")
+    print(f"\nverifications: {verified} (0: the gate rested every step)")
+
+
+if __name__ == "__main__":
+    main()
