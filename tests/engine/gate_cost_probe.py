@@ -14,7 +14,7 @@ import argparse
 import statistics
 
 import torch
-from resting_probe_engine import BASE, TIMED, resting_engine, time_methods   # this script's folder
+from resting_probe_engine import BASE, TIMED, one_batch, resting_engine, time_methods   # this script's folder
 
 
 def main() -> None:
@@ -23,8 +23,6 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     args = p.parse_args()
     torch.set_num_threads(1)
-    from specd.engine.request import Request
-    from specd.sampling_params import SamplingParams
 
     engine = resting_engine(args.concurrency)
     spent = time_methods(engine, TIMED)
@@ -32,16 +30,7 @@ def main() -> None:
     prompts = (BASE * (args.concurrency // len(BASE) + 1))[:args.concurrency]
 
     def run(spec: str, rep: int) -> dict[str, float]:
-        params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-        for i, text in enumerate(prompts):
-            engine.add_request(Request(f"{spec}{i}-{rep}", engine.tokenizer.encode(text), params, speculation=spec))
-        for _ in range(2):                # admission and prefill
-            engine.step()
-        spent.clear()
-        steps = 0
-        while engine.has_work():
-            engine.step()
-            steps += 1
+        steps = one_batch(engine, spent, prompts, spec, f"{spec}-{rep}-", max_tokens=40)
         return {n: 1e6 * v / steps for n, v in spent.items()}
 
     runs: dict[str, list] = {"none": [], "dspark": []}

@@ -18,7 +18,7 @@ import argparse
 import statistics
 
 import torch
-from resting_probe_engine import BASE, resting_engine, time_methods   # this script's folder
+from resting_probe_engine import BASE, one_batch, resting_engine, time_methods   # this script's folder
 
 
 def main() -> None:
@@ -27,9 +27,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     args = p.parse_args()
     torch.set_num_threads(1)
-    from specd.engine.request import Request
     from specd.engine.spec_gate import SpecGate
-    from specd.sampling_params import SamplingParams
 
     class Resting(SpecGate):
         """Rests every gated step: the measured answer does not matter here, only what a rest costs."""
@@ -44,18 +42,8 @@ def main() -> None:
     prompts = [(text + " ") * 6 for text in (BASE * (args.concurrency // len(BASE) + 1))[:args.concurrency]]
 
     def run(spec: str, rep: int) -> float:
-        params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
         extra = {"spec_schedule": "gated", "num_speculative_tokens": 7} if spec == "ngram" else {}
-        for i, text in enumerate(prompts):
-            engine.add_request(Request(f"{spec}{i}-{rep}", engine.tokenizer.encode(text), params,
-                                       speculation=spec, **extra))
-        for _ in range(2):                # admission and prefill
-            engine.step()
-        spent.clear()
-        steps = 0
-        while engine.has_work():
-            engine.step()
-            steps += 1
+        steps = one_batch(engine, spent, prompts, spec, f"{spec}-{rep}-", max_tokens=60, **extra)
         return spent.get("_add_drafts", 0.0) / steps * 1e6
 
     got: dict[str, list[float]] = {"none": [], "ngram": []}

@@ -84,6 +84,27 @@ def time_methods(engine, names=TIMED, kind=None) -> dict:
     return spent
 
 
+def one_batch(engine, spent: dict, prompts: list[str], spec: str, tag: str, max_tokens: int, **fields) -> int:
+    """Serve ``prompts`` as one batch (greedy, EOS ignored, method ``spec``, more ``Request`` fields in
+    ``fields``), clearing ``spent`` (``time_methods``) after admission and prefill (two steps), so it holds
+    the decode steps' time only; returns how many decode steps there were. Shared by gate_cost_probe.py and
+    ngram_gate_cost_probe.py."""
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i, text in enumerate(prompts):
+        engine.add_request(Request(f"{tag}{i}", engine.tokenizer.encode(text), params, speculation=spec, **fields))
+    for _ in range(2):                # admission and prefill
+        engine.step()
+    spent.clear()
+    steps = 0
+    while engine.has_work():
+        engine.step()
+        steps += 1
+    return steps
+
+
 def closed_loop(engine, prompts: list[list[int]], lengths: list[int], concurrency: int, spec: str, tag: str,
                 queued: int = 0, admitted: dict | None = None):
     """Serve every prompt (greedy, ``lengths[i]`` tokens, EOS ignored) with method ``spec``, keeping
