@@ -678,16 +678,10 @@ class GateSteps:
         context, and these would all have been dropped."""
         if not self._gate_on() or self.spec_gate.beside_prompts:
             return group
-        kept, keyed = [], {}
-        for sched in group:
-            key = sched.seq.gate_key
-            if key is None:
-                kept.append(sched)
-            else:
-                keyed.setdefault(key, []).append(sched)
-        for key, members in keyed.items():
-            self._gate_drafts(batch, key, members)     # False on this step: the arm and counter as before
-        return kept
+        gated = [s for s in group if s.seq.gate_key is not None]
+        if gated:
+            self._gate_rests(batch, gated)     # every key rests on this step: the arm and counter as before
+        return [s for s in group if s.seq.gate_key is None]
 
     def _drop_undrafted(self, proposer, group: list[ScheduledSeq], limits: list[int]) -> None:
         """Requests the gate let draft that the proposer cannot draft for (a feature drafter's request
