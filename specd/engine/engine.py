@@ -122,7 +122,7 @@ class SpecEngine(GateSteps):
                               spec_scheduled_tokens_total=0, admission_seconds_total=0.0,
                               spec_scheduler_seconds_total=0.0, spec_rest_again_steps_total=0,
                               spec_rest_leased_steps_total=0, spec_rest_whole_batch_steps_total=0,
-                              spec_rest_span_steps_total=0,
+                              spec_rest_span_steps_total=0, spec_rest_unlooked_steps_total=0,
                               spec_promptless_requests_total=0, forward_hook_steps_total=0,
                               forward_hook_calls_total=0, warmed_requests_total=0,
                               **{f"step_{kind}_{what}_total": 0 for kind in STEP_KINDS
@@ -153,6 +153,8 @@ class SpecEngine(GateSteps):
         self._gate_s = self._propose_s = 0.0    # this step's gate questions and proposals, seconds
         self._rest_chain = None                 # the last step rested a whole gated group (gating.RestChain)
         self._lease_step = None                 # this step rests on that chain's lease (``GateSteps._fold``)
+        self._lookup_chain = None               # a cheap proposer's gate key rests unlooked on a lease (gating.RestChain)
+        self._lookup_step = None                # this step rests on that lease (``GateSteps._cheap_unlooked``)
         self._whole_rest = False                # this step: the lease rests the whole batch (``_rests_whole_batch``)
         self._span_step = None                  # this step rests in that span; bookkept after launch (``_span_books``)
         self._span_observe = None               # this step is that span's leased rest (``_observe_span``)
@@ -324,6 +326,7 @@ class SpecEngine(GateSteps):
         if self.scheduler.has_work():
             return False
         self._fold(self._rest_chain)     # idle: a rest span kept over its emptied batch (``_keeps_span``) ends
+        self._end_lookup()
         return self.blocks.release_reserve()
 
     def only_parked(self) -> bool:
@@ -343,6 +346,7 @@ class SpecEngine(GateSteps):
             self._commit_held()
             self._fail_unschedulable(outputs)
             self._fold(self._rest_chain)     # idle: the gate takes a lease's last steps now, not at the next rest
+            self._end_lookup()
             return outputs
         self._decode_step = self._pure_decode(batch)     # asked by the gate three times a step (gating.py)
         self._hook_this_step = self.forward_hook is not None and not self._decode_step and sum(
@@ -416,6 +420,7 @@ class SpecEngine(GateSteps):
         self._observe_gate(batch, {id(s.seq): len(toks) for s, toks in emitted}, t6 - t0, timed)
         if not self.scheduler.running:
             self._keeps_span()       # the batch is gone: the gate's stats hold every step of it
+            self._end_lookup()
         return outputs
 
     def _cold_events(self) -> int:
@@ -468,6 +473,7 @@ class SpecEngine(GateSteps):
         over it (``_rests_whole_batch``)."""
         self._whole_rest = False     # set per step, here, so no step inherits it (``_feature_proposers``)
         self._span_step = self._span_observe = None   # nor a span's bookkeeping from a step that never launched
+        self._lookup_step = None                       # nor a lookup lease's step (``_cheap_unlooked``)
         self._gate_s = self._propose_s = 0.0           # this step's gate questions and proposals (``DRAFT_PHASES``)
         if self._span_rests(batch) or self._decode_step and self._rests_whole_batch(batch):
             return
@@ -482,8 +488,9 @@ class SpecEngine(GateSteps):
         for method, group in by_method.items():
             proposer = self._proposer(method)
             cheap = getattr(proposer, "proposes_cheaply", False)
-            if cheap and not self._decode_step:
-                group = self._cheap_beside_prompts(batch, group)
+            if cheap:
+                group = (self._cheap_unlooked(batch, group) if self._decode_step
+                         else self._cheap_beside_prompts(batch, group))
                 if not group:
                     continue
             if not cheap:

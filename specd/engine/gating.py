@@ -93,6 +93,7 @@ class GateSteps:
             return
         arms, self._gate_arms = self._gate_arms, {}
         leased, self._lease_step = self._lease_step, None
+        unlooked, self._lookup_step = self._lookup_step, None
         self._resting = set()
         self._resting_keys = set()
         drafting, self._gate_drafting = self._gate_drafting, {}
@@ -112,10 +113,12 @@ class GateSteps:
         tokens = sum(emitted.values())
         drafts = {id(s.seq): s.num_draft for s in batch} if any(arms.values()) else {}
         for method, drafted in arms.items():
-            if leased is not None and method == leased.key:    # a leased rest: its sample waits for the fold
-                leased.pending.append((len(batch), tokens, seconds))
-                if not leased.lease:                          # the lease's last step: fold it now
-                    self._fold(leased)
+            chain = (leased if leased is not None and method == leased.key
+                     else unlooked if unlooked is not None and method == unlooked.key else None)
+            if chain is not None:                             # a leased rest: its sample waits for the fold
+                chain.pending.append((len(batch), tokens, seconds))
+                if not chain.lease:                           # the lease's last step: fold it now
+                    self._fold(chain)
                 continue
             seqs = drafting.get(method, [])
             drafters = Drafters(len(seqs), sum(emitted.get(id(s), 1) for s in seqs),
@@ -663,6 +666,82 @@ class GateSteps:
         resting = {id(s) for _, members in self._gate_rests(batch, found, lengths) for s in members}
         return [d.truncated(0) if id(s) in resting else d for s, d in zip(group, drafts)]
 
+    def _cheap_unlooked(self, batch: list[ScheduledSeq], group: list[ScheduledSeq]) -> list[ScheduledSeq]:
+        """A pure decode step: the gated requests of ``group`` (a cheap proposer's) whose gate key the gate is
+        sure to rest whatever their lookups would find (``SpecGate.rests_unlooked``) leave it before the
+        lookup; the rest stay, and are looked up and gated after (``_gate_found``) as before. Such a key is
+        told it rested, as a found step's rest tells it (its arm, the paused count, the step's plain sample),
+        and the lease the answer grants rests its requests at the next steps with no lookup and no question:
+        the steps a lease covers (the same batch size and method group on consecutive pure decode steps, no
+        admission: ``_lease_covers``) are counted and reported as the feature drafters' leased steps are, their
+        plain samples folded into the gate when the lease ends (``_fold``), at its last step, at the next step
+        it does not cover, at a step with prompt chunks, and when the batch empties or the engine idles
+        (``_end_lookup``). Ungated requests (fixed γ) keep their lookup.
+
+        Why: the gate decides after the lookup (``_gate_found``), so a resting key's requests were looked up at
+        every decode step and their drafts dropped. On the CPU probe (tests/engine/ngram_gate_cost_probe.py,
+        stories260K, c = 32) ``_add_drafts`` took ~225 µs a decode step against ~8 µs for `none`; on the H100
+        (session 44, run DS) the gated ngram row on coding drafted 2-20 of hundreds of steps a run and ran
+        0.91-0.93× `none`. ``_cheap_beside_prompts`` removed the prompt steps' share; this removes the decode
+        steps' where the gate is sure: on that probe with the real gate taught to rest, 275-309 µs a step
+        before, 35-39 after (`none` 9-11; three invocations each). Lossless: ngram's drafts are a deterministic
+        function of the context, and these would all have been dropped."""
+        chain, self._lookup_chain = self._lookup_chain, None
+        if chain is not None:
+            if (chain.gate is self.spec_gate and self._gate_on() and chain.step + 1 == self._counters["steps_total"]
+                    and self._lease_covers(chain, len(batch), len(group))):
+                return self._lookup_leased(chain, group)
+            self._fold(chain)    # the gate sees the leased steps before it is asked
+        if not self._gate_on():
+            return group
+        keyed: dict[str, list[ScheduledSeq]] = {}
+        for sched in group:
+            key = sched.seq.gate_key
+            if key is not None:
+                keyed.setdefault(key, []).append(sched)
+        rested = set()
+        counters, size = self._counters, len(batch)
+        for key, members in keyed.items():
+            if not self.spec_gate.may_rest_unlooked(key, size):
+                continue
+            lease = self.spec_gate.rests_unlooked(key, size, [s.seq.gate_acceptance for s in members],
+                                                  caps=[self._draft_limit(s.seq) + 1 for s in members])
+            if lease is None:
+                continue
+            rested.add(key)
+            self._gate_arms[key] = False
+            counters["spec_paused_steps_total"] += 1
+            counters["spec_rest_unlooked_steps_total"] += 1
+            if lease and len(keyed) == 1:   # one lease a step; ``exact``: the key's requests are the whole group
+                self._lookup_chain = RestChain(key, load_bucket(size), size, len(group), counters["steps_total"],
+                                               [], exact=len(members) == len(group), lease=lease,
+                                               admitted=self.spec_gate.admitted, gate=self.spec_gate)
+        if not rested:
+            return group
+        return [s for s in group if s.seq.gate_key not in rested]
+
+    def _lookup_leased(self, chain: RestChain, group: list[ScheduledSeq]) -> list[ScheduledSeq]:
+        """A step ``chain``'s lookup lease covers (``_cheap_unlooked``): its key's requests rest unasked, the
+        step is counted and its plain sample kept for the fold (``_observe_gate``), as a feature drafter's
+        leased step (``_rests_again``); returns the rest of ``group``. The records are not aged: a resting
+        request of a cheap proposer never was (its record counts steps with a draft found)."""
+        counters = self._counters
+        counters["spec_paused_steps_total"] += 1
+        counters["spec_rest_leased_steps_total"] += 1
+        counters["spec_rest_unlooked_steps_total"] += 1
+        chain.lease -= 1
+        chain.leased += 1
+        chain.step += 1
+        self._gate_arms[chain.key] = False
+        self._lookup_step = self._lookup_chain = chain
+        return [] if chain.exact else [s for s in group if s.seq.gate_key != chain.key]
+
+    def _end_lookup(self) -> None:
+        """A lookup lease (``_cheap_unlooked``) whose batch is gone, or that a step with prompt chunks broke,
+        ends: the gate takes its leased steps now."""
+        chain, self._lookup_chain = self._lookup_chain, None
+        self._fold(chain)
+
     def _cheap_beside_prompts(self, batch: list[ScheduledSeq], group: list[ScheduledSeq]) -> list[ScheduledSeq]:
         """A step with prompt chunks: the requests of ``group`` (a cheap proposer's) that the gate rests
         whatever they would find leave it before the lookup; the rest stay. With ``beside_prompts`` off (the
@@ -673,9 +752,10 @@ class GateSteps:
         Why: at turn lengths on the H100 (session 44, run DS) the gated ngram row on coding drafted 6-20
         steps a run and still ran 0.91-0.93× `none`, its decode steps ~9% slower: every resting step looks
         up every request (0.16-0.28 ms a step for 32 coding prompts on the CPU machine,
-        tests/engine/ngram_rest_probe.py). This removes the prompt steps' share of that only; the decode
-        steps' share is not addressed. Lossless: ngram's drafts are a deterministic function of the
-        context, and these would all have been dropped."""
+        tests/engine/ngram_rest_probe.py). This removes the prompt steps' share of that; the decode steps'
+        share goes where the gate is sure to rest (``_cheap_unlooked``). Lossless: ngram's drafts
+        are a deterministic function of the context, and these would all have been dropped."""
+        self._end_lookup()           # no lease covers a step with prompt chunks
         if not self._gate_on() or self.spec_gate.beside_prompts:
             return group
         gated = [s for s in group if s.seq.gate_key is not None]

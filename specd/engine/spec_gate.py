@@ -463,7 +463,8 @@ class SpecGate:
         return self._acceptance(self._cell(method, sequences), requests, sequences, caps=caps)
 
     def _acceptance(self, cell: Cell, requests: list[Acceptance] | None, sequences: int,
-                    highest: bool = False, copies: int = 1, caps: list[int] | None = None):
+                    highest: bool = False, copies: int = 1, caps: list[int] | None = None,
+                    estimates: list[float] | None = None):
         """``acceptance``'s body. ``highest``: each request counts at the larger of its own estimate and
         where it starts (its class's), the most a resting request's estimate can reach: resting only ages
         its own steps (``Acceptance.rest``), which moves the estimate from where it is toward its start.
@@ -477,7 +478,7 @@ class SpecGate:
         (H200, session 18, run BI: extraction at c = 32 drafted 6-11 steps in the tail's b16 cell, where
         drafting had measured 6,598 against 6,951 tok/s plain, and ran 0.92x `none`; not shown to be this
         cause). A cap only lowers a prediction, so the bound ``highest`` takes stays an upper bound without
-        one."""
+        one. ``estimates``: a list each request's estimate (capped) is appended to (``rests_unlooked``)."""
         if not requests:
             return (None, None) if highest else None
         prior = cell.draft.per_drafter_step
@@ -499,6 +500,8 @@ class SpecGate:
             own = (r.tokens + k * start) / (r.steps + k)
             if caps is not None and caps[i] < own:
                 own = caps[i]
+            if estimates is not None:
+                estimates.append(own)
             if highest:
                 own = start if start > own else own
                 top = own if own > top else top
@@ -664,8 +667,71 @@ class SpecGate:
         cell = self.cells.get((method, load_bucket(sequences)))
         if cell is None or cell.rest_bound is None or cell.probe_left:
             return 0
+        return self._lease(cell, most)
+
+    @staticmethod
+    def _lease(cell: Cell, most: int) -> int:
+        """A sure rest's lease (``rest_lease``, ``rests_unlooked``): at most ``most`` steps, ending before a
+        probe could be announced."""
         cell.lease_basis = cell.basis          # what the granting answer was made from, for its steps' reports
         return max(0, min(most, cell.wait - cell.clock - 2))
+
+    def may_rest_unlooked(self, method: str, sequences: int) -> bool:
+        """Can ``rests_unlooked`` be sure for this cell at all (explored, steady between probes)? Asked first,
+        so that a cell that cannot costs the engine no pass over its requests (their records and caps)."""
+        cell = self.cells.get((method, load_bucket(sequences)))
+        return cell is not None and self._exploring(cell) is None and self._steady(cell)
+
+    def rests_unlooked(self, method: str, sequences: int, requests: list[Acceptance], caps: list[int] | None = None,
+                       most: int = LEASE_STEPS) -> int | None:
+        """For a proposer the gate decides after (ngram, ``proposes_cheaply``: ``should_draft`` is asked with
+        the drafts it found, over the requests that found one): is this measured step sure to rest
+        ``requests`` (all of the key's gated requests in a batch of ``sequences``; ``caps`` as for
+        ``should_draft``) whatever their lookups would find? None: not sure, look them up and ask as before.
+        Else the step is taken as ``should_draft``'s rest on the prediction would take it (basis, clock), and
+        the number returned is a lease (``rest_lease``'s rule): the steps after this one that the same
+        requests may rest without a lookup or a question, their plain samples folded in by ``fold_rest``.
+
+        Sure means what ``rests_again`` means, without a kept bound: the cell has explored both arms, no
+        probe is running or due at the next step and its clock is not fresh (``_steady``), no request
+        explores its class, and drafting loses at the best the lookups could give. The prediction adds one
+        request's estimate per request that found a draft and prices the step by the draft tokens it
+        verifies (``Cell.draft_rate``: fewer tokens, a shorter step); a found draft has at least one token,
+        so for m requests finding drafts the best is the m highest estimates at m tokens, and the bound is
+        the best over every m. A found step's answer rests where this one does; a step where nothing would
+        have been found was no sample before (not asked) and is one now, a plain step like the others: the
+        probe clock now counts every resting decode step of the key, not only those where a draft was
+        found.
+
+        Why: a resting gated ngram request was looked up at every step, and its draft dropped: on the CPU
+        probe (tests/engine/ngram_gate_cost_probe.py, stories260K, c = 32) ``_add_drafts`` took ~225 µs a
+        decode step against ~8 µs for `none` (lookups ~125, the gate's question ~53, limits ~50), and on
+        the H100 (session 44, run DS) the gated ngram row on coding rested nearly every step at 0.91-0.93×
+        `none`."""
+        if not self.may_rest_unlooked(method, sequences):
+            return None
+        cell = self.cells[(method, load_bucket(sequences))]
+        if any(self.explores(r) for r in requests):
+            return None
+        estimates: list[float] = []
+        if self._acceptance(cell, requests, sequences, caps=caps, estimates=estimates) is None:
+            return None
+        estimates.sort(reverse=True)
+        best = acceptance = 0.0
+        drafting = 0.0
+        for m, own in enumerate(estimates, 1):
+            drafting += own
+            batch = (drafting + sequences - m) / sequences
+            rate = cell.draft_rate(batch, m)
+            if cell.beats_plain(rate, self.margin):
+                return None
+            if rate > best:
+                best, acceptance = rate, batch
+        cell.basis = (acceptance, best * sequences, cell.plain.per_seq_s * sequences)
+        cell.rest_bound = None       # as ``should_draft``'s measured answer: no bound kept for ``rests_again``
+        cell.clock += 1
+        self._drafts(cell, "winner", False)
+        return self._lease(cell, most)
 
     def fold_rest(self, method: str, sequences: int, steps: int, samples: list[tuple[int, int, float]]) -> None:
         """A lease's ``steps`` resting steps in a batch of ``sequences`` (``rest_lease``): advance the clock as

@@ -28,17 +28,17 @@ def resting_engine(concurrency: int, num_local_blocks: int = 2048):
     return engine
 
 
-def taught_to_rest(gate, concurrency: int, key: str = "dspark"):
+def taught_to_rest(gate, concurrency: int, key: str = "dspark", plain_s: float = 0.01, draft_s: float = 0.08):
     """``gate`` (a SpecGate) after 12 steps of gate key ``key`` at each load bucket up to ``concurrency``,
-    drafting at a quarter of plain decoding's rate (so every cell rests), with class exploration off;
-    returned."""
+    drafting at a quarter of plain decoding's rate (so every cell rests; a plain step of ``plain_s``, a
+    drafting one of ``draft_s``), with class exploration off; returned."""
     from specd.engine.spec_gate import Drafters
 
     b = 1
     while b <= concurrency:
         for _ in range(12):
             d = gate.should_draft(key, b)
-            gate.observe(key, b, d, b * (2 if d else 1), 0.01 * (8 if d else 1),
+            gate.observe(key, b, d, b * (2 if d else 1), draft_s if d else plain_s,
                          Drafters(b, 2 * b, 7 * b) if d else None)
         b *= 2
     gate.explores = staticmethod(lambda record: False)

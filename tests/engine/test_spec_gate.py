@@ -1109,6 +1109,10 @@ class ScriptedGate:
         """Nor is a drained batch's rest carried into its smaller bucket."""
         return False
 
+    def may_rest_unlooked(self, method, sequences):
+        """A cheap proposer's requests are looked up and asked about at every step (the script's next arm)."""
+        return False
+
     def record(self, method, prompt):
         from specd.engine.spec_gate import Acceptance
         return Acceptance()
@@ -1703,6 +1707,152 @@ def test_a_cheap_proposer_looks_up_no_gated_request_on_a_step_with_prompt_chunks
     assert beside and all(gated == 0 and ungated == 1 for _, gated, ungated in beside)   # the fixed one only
     assert any(gated for decode, gated, _ in calls if decode)         # decode steps still look gated ones up
     assert paused >= len(beside)                                       # the gated key was told it rested
+
+
+def taught_ngram_gate(draft_s: float, **settings) -> SpecGate:
+    """A gate whose ``ngram_gated`` cells at buckets 1-4 have explored both arms: a plain step of 4 ms, a
+    drafting step of ``draft_s`` emitting 2 tokens a sequence (7 draft tokens each); no class exploration."""
+    gate = SpecGate(**settings)
+    for b in (1, 2, 4):
+        for _ in range(12):
+            d = gate.should_draft("ngram_gated", b)
+            gate.observe("ngram_gated", b, d, b * (2 if d else 1), draft_s if d else 0.004,
+                         Drafters(b, 2 * b, 7 * b) if d else None)
+    gate.explores = staticmethod(lambda record: False)
+    return gate
+
+
+def serve_ngram_counting_lookups(engine, tag: str, schedules: list[str], max_tokens: int):
+    """Serve PROMPTS with ngram on ``schedules`` (one a prompt), greedy; returns (outputs, the lookups: per
+    propose call on a pure decode step (gated requests asked, ungated requests asked), the pure decode steps,
+    the engine's stats delta over the batch)."""
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    engine._proposer("ngram")
+    real = engine._proposers["ngram"]
+    calls = []
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.method, self.capture_layers = inner, inner.method, ()
+            self.has_confidence, self.proposes_cheaply = False, True
+
+        def propose(self, seqs, limits):
+            if engine._decode_step:
+                calls.append((sum(s.gate_key is not None for s in seqs), sum(s.gate_key is None for s in seqs)))
+            return self.inner.propose(seqs, limits)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    engine._proposers["ngram"] = Counting(real)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    before = engine.stats()
+    try:
+        for i, (p, schedule) in enumerate(zip(PROMPTS, schedules)):
+            engine.add_request(Request(f"{tag}{i}", engine.tokenizer.encode(p), params, speculation="ngram",
+                                       spec_schedule=schedule))
+        got, decode_steps = collections.defaultdict(list), 0
+        while engine.has_work():
+            for out in engine.step():
+                got[out.id.removeprefix(tag)] += out.token_ids
+            decode_steps += engine._decode_step
+    finally:
+        engine._proposers["ngram"] = real
+    after = engine.stats()
+    delta = {k: after[k] - before.get(k, 0) for k in after if k.startswith("spec_") and k.endswith("_total")}
+    return dict(got), calls, decode_steps, delta
+
+
+def test_a_resting_gated_cheap_key_skips_its_lookups_on_decode_steps_and_stays_exact(engine, clock):
+    """Where the gate is sure to rest a gated ngram key whatever its lookups would find
+    (``SpecGate.rests_unlooked``), its requests are not looked up on pure decode steps (``_cheap_unlooked``):
+    after the first decode step (the cell's fresh clock asks in full), each fresh sure answer grants a lease
+    whose steps rest unasked. A fixed-γ request of the same batch is looked up at every decode step. Every
+    rested decode step reaches the gate as a plain sample by the end of the batch, and the outputs are plain
+    decoding's."""
+    want = run(engine, "none", max_tokens=24)
+    gate = engine.spec_gate = taught_ngram_gate(1.0, probe_every=100_000, probe_max=100_000)
+    samples = sum(cell.plain.samples for cell in gate.cells.values())
+    try:
+        got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, "u", ["gated"] * 3 + ["fixed"], 24)
+    finally:
+        engine.spec_gate = SpecGate()
+    assert got == want
+    looked = sum(1 for gated, _ in calls if gated)
+    assert decode_steps >= 20 and looked <= 2, calls     # before: all 3 gated requests at every decode step
+    fixed = [ungated for _, ungated in calls]            # looked up at every decode step until it finished
+    assert fixed.count(1) >= 8 and fixed == sorted(fixed, reverse=True), calls
+    unlooked, leased = delta["spec_rest_unlooked_steps_total"], delta["spec_rest_leased_steps_total"]
+    assert unlooked >= decode_steps - 2 and 0 < leased < unlooked, (unlooked, leased, decode_steps)
+    assert delta["spec_paused_steps_total"] >= unlooked
+    assert engine._lookup_chain is None             # the batch is gone: its lease was folded
+    # every rested decode step is a plain sample of its cell (b4, then b2 once the fixed-γ request finished):
+    # none was left in a lease
+    assert sum(cell.plain.samples for cell in gate.cells.values()) - samples == delta["spec_paused_steps_total"]
+    assert delta["spec_verifications_total"] > 0    # the fixed-γ request's drafts
+
+
+def test_a_resting_cheap_keys_probes_still_look_up_and_a_winning_key_is_always_looked_up(engine, clock):
+    """Leases end before a probe could come: the probes of a resting gated ngram key run through the lookup and
+    draft (``SpecGate.probes``, drafted probe steps) while the steps between them rest unlooked; a key whose
+    drafting wins is looked up at every decode step, never rested unlooked. Outputs are plain decoding's."""
+    want = run(engine, "none", max_tokens=48)
+    gate = engine.spec_gate = taught_ngram_gate(1.0, probe_every=6, probe_max=6, probe_steps=1, probe_cut=None)
+    probes = gate.probes
+    try:
+        got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, "p", ["gated"] * 4, 48)
+    finally:
+        engine.spec_gate = SpecGate()
+    assert got == want
+    assert gate.probes - probes >= 3 and gate.drafted_by["probe"] >= 3
+    assert delta["spec_rest_unlooked_steps_total"] > 0 and delta["spec_verifications_total"] > 0
+    assert 3 <= len(calls) < decode_steps           # looked up at the probes (and when nothing was found)
+
+    gate = engine.spec_gate = taught_ngram_gate(0.001)       # drafting: twice plain's tokens in a plain step
+    try:
+        got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, "w", ["gated"] * 4, 24)
+    finally:
+        engine.spec_gate = SpecGate()
+    assert got == {k: v[:24] for k, v in want.items()}
+    assert delta["spec_rest_unlooked_steps_total"] == 0 and delta["spec_verifications_total"] > 0
+    assert len(calls) == decode_steps >= 12 and all(gated >= 1 for gated, _ in calls)   # at each decode step
+
+
+def test_rests_unlooked_is_sure_only_where_every_found_subset_rests():
+    """``SpecGate.rests_unlooked``'s rest holds for whatever the lookups find: every subset of the requests
+    with drafts of any length from 1 to their limit is rested by ``should_draft`` too; it advances the clock
+    by one step as the asked rest would. Random cells and records (seeded), both outcomes seen."""
+    import random
+
+    rng = random.Random(7)
+    sure = unsure = 0
+    for _ in range(150):
+        n = rng.randint(4, 8)
+        gate = SpecGate(warmup=0, min_samples=3, probe_every=1000, probe_max=1000, margin=rng.choice([0.0, 0.03]))
+        draft_s, tokens = rng.uniform(0.001, 0.02), rng.randint(1, 3) * n
+        for _ in range(8):
+            d = gate.should_draft("ng", n)
+            gate.observe("ng", n, d, tokens if d else n, draft_s if d else 0.004,
+                         Drafters(n, tokens, rng.randint(1, 7) * n) if d else None)
+        gate.should_draft("ng", n, verify=n)        # the first step after the exploration sets the wait
+        requests = records(rng.randint(1, n), rng.randint(1, 5), rng.randint(0, 4))
+        caps = [rng.randint(1, 8) for _ in requests]
+        clock = gate.cells[("ng", load_bucket(n))].clock
+        lease = gate.rests_unlooked("ng", n, requests, caps)
+        if lease is None:
+            unsure += 1
+            assert gate.cells[("ng", load_bucket(n))].clock == clock     # not sure: nothing taken
+            continue
+        sure += 1
+        assert gate.cells[("ng", load_bucket(n))].clock == clock + 1 and 0 <= lease <= 8
+        for mask in range(1, 2 ** len(requests)):
+            chosen = [i for i in range(len(requests)) if mask >> i & 1]
+            for length in (lambda i: 1, lambda i: caps[i] - 1 or 1):
+                assert not gate.should_draft("ng", n, measured=False, requests=[requests[i] for i in chosen],
+                                             verify=sum(length(i) for i in chosen), caps=[caps[i] for i in chosen])
+    assert sure >= 10 and unsure >= 10, (sure, unsure)
 
 
 def test_a_recurring_prompt_class_drafts_its_exploration_where_its_cell_rests_and_stays_exact(engine, clock):
