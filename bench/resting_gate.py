@@ -40,9 +40,10 @@ class RestingGate(SpecGate):
         self._drafts(cell, "winner", False)
         return True
 
-    def rest_lease(self, method: str, sequences: int, most: int = LEASE_STEPS) -> int:
+    def rest_lease(self, method: str, sequences: int, most: int = LEASE_STEPS, found: bool = False) -> int:
         """The steady rest takes leases as the real gate's does between probes (``SpecGate.rest_lease``);
-        no probe ever comes here, so every lease is the longest (``most``: a rest span's)."""
+        no probe ever comes here, so every lease is the longest (``most``: a rest span's). ``found``: a
+        cheap proposer's asked rest (``GateSteps._lease_found``), leased alike."""
         cell = self.cells.get((method, load_bucket(sequences)))
         if cell is None:
             return 0

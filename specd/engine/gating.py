@@ -663,8 +663,54 @@ class GateSteps:
         the context, and whether one is verified changes no output distribution."""
         found = [s for s, d in zip(group, drafts) if d.tokens]
         lengths = {id(s): len(d.tokens) for s, d in zip(group, drafts) if d.tokens}
-        resting = {id(s) for _, members in self._gate_rests(batch, found, lengths) for s in members}
+        rests = self._gate_rests(batch, found, lengths)
+        if len(rests) == 1 and self._decode_step and self._lookup_chain is None:
+            self._lease_found(batch, group, rests[0][0])
+        resting = {id(s) for _, members in rests for s in members}
         return [d.truncated(0) if id(s) in resting else d for s, d in zip(group, drafts)]
+
+    def _lease_found(self, batch: list[ScheduledSeq], group: list[ScheduledSeq], key: str) -> None:
+        """A pure decode step where the gate, asked with the drafts found (``_gate_found``), rested gate key
+        ``key``: grant the key a lookup lease by the rule a feature drafter's asked rest is granted one
+        (``_rests_again``: ``SpecGate.rest_lease``, up to ``LEASE_STEPS`` steps, ending before a probe could
+        be announced; none after an exploration's or a probe's answer), kept where ``_cheap_unlooked`` keeps
+        its own, so the steps it covers rest with no lookup and no question (``_lookup_leased``) and are
+        folded as those are. The same limits as that lease: one a step, only where ``key`` is the group's
+        only gated key and none of its requests explores its class (the ones that found nothing were not
+        asked), ``exact`` where the key's requests are the whole group (where ``_cheap_unlooked`` took another
+        key out of the group this step, the next step's group outnumbers the lease's count, which then covers
+        nothing: ``_lease_covers``). The leased steps advance the probe clock as the sure lease's do, found
+        drafts or not. The asked step itself is an ordinary
+        rest: its plain sample goes to ``observe`` (``_observe_gate``); only the leased steps wait for the fold.
+
+        Why: the sure bound (``SpecGate.rests_unlooked``) is the best case of any m requests finding a
+        1-token draft, and at c = 32 on coding the gate's model prices one such draft at nearly a plain step,
+        so a request with a decent acceptance estimate makes drafting possible and the bound is never sure:
+        on the H100 (session 45, old 3f3787a against new 60fc98d, turn-length answers, 4 repeats) the gated
+        ngram row's lookup-leased steps were 220-357 of ~510 rested steps a run at c = 16 (0.91 -> 0.94x
+        `none`) but 0-1 at c = 32 (0.90 -> 0.88x), where the real found drafts rested nearly every step.
+        On the CPU probe with the taught gate never sure beforehand (tests/engine/ngram_gate_cost_probe.py
+        ``--gate asked``, stories260K, c = 32, three invocations each) ``_add_drafts`` took 241-279 µs a decode
+        step before and 53-62 after, 364 of 413 decode steps leased (`none` 7-10); not GPU-run yet.
+        The trade, as for the feature drafters' leases: for at most ``LEASE_STEPS`` steps drafts the lookups
+        would have found are not verified, though one might have made drafting win. Lossless: ngram's
+        drafts are a deterministic function of the context, and verifying one or not changes no output."""
+        if self._gate_arms.get(key) is not False:       # an explorer drafted: no rest answer to lease on
+            return
+        gated = 0
+        explores = self.spec_gate.explores
+        for sched in group:
+            other = sched.seq.gate_key
+            if other is not None:
+                if other != key or explores(sched.seq.gate_acceptance):
+                    return
+                gated += 1
+        size = len(batch)
+        lease = self.spec_gate.rest_lease(key, size, found=True)
+        if lease:
+            self._lookup_chain = RestChain(key, load_bucket(size), size, len(group), self._counters["steps_total"],
+                                           [], exact=gated == len(group), lease=lease,
+                                           admitted=self.spec_gate.admitted, gate=self.spec_gate)
 
     def _cheap_unlooked(self, batch: list[ScheduledSeq], group: list[ScheduledSeq]) -> list[ScheduledSeq]:
         """A pure decode step: the gated requests of ``group`` (a cheap proposer's) whose gate key the gate is
@@ -676,7 +722,9 @@ class GateSteps:
         admission: ``_lease_covers``) are counted and reported as the feature drafters' leased steps are, their
         plain samples folded into the gate when the lease ends (``_fold``), at its last step, at the next step
         it does not cover, at a step with prompt chunks, and when the batch empties or the engine idles
-        (``_end_lookup``). Ungated requests (fixed γ) keep their lookup.
+        (``_end_lookup``). Ungated requests (fixed γ) keep their lookup. Where the gate is not sure beforehand
+        but rests the key when asked with the drafts found, that answer grants the same lease (``_lease_found``),
+        which this method takes at the next steps alike.
 
         Why: the gate decides after the lookup (``_gate_found``), so a resting key's requests were looked up at
         every decode step and their drafts dropped. On the CPU probe (tests/engine/ngram_gate_cost_probe.py,
@@ -684,8 +732,12 @@ class GateSteps:
         (session 44, run DS) the gated ngram row on coding drafted 2-20 of hundreds of steps a run and ran
         0.91-0.93× `none`. ``_cheap_beside_prompts`` removed the prompt steps' share; this removes the decode
         steps' where the gate is sure: on that probe with the real gate taught to rest, 275-309 µs a step
-        before, 35-39 after (`none` 9-11; three invocations each). Lossless: ngram's drafts are a deterministic
-        function of the context, and these would all have been dropped."""
+        before, 35-39 after (`none` 9-11; three invocations each). The sure bound alone left c = 32 untouched on
+        the H100 (session 45: 0-1 leased steps a run, 0.90 -> 0.88x `none`; 220-357 of ~510 at c = 16, 0.91 ->
+        0.94x), hence the asked rest's lease: on the probe with that gate never sure (``--gate asked``),
+        241-279 µs a step before, 53-62 after, 364 of 413 decode steps leased (`none` 7-10); not GPU-run yet.
+        Lossless: ngram's drafts are a deterministic function of the context, and verifying one or not
+        changes no output."""
         chain, self._lookup_chain = self._lookup_chain, None
         if chain is not None:
             if (chain.gate is self.spec_gate and self._gate_on() and chain.step + 1 == self._counters["steps_total"]

@@ -649,7 +649,7 @@ class SpecGate:
         low.rest_bound, low.rest_admitted = (top, top), self.admitted
         return True
 
-    def rest_lease(self, method: str, sequences: int, most: int = LEASE_STEPS) -> int:
+    def rest_lease(self, method: str, sequences: int, most: int = LEASE_STEPS, found: bool = False) -> int:
         """After ``rests_again`` answered yes: how many more steps the same requests may rest without asking
         (0: ask at the next step), while no request is admitted and the group keeps its size (the engine
         checks both). The lease ends before a probe could be announced (``probe_next``), so the steps it
@@ -663,9 +663,15 @@ class SpecGate:
         the gate rests (scheduled dspark ran 0.97-0.99× `none` there; docs/results/speedup.md, session 26).
         What it gives up: for at most ``LEASE_STEPS`` steps the answer does not see the newest plain
         samples, so a rest can outlast a sudden slowdown of plain steps by that many steps. ``most``: the
-        lease's length where no probe is near (``SPAN_STEPS`` for a rest span)."""
+        lease's length where no probe is near (``SPAN_STEPS`` for a rest span).
+
+        ``found``: the rest was ``should_draft``'s answer for the drafts a cheap proposer found (``verify``
+        given: ngram, ``GateSteps._lease_found``), which keeps no bound: the caller vouches that the answer
+        was a rest, and the cell's reason says it was the prediction's (not an exploration's or a probe's
+        step), as ``resumes`` reads it. The lease then assumes that answer stands for its steps whatever
+        the lookups would find, as a feature drafter's lease assumes its answer stands."""
         cell = self.cells.get((method, load_bucket(sequences)))
-        if cell is None or cell.rest_bound is None or cell.probe_left:
+        if cell is None or cell.probe_left or (cell.reason != "winner" if found else cell.rest_bound is None):
             return 0
         return self._lease(cell, most)
 

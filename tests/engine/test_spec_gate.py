@@ -1113,6 +1113,10 @@ class ScriptedGate:
         """A cheap proposer's requests are looked up and asked about at every step (the script's next arm)."""
         return False
 
+    def rest_lease(self, method, sequences, most=8, found=False):
+        """Nor does a rest grant a lease: every step takes the script's next arm."""
+        return 0
+
     def record(self, method, prompt):
         from specd.engine.spec_gate import Acceptance
         return Acceptance()
@@ -1818,6 +1822,106 @@ def test_a_resting_cheap_keys_probes_still_look_up_and_a_winning_key_is_always_l
     assert got == {k: v[:24] for k, v in want.items()}
     assert delta["spec_rest_unlooked_steps_total"] == 0 and delta["spec_verifications_total"] > 0
     assert len(calls) == decode_steps >= 12 and all(gated >= 1 for gated, _ in calls)   # at each decode step
+
+
+def never_sure(gate: SpecGate) -> SpecGate:
+    """``gate``, never sure that a cheap key rests whatever its lookups find (``may_rest_unlooked``), as at
+    c = 32 on coding on the H100 (session 45: 0-1 lookup-leased steps a run): every unleased decode step
+    looks its requests up and asks with what they found (``_gate_found``)."""
+    gate.may_rest_unlooked = lambda method, sequences: False
+    return gate
+
+
+def test_an_asked_rest_of_a_gated_cheap_key_leases_its_next_decode_steps_without_lookups(engine, clock):
+    """Where the gate cannot be sure beforehand but rests a gated ngram key when asked with the drafts found
+    (``_gate_found``), the answer grants a lookup lease by ``rest_lease``'s rule (``_lease_found``): the
+    steps it covers (up to ``LEASE_STEPS``, to a change of batch size) rest with no lookup and no question
+    (``_lookup_leased``). A step where none of the key's requests found a draft asks nothing and grants
+    nothing (these stories repeat little in their first steps). The fixed-γ request of the batch is looked
+    up at every decode step. Every rested step reaches the gate as a plain sample (the asked ones at once,
+    the leased ones folded), and the outputs are plain decoding's. Before: looked up at every decode step,
+    no lease (stories260K, 40 tokens: 39 decode steps, all looked up before; 10 looked up, 29 leased after)."""
+    from specd.engine.spec_gate import LEASE_STEPS
+
+    want = run(engine, "none", max_tokens=40)
+    gate = engine.spec_gate = never_sure(taught_ngram_gate(1.0, probe_every=100_000, probe_max=100_000))
+    samples = sum(cell.plain.samples for cell in gate.cells.values())
+    try:
+        got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, "a", ["gated"] * 3 + ["fixed"], 40)
+    finally:
+        engine.spec_gate = SpecGate()
+    assert got == want
+    looked = sum(1 for gated, _ in calls if gated)
+    leased, unlooked = delta["spec_rest_leased_steps_total"], delta["spec_rest_unlooked_steps_total"]
+    asked = delta["spec_paused_steps_total"] - leased                  # rests answered with found drafts
+    assert decode_steps >= 30 and looked + leased == decode_steps, (looked, leased, decode_steps, calls)
+    assert leased == unlooked >= max(LEASE_STEPS, decode_steps // 2), (looked, leased, unlooked)   # never sure
+    assert 2 <= asked < looked, (asked, looked)
+    fixed = [ungated for _, ungated in calls]            # looked up at every decode step until it finished
+    assert fixed.count(1) >= 8 and fixed == sorted(fixed, reverse=True), calls
+    assert delta["spec_paused_steps_total"] >= leased + 2
+    assert engine._lookup_chain is None                 # the batch is gone: its lease was folded
+    assert sum(cell.plain.samples for cell in gate.cells.values()) - samples == delta["spec_paused_steps_total"]
+    assert delta["spec_verifications_total"] > 0        # the fixed-γ request's drafts
+
+
+def test_an_asked_rests_lease_leaves_the_probes_and_a_winning_key_to_the_lookup(engine, clock):
+    """Leases granted on asked rests end before a probe could come: a never-sure resting gated ngram key's
+    probes run through the lookup and draft while leased steps rest between them; a key whose drafting
+    wins is looked up at every decode step and never leased. Outputs are plain decoding's."""
+    want = run(engine, "none", max_tokens=48)
+    gate = engine.spec_gate = never_sure(taught_ngram_gate(1.0, probe_every=6, probe_max=6, probe_steps=1,
+                                                           probe_cut=None))
+    probes, drafted = gate.probes, gate.drafted_by["probe"]
+    try:
+        got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, "q", ["gated"] * 4, 48)
+    finally:
+        engine.spec_gate = SpecGate()
+    assert got == want
+    assert gate.probes - probes >= 3 and gate.drafted_by["probe"] - drafted >= 3
+    assert delta["spec_rest_leased_steps_total"] > 0 and delta["spec_verifications_total"] > 0
+    assert len(calls) + delta["spec_rest_leased_steps_total"] == decode_steps
+
+    gate = engine.spec_gate = never_sure(taught_ngram_gate(0.001))     # drafting wins
+    try:
+        got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, "v", ["gated"] * 4, 24)
+    finally:
+        engine.spec_gate = SpecGate()
+    assert got == {k: v[:24] for k, v in want.items()}
+    assert delta["spec_rest_leased_steps_total"] == 0 and delta["spec_verifications_total"] > 0
+    assert len(calls) == decode_steps >= 12 and all(gated >= 1 for gated, _ in calls)   # at each decode step
+
+
+def test_a_found_rests_lease_follows_rest_leases_rule_and_leaves_every_probe():
+    """``rest_lease(found=True)`` after ``should_draft``'s answer with found drafts (``verify``): a rest on
+    the prediction gets ``min(LEASE_STEPS, wait - clock - 2)`` steps, as a feature drafter's bound-kept rest
+    does (``_lease``); a probe's answer gets none; without ``found`` none (such an answer keeps no bound).
+    Folding each lease's steps (``fold_rest``) before asking again leaves every probe to come when due:
+    the answer after a lease is still a rest on the prediction."""
+    from specd.engine.spec_gate import LEASE_STEPS, Acceptance
+
+    gate = taught_ngram_gate(1.0, probe_every=16, probe_max=16, probe_steps=1, probe_cut=None)
+    cell = gate.cells[("ngram_gated", load_bucket(4))]
+    requests = [Acceptance() for _ in range(4)]
+    leases = probes = 0
+    for _ in range(120):
+        drafting = gate.should_draft("ngram_gated", 4, requests=requests, verify=6)
+        reason = cell.reason
+        lease = gate.rest_lease("ngram_gated", 4, found=True)   # asked before the step's report, as the engine
+        assert gate.rest_lease("ngram_gated", 4) == 0           # no bound kept for a found answer
+        gate.observe("ngram_gated", 4, drafting, 8 if drafting else 4, 1.0 if drafting else 0.004,
+                     Drafters(4, 8, 6) if drafting else None)
+        if reason == "probe":
+            probes += 1
+            assert lease == 0
+            continue
+        assert reason == "winner" and not drafting
+        assert lease == max(0, min(LEASE_STEPS, cell.wait - cell.clock - 2))
+        if lease:
+            leases += 1
+            gate.fold_rest("ngram_gated", 4, lease, [(4, 4, 0.004)] * lease)
+            assert cell.clock + 2 == cell.wait or lease == LEASE_STEPS
+    assert leases >= 5 and probes >= 3, (leases, probes)
 
 
 def test_rests_unlooked_is_sure_only_where_every_found_subset_rests():
