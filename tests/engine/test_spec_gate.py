@@ -1726,10 +1726,10 @@ def taught_ngram_gate(draft_s: float, **settings) -> SpecGate:
     return gate
 
 
-def serve_ngram_counting_lookups(engine, tag: str, schedules: list[str], max_tokens: int):
-    """Serve PROMPTS with ngram on ``schedules`` (one a prompt), greedy; returns (outputs, the lookups: per
-    propose call on a pure decode step (gated requests asked, ungated requests asked), the pure decode steps,
-    the engine's stats delta over the batch)."""
+def serve_ngram_counting_lookups(engine, gate: SpecGate, tag: str, schedules: list[str], max_tokens: int):
+    """Serve PROMPTS with ngram on ``schedules`` (one a prompt), greedy, behind ``gate`` (a fresh SpecGate is
+    put back after); returns (outputs, the lookups: per propose call on a pure decode step (gated requests
+    asked, ungated requests asked), the pure decode steps, the engine's stats delta over the batch)."""
     from specd.engine.request import Request
     from specd.sampling_params import SamplingParams
 
@@ -1751,6 +1751,7 @@ def serve_ngram_counting_lookups(engine, tag: str, schedules: list[str], max_tok
             return getattr(self.inner, name)
 
     engine._proposers["ngram"] = Counting(real)
+    engine.spec_gate = gate
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     before = engine.stats()
     try:
@@ -1764,6 +1765,7 @@ def serve_ngram_counting_lookups(engine, tag: str, schedules: list[str], max_tok
             decode_steps += engine._decode_step
     finally:
         engine._proposers["ngram"] = real
+        engine.spec_gate = SpecGate()
     after = engine.stats()
     delta = {k: after[k] - before.get(k, 0) for k in after if k.startswith("spec_") and k.endswith("_total")}
     return dict(got), calls, decode_steps, delta
@@ -1777,12 +1779,9 @@ def test_a_resting_gated_cheap_key_skips_its_lookups_on_decode_steps_and_stays_e
     rested decode step reaches the gate as a plain sample by the end of the batch, and the outputs are plain
     decoding's."""
     want = run(engine, "none", max_tokens=24)
-    gate = engine.spec_gate = taught_ngram_gate(1.0, probe_every=100_000, probe_max=100_000)
+    gate = taught_ngram_gate(1.0, probe_every=100_000, probe_max=100_000)
     samples = sum(cell.plain.samples for cell in gate.cells.values())
-    try:
-        got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, "u", ["gated"] * 3 + ["fixed"], 24)
-    finally:
-        engine.spec_gate = SpecGate()
+    got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, gate, "u", ["gated"] * 3 + ["fixed"], 24)
     assert got == want
     looked = sum(1 for gated, _ in calls if gated)
     assert decode_steps >= 20 and looked <= 2, calls     # before: all 3 gated requests at every decode step
@@ -1803,22 +1802,16 @@ def test_a_resting_cheap_keys_probes_still_look_up_and_a_winning_key_is_always_l
     draft (``SpecGate.probes``, drafted probe steps) while the steps between them rest unlooked; a key whose
     drafting wins is looked up at every decode step, never rested unlooked. Outputs are plain decoding's."""
     want = run(engine, "none", max_tokens=48)
-    gate = engine.spec_gate = taught_ngram_gate(1.0, probe_every=6, probe_max=6, probe_steps=1, probe_cut=None)
+    gate = taught_ngram_gate(1.0, probe_every=6, probe_max=6, probe_steps=1, probe_cut=None)
     probes = gate.probes
-    try:
-        got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, "p", ["gated"] * 4, 48)
-    finally:
-        engine.spec_gate = SpecGate()
+    got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, gate, "p", ["gated"] * 4, 48)
     assert got == want
     assert gate.probes - probes >= 3 and gate.drafted_by["probe"] >= 3
     assert delta["spec_rest_unlooked_steps_total"] > 0 and delta["spec_verifications_total"] > 0
     assert 3 <= len(calls) < decode_steps           # looked up at the probes (and when nothing was found)
 
-    gate = engine.spec_gate = taught_ngram_gate(0.001)       # drafting: twice plain's tokens in a plain step
-    try:
-        got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, "w", ["gated"] * 4, 24)
-    finally:
-        engine.spec_gate = SpecGate()
+    gate = taught_ngram_gate(0.001)       # drafting: twice plain's tokens in a plain step
+    got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, gate, "w", ["gated"] * 4, 24)
     assert got == {k: v[:24] for k, v in want.items()}
     assert delta["spec_rest_unlooked_steps_total"] == 0 and delta["spec_verifications_total"] > 0
     assert len(calls) == decode_steps >= 12 and all(gated >= 1 for gated, _ in calls)   # at each decode step
@@ -1844,12 +1837,9 @@ def test_an_asked_rest_of_a_gated_cheap_key_leases_its_next_decode_steps_without
     from specd.engine.spec_gate import LEASE_STEPS
 
     want = run(engine, "none", max_tokens=40)
-    gate = engine.spec_gate = never_sure(taught_ngram_gate(1.0, probe_every=100_000, probe_max=100_000))
+    gate = never_sure(taught_ngram_gate(1.0, probe_every=100_000, probe_max=100_000))
     samples = sum(cell.plain.samples for cell in gate.cells.values())
-    try:
-        got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, "a", ["gated"] * 3 + ["fixed"], 40)
-    finally:
-        engine.spec_gate = SpecGate()
+    got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, gate, "a", ["gated"] * 3 + ["fixed"], 40)
     assert got == want
     looked = sum(1 for gated, _ in calls if gated)
     leased, unlooked = delta["spec_rest_leased_steps_total"], delta["spec_rest_unlooked_steps_total"]
@@ -1870,23 +1860,17 @@ def test_an_asked_rests_lease_leaves_the_probes_and_a_winning_key_to_the_lookup(
     probes run through the lookup and draft while leased steps rest between them; a key whose drafting
     wins is looked up at every decode step and never leased. Outputs are plain decoding's."""
     want = run(engine, "none", max_tokens=48)
-    gate = engine.spec_gate = never_sure(taught_ngram_gate(1.0, probe_every=6, probe_max=6, probe_steps=1,
+    gate = never_sure(taught_ngram_gate(1.0, probe_every=6, probe_max=6, probe_steps=1,
                                                            probe_cut=None))
     probes, drafted = gate.probes, gate.drafted_by["probe"]
-    try:
-        got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, "q", ["gated"] * 4, 48)
-    finally:
-        engine.spec_gate = SpecGate()
+    got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, gate, "q", ["gated"] * 4, 48)
     assert got == want
     assert gate.probes - probes >= 3 and gate.drafted_by["probe"] - drafted >= 3
     assert delta["spec_rest_leased_steps_total"] > 0 and delta["spec_verifications_total"] > 0
     assert len(calls) + delta["spec_rest_leased_steps_total"] == decode_steps
 
-    gate = engine.spec_gate = never_sure(taught_ngram_gate(0.001))     # drafting wins
-    try:
-        got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, "v", ["gated"] * 4, 24)
-    finally:
-        engine.spec_gate = SpecGate()
+    gate = never_sure(taught_ngram_gate(0.001))     # drafting wins
+    got, calls, decode_steps, delta = serve_ngram_counting_lookups(engine, gate, "v", ["gated"] * 4, 24)
     assert got == {k: v[:24] for k, v in want.items()}
     assert delta["spec_rest_leased_steps_total"] == 0 and delta["spec_verifications_total"] > 0
     assert len(calls) == decode_steps >= 12 and all(gated >= 1 for gated, _ in calls)   # at each decode step
