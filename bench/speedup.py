@@ -170,6 +170,21 @@ def workload_prompts(path: Path, tokenizer, n: int, max_tokens: int | None, igno
     return out
 
 
+def reseeded(prompts: list[Prompt], rep: int) -> list[Prompt]:
+    """``prompts`` for repeat ``rep`` under ``--seeds by-repeat``: every request's seed moved by ``rep`` times
+    the cell's requests, so no two repeats share a seed and every row of one repeat gets the same seeds (the
+    rows stay paired within it). Repeat 0 keeps the seeds as they are.
+    Why: a seeded request samples one fixed answer per row, so with fixed seeds a row's repeats give the same
+    answers and token count, and at each turn's own length (answers end at EOS) that count differs from
+    `none`'s; repeats do not average it out. H100, session 45 (runs DV, DW): on knowledge at c = 1 `none`
+    emitted 141 tokens in every repeat and `dspark-g7` 238, so the cell's ratio carried its row's answer
+    lengths. Greedy requests (temperature 0) answer alike whatever the seed."""
+    if rep == 0:
+        return prompts
+    step = rep * len(prompts)
+    return [Prompt(p.ids, p.params.model_copy(update={"seed": p.params.seed + step})) for p in prompts]
+
+
 # ---- one closed-loop run -----------------------------------------------------------------------------
 
 @dataclass
@@ -544,9 +559,10 @@ def render_markdown(result: dict) -> str:
               + ("; norms and rotary as one-launch kernels" if result.get("fused_elementwise")
                  else "; torch norms and rotary (KVSPEC_FUSED=0, or older than session 15)"
                  if "fused_elementwise" in result else "")
-              + f"; prompts: {result['prompt_mode']}; {result['repeats']} repeat(s), rows "
-              "alternated inside each (each repeat starts one row later); ratios are to `none` in the same "
-              "repeat: p50 [min, max]. "
+              + f"; prompts: {result['prompt_mode']}; {result['repeats']} repeat(s)"
+              + (", seeds moved each repeat (--seeds by-repeat)" if result.get("seeds") == "by-repeat" else "")
+              + ", rows alternated inside each (each repeat starts one row later); ratios are to `none` in "
+              "the same repeat: p50 [min, max]. "
               "Per-user tok/s: median over requests of tokens / (finish − first token).", ""]
     if result["skipped_rows"]:
         lines += [f"Rows skipped (no drafter given): {', '.join(result['skipped_rows'])}.", ""]
@@ -675,6 +691,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pin the process, every thread, to these CPUs (e.g. 2 or 2-5) before the model loads; "
                         "default: unpinned (bench/cpu_pin.py says why one would)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", choices=("fixed", "by-repeat"), default="fixed",
+                   help="fixed: each request keeps its seed (--seed + its index) in every repeat, so a sampled "
+                        "row's repeats give the same answers; by-repeat: repeat r moves every seed by r x the "
+                        "cell's requests, the same for every row of that repeat, so repeats average the rows' "
+                        "sampled answer lengths (which differ from `none`'s where answers end at EOS, session "
+                        "45); greedy workloads answer alike either way")
     p.add_argument("--budget-s", type=float, default=None,
                    help="wall-time budget: no (workload, concurrency) cell starts after it (the cells left are "
                         "listed under 'cut'), so a device call with a hard limit still writes its results")
@@ -806,12 +828,13 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                 if args.gc == "freeze":              # untimed: the warm-ups' objects too
                     freeze_heap(f"the warm-ups of {name} c={level}")
                 for rep in range(args.repeats):
+                    timed = reseeded(prompts, rep) if getattr(args, "seeds", "fixed") == "by-repeat" else prompts
                     for row in repeat_order(rows, rep):
                         # torch.profiler outside cProfile: its post-processing (key_averages, at its exit)
                         # filled session 35's cProfile tables (run DA) when cProfile was the outer one
                         with torch_profiles.timed(row, level), profiles.timed(row, level), \
                                 row_gate(engine, row, own_gates):
-                            r = run_closed_loop(engine, prompts, row_fields(row, cap), level,
+                            r = run_closed_loop(engine, timed, row_fields(row, cap), level,
                                                 f"{name}-{level}-{row}-{rep}", queued)
                         runs[row].append(r)
                         progress(f"{name} c={level} {row} rep {rep}: {r.throughput_tok_s:.1f} tok/s, tau {_num(r.tau)}")
@@ -853,7 +876,8 @@ def run(args: argparse.Namespace, prepare=None, note: dict | None = None) -> int
               **(note or {}),
               "drafters": args.drafters, "concurrency": args.concurrency, "requests": args.requests, "waves": args.waves,
               "queued": args.queued,
-              "repeats": args.repeats, "max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos,
+              "repeats": args.repeats, "seeds": getattr(args, "seeds", "fixed"), "max_tokens": args.max_tokens,
+              "ignore_eos": args.ignore_eos,
               "prompt_mode": PROMPT_MODE, "tolerance": args.tolerance, "gc": args.gc,
               "cpus": None if args.cpus is None else sorted(os.sched_getaffinity(0)),
               # the card: a run that asks for one kind may get another (session 37: an H100 where the runs

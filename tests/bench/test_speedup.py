@@ -512,3 +512,49 @@ def test_queued_requests_wait_in_the_engine_and_the_resting_row_spans_through_th
         assert resting["tokens"] == none["tokens"] == 4 * 24
         if level == "2":
             assert resting["gate_rest_span_steps"] > 0
+
+
+def test_reseeded_moves_every_seed_by_the_repeat_and_keeps_the_rest():
+    from bench.speedup import Prompt, reseeded
+    from specd.sampling_params import SamplingParams
+
+    prompts = [Prompt([1, 2, i], SamplingParams(temperature=0.7, top_p=0.9, max_tokens=8, seed=10 + i))
+               for i in range(3)]
+    assert reseeded(prompts, 0) is prompts
+    seeds = [[p.params.seed for p in reseeded(prompts, rep)] for rep in range(4)]
+    assert seeds == [[10, 11, 12], [13, 14, 15], [16, 17, 18], [19, 20, 21]]     # no seed twice over repeats
+    moved = reseeded(prompts, 2)
+    assert [p.ids for p in moved] == [p.ids for p in prompts]
+    assert all(m.params.model_dump(exclude={"seed"}) == p.params.model_dump(exclude={"seed"})
+               for m, p in zip(moved, prompts))
+
+
+@pytest.mark.parametrize("seeds", ["fixed", "by-repeat"])
+def test_seeds_by_repeat_give_each_repeat_its_own_seeds_and_every_row_of_a_repeat_the_same(seeds, tmp_path,
+                                                                                          monkeypatch):
+    """--seeds by-repeat: the timed runs of repeat r sample with every seed moved by r x the cell's requests,
+    the same for each row of the repeat (rows stay paired); fixed (the default): the same seeds in every
+    repeat. The warm-ups keep the cell's own seeds either way. The result and its report say which."""
+    import bench.speedup as speedup
+
+    seen: dict[str, list[int]] = {}
+    real = speedup.run_closed_loop
+
+    def recording(engine, prompts, fields, level, tag, *rest):
+        seen[tag] = [p.params.seed for p in prompts]
+        return real(engine, prompts, fields, level, tag, *rest)
+
+    monkeypatch.setattr(speedup, "run_closed_loop", recording)
+    sampled = _sessions(tmp_path / "stories-t1.jsonl", "sampled", 1.0)
+    out = tmp_path / "out"
+    rc = bench_main(["speedup", "--model", str(MODEL), "--workloads", str(sampled), "--concurrency", "2",
+                     "--rows", "none,ngram", "--requests", "4", "--max-tokens", "4", "--repeats", "3",
+                     "--warmup-tokens", "2", "--seeds", seeds, "--seed", "5", "--out", str(out)])
+    assert rc == 0
+    base = [5, 6, 7, 8]
+    for rep in range(3):
+        want = [s + (4 * rep if seeds == "by-repeat" else 0) for s in base]
+        assert seen[f"stories-t1-2-none-{rep}"] == seen[f"stories-t1-2-ngram-{rep}"] == want
+    assert all(v == base for tag, v in seen.items() if tag.startswith("warm-"))
+    assert json.loads((out / "speedup.json").read_text())["seeds"] == seeds
+    assert ("seeds moved each repeat (--seeds by-repeat)" in (out / "speedup.md").read_text()) == (seeds == "by-repeat")
