@@ -434,8 +434,8 @@ def step_kinds_line(runs: list[dict]) -> str:
 
 
 def step_kinds(d: dict) -> dict[str, dict[str, float]]:
-    """The run's steps by kind from the engine's counter deltas: {kind: {steps, ms, tokens}}, kinds
-    that ran only."""
+    """The run's steps by kind from the engine's counter deltas: {kind: {steps, ms, tokens, schedule_ms,
+    forward_ms}}, kinds that ran only (the two phases since session 45: ``bench.step_split --phases``)."""
     from specd.engine.engine import STEP_KINDS
 
     out = {}
@@ -443,7 +443,9 @@ def step_kinds(d: dict) -> dict[str, dict[str, float]]:
         n = int(d.get(f"step_{kind}_steps_total", 0))
         if n:
             out[kind] = {"steps": n, "ms": round(1e3 * d[f"step_{kind}_seconds_total"], 3),
-                         "tokens": int(d[f"step_{kind}_tokens_total"])}
+                         "tokens": int(d[f"step_{kind}_tokens_total"]),
+                         **{f"{phase}_ms": round(1e3 * d.get(f"step_{kind}_{phase}_seconds_total", 0.0), 3)
+                            for phase in ("schedule", "forward")}}
     return out
 
 

@@ -107,11 +107,50 @@ def step_costs(runs: list[dict], row: str) -> str:
     return "\n".join(lines)
 
 
+PHASES = ("schedule", "forward")
+
+
+def kind_phases(run: dict, kinds: tuple[str, ...]) -> tuple[float, float, float] | None:
+    """ms a step of ``kinds`` (pooled) in the schedule phase, the forward phase and the rest of the step, in
+    one timed run; None where it ran none of them."""
+    seen = [k for name, k in run.get("step_kinds", {}).items() if name in kinds]
+    steps = sum(k["steps"] for k in seen)
+    if not steps:
+        return None
+    if any(f"{phase}_ms" not in k for k in seen for phase in PHASES):
+        raise PoolError("a run without each step kind's phases: bench speedup records them since session 45")
+    schedule, forward = (sum(k[f"{phase}_ms"] for k in seen) / steps for phase in PHASES)
+    return schedule, forward, sum(k["ms"] for k in seen) / steps - schedule - forward
+
+
+def phases(runs: list[dict], row: str) -> str:
+    """``--phases``: prompt steps and decode steps (draft, capture and plain pooled) cell by cell, ms a step
+    in the schedule phase (admission, kvd, the gate, drafting), the forward phase (the model, sampling and
+    verification) and the rest of the step, `none` → the row (medians over the repeats). Why: on the H100
+    (session 45, run DW) scheduled dspark rested through knowledge at c = 32 and its prompt steps still took
+    0.2-0.3 ms more than `none`'s; the whole-run phase averages mixed prompt and decode steps."""
+    head = [f"{kind} {phase}" for kind in ("prompt", "decode") for phase in (*PHASES, "rest")]
+    lines = [f"| workload | c | repeats | " + " | ".join(f"{h}, {BASELINE} → {row}" for h in head) + " |",
+             "|---" * (3 + len(head)) + "|"]
+    for workload, level, pairs in repeat_pairs(runs, row):
+        cols = []
+        for kinds in (("prompt",), DECODE_KINDS):
+            got = [(kind_phases(b, kinds), kind_phases(r, kinds)) for b, r in pairs]
+            got = [(b, r) for b, r in got if b is not None and r is not None]
+            for i in range(3):
+                cols.append("-" if not got else f"{statistics.median(b[i] for b, _ in got):.3f} → "
+                                                f"{statistics.median(r[i] for _, r in got):.3f}")
+        lines.append(f"| {workload} | {level} | {len(pairs)} | " + " | ".join(cols) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     return row_tool_main("python -m bench.step_split", __doc__.splitlines()[0],
                          lambda runs, row: table(cell_splits(runs, row), row), argv, "the row to split against none (default dspark)",
-                         other=("--step-costs", "print what none's runs are made of instead: prompt and plain steps "
-                                "per run, ms a step of each, the prompt steps' share of the wall", step_costs))
+                         other=[("--step-costs", "print what none's runs are made of instead: prompt and plain steps "
+                                 "per run, ms a step of each, the prompt steps' share of the wall", step_costs),
+                                ("--phases", "print prompt and decode steps' ms a step by phase instead (schedule, "
+                                 "forward, the rest), none -> the row (runs since session 45)", phases)])
 
 
 if __name__ == "__main__":

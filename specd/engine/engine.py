@@ -48,6 +48,10 @@ OVERHEAD_EMA = 0.2           # weight of the newest step in the step-overhead av
 # The gate measures pure decode steps only; these say where the rest of a
 # speculative run's time goes (session 13, run AO: scheduled dspark at coding c = 16 lost 15% end to end
 # while the gate measured its drafting decode steps 15% ahead).
+# Each kind's schedule and forward phases apart too (``step_<kind>_schedule_seconds_total``, ``..._forward_...``):
+# on the H100 (session 45, run DW) scheduled dspark's prompt steps on knowledge at c = 32 took 0.2-0.3 ms more
+# than `none`'s while it rested throughout, and the whole-run phase averages could not say which phase of
+# which kind held it.
 STEP_KINDS = ("prompt", "prompt_draft", "draft", "capture", "plain")
 # Drafting steps again, split: the first of a drafting phase (the step before drafted for nobody) and the
 # others, each with its schedule phase (and, of it, the gate's questions and the proposals) and forward
@@ -126,7 +130,7 @@ class SpecEngine(GateSteps):
                               spec_promptless_requests_total=0, forward_hook_steps_total=0,
                               forward_hook_calls_total=0, warmed_requests_total=0,
                               **{f"step_{kind}_{what}_total": 0 for kind in STEP_KINDS
-                                 for what in ("steps", "seconds", "tokens")},
+                                 for what in ("steps", "seconds", "tokens", "schedule_seconds", "forward_seconds")},
                               **{f"step_{kind}_{what}_total": 0 for kind in DRAFT_PHASES
                                  for what in ("steps", "seconds", "tokens", "schedule_seconds",
                                               "gate_seconds", "propose_seconds", "forward_seconds")})
@@ -400,6 +404,8 @@ class SpecEngine(GateSteps):
         c[f"step_{kind}_seconds_total"] += t6 - t0
         n_emitted = sum(len(toks) for _, toks in emitted)
         c[f"step_{kind}_tokens_total"] += n_emitted
+        c[f"step_{kind}_schedule_seconds_total"] += t1 - t0       # the phases of each kind (``STEP_KINDS``)
+        c[f"step_{kind}_forward_seconds_total"] += t2 - t1 - committing
         if kind == "draft":
             phase = "draft_later" if self._drafted_last else "draft_first"
             c[f"step_{phase}_steps_total"] += 1

@@ -118,6 +118,7 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                     assert sum(k["steps"] for k in kinds.values()) == x["steps"]
                     assert sum(k["tokens"] for k in kinds.values()) == x["tokens"]
                     assert kinds["prompt"]["steps"] >= 1 and all(k["ms"] > 0 for k in kinds.values())
+                    assert all(0 < k["schedule_ms"] + k["forward_ms"] <= k["ms"] for k in kinds.values())
                     phases = x["draft_phases"]        # the drafting steps again: a phase's first and the others
                     for what in ("steps", "tokens"):
                         assert sum(p[what] for p in phases.values()) == kinds.get("draft", {}).get(what, 0)

@@ -64,3 +64,35 @@ def test_step_costs_say_what_nones_runs_are_made_of(tmp_path, capsys):
     assert main([str(path), "--step-costs"]) == 0
     # 16 prompt steps of 7.00 ms, 179 plain of 412.7 / 179 = 2.31 ms; 112 of 529.7 ms in prompt steps: 21%
     assert "| extraction.eval | 32 | 2 | 16 | 7.00 | 179 | 2.31 | 21% |" in capsys.readouterr().out
+
+
+def with_phases(record: dict, phases: dict[str, tuple[float, float]]) -> dict:
+    """``record`` with (schedule_ms, forward_ms) for the named step kinds, as bench speedup records them."""
+    kinds = {k: dict(v) for k, v in record["step_kinds"].items()}
+    for kind, (schedule, forward) in phases.items():
+        kinds[kind].update(schedule_ms=schedule, forward_ms=forward)
+    return {**record, "step_kinds": kinds}
+
+
+def test_phases_split_prompt_and_decode_steps_by_phase_and_refuse_runs_without_them(tmp_path, capsys):
+    base = with_phases(NONE, {"prompt": (16.0, 88.0), "plain": (179 * 0.3, 179 * 1.8)})
+    # the row: 37 prompt steps, schedule 37 × 0.5 ms, forward 37 × 5.5; decode: 40 draft + 20 plain steps
+    row = with_phases(DRAFTING, {"prompt": (18.5, 203.5), "draft": (40 * 1.5, 40 * 5.0), "plain": (20 * 0.3, 20 * 1.9)})
+    result = {"workloads": {"knowledge.eval": {"32": {"rows": {"none": {"runs": [base, base]},
+                                                               "dspark": {"runs": [row, row]}}}}}}
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result))
+    assert main([str(path), "--phases"]) == 0
+    out = capsys.readouterr().out
+    # prompt: none 16 / 16 = 1.000 ms schedule, 88 / 16 = 5.500 forward, 112 / 16 − 6.5 = 0.500 rest; the row
+    # 0.500, 5.500, 240.5 / 37 − 6.0 = 0.500. Decode: none 0.300, 1.800, 412.7 / 179 − 2.1; the row
+    # (60 + 6) / 60 = 1.100, (200 + 38) / 60, 310 / 60 − 1.1 − 3.967
+    dec_rest_none, dec_fwd_row = 412.7 / 179 - 2.1, 238 / 60
+    want = (f"| knowledge.eval | 32 | 2 | 1.000 → 0.500 | 5.500 → 5.500 | 0.500 → 0.500 | 0.300 → 1.100 | "
+            f"1.800 → {dec_fwd_row:.3f} | {dec_rest_none:.3f} → {310 / 60 - 1.1 - dec_fwd_row:.3f} |")
+    assert want in out
+    result["workloads"]["knowledge.eval"]["32"]["rows"]["none"]["runs"] = [NONE, NONE]   # before session 45
+    path.write_text(json.dumps(result))
+    with pytest.raises(SystemExit):
+        main([str(path), "--phases"])
+    assert "since session 45" in capsys.readouterr().err
