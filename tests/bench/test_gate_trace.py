@@ -1,0 +1,46 @@
+"""bench.gate_trace: one gate cell's recorded reports as a table, with the drafting step time they imply."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.gate_trace import implied_step_ms, main, reports
+from bench.speedup_pool import PoolError
+
+# [drafted, tokens, ms, sequences, sample, reason, predicted tokens a sequence, drafting tok/s, plain tok/s]
+EXPLORE = [0, 4, 2.4, 4, 1, "explore", None, None, None]
+PROBE = [1, 9, 5.99, 4, 1, "probe", None, 0.0, 1702.9]
+REST = [0, 4, 1.95, 4, 1, "winner", 3.104, 1898.2, 1982.7]
+RESULT = {"gate_trace": {"dspark_b4": [EXPLORE, PROBE, REST]},
+          "workloads": {"extraction.eval": {"4": {"gate_recent": {"dspark_b4": [REST]},
+                                                  "gate_recent_by_row": {"ngram-gated": {"ngram_gated_b4": [PROBE]}}}}}}
+
+
+def test_the_implied_step_is_what_the_prediction_charges_a_drafting_step():
+    assert implied_step_ms(REST) == pytest.approx(1e3 * 3.104 * 4 / 1898.2)     # 6.54 ms
+    assert implied_step_ms(EXPLORE) is None and implied_step_ms(PROBE) is None
+
+
+def test_first_reports_latest_ones_and_a_rows_own_gate(tmp_path, capsys):
+    assert reports(RESULT, "dspark_b4") == [EXPLORE, PROBE, REST]
+    assert reports(RESULT, "dspark_b4", "extraction.eval:4") == [REST]
+    assert reports(RESULT, "ngram_gated_b4", "extraction.eval:4", "ngram-gated") == [PROBE]
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(RESULT))
+    assert main([str(path), "--cell", "dspark_b4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "| 0 | no | 4 | 2.40 | 4 | yes | explore | - | - | - | - |"
+    assert out[3] == "| 1 | yes | 9 | 5.99 | 4 | yes | probe | - | 0 | 1703 | - |"
+    assert out[4] == "| 2 | no | 4 | 1.95 | 4 | yes | winner | 3.10 | 1898 | 1983 | 6.54 |"
+
+
+@pytest.mark.parametrize("args, message", [
+    (("dspark_b8",), "no cell 'dspark_b8' in the run's first reports (gate_trace); cells: dspark_b4"),
+    (("dspark_b4", "coding.eval:4"), "no cell 'coding.eval:4'"),
+    (("dspark_b4", None, "ngram-gated"), "--row needs --at"),
+    (("dspark_b4", "extraction.eval:4", "eagle3"), "no gate reports in extraction.eval:4's latest reports of row"),
+])
+def test_a_missing_cell_or_row_is_a_clear_error(args, message):
+    with pytest.raises(PoolError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        reports(RESULT, *args)
