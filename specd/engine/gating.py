@@ -72,6 +72,16 @@ def confidence_scheduled(schedule: str | None) -> bool:
     return schedule in (None, "confidence")
 
 
+def by_gate_key(scheds: list[ScheduledSeq]) -> dict[str, list[ScheduledSeq]]:
+    """The gated requests of ``scheds`` grouped by gate key, in order (ungated ones, key None, left out)."""
+    keyed: dict[str, list[ScheduledSeq]] = {}
+    for sched in scheds:
+        key = sched.seq.gate_key
+        if key is not None:
+            keyed.setdefault(key, []).append(sched)
+    return keyed
+
+
 def gate_key_name(method: str, schedule: str | None) -> str:
     """The gate cell family of a request: its method, with ``_gated`` for the fixed-γ gated schedule
     (an underscore: the key ends up in Prometheus metric names)."""
@@ -708,9 +718,15 @@ class GateSteps:
         size = len(batch)
         lease = self.spec_gate.rest_lease(key, size, found=True)
         if lease:
-            self._lookup_chain = RestChain(key, load_bucket(size), size, len(group), self._counters["steps_total"],
-                                           [], exact=gated == len(group), lease=lease,
-                                           admitted=self.spec_gate.admitted, gate=self.spec_gate)
+            self._lookup_lease(key, size, group, gated, lease)
+
+    def _lookup_lease(self, key: str, size: int, group: list[ScheduledSeq], gated: int, lease: int) -> None:
+        """Keep a lookup lease of ``lease`` steps for gate key ``key``, granted at this step in a batch of
+        ``size`` (``_cheap_unlooked``'s sure rest, ``_lease_found``'s asked one): ``group`` is the method's
+        group, ``gated`` how many of it are the key's requests (``exact`` when all)."""
+        self._lookup_chain = RestChain(key, load_bucket(size), size, len(group), self._counters["steps_total"],
+                                       [], exact=gated == len(group), lease=lease,
+                                       admitted=self.spec_gate.admitted, gate=self.spec_gate)
 
     def _cheap_unlooked(self, batch: list[ScheduledSeq], group: list[ScheduledSeq]) -> list[ScheduledSeq]:
         """A pure decode step: the gated requests of ``group`` (a cheap proposer's) whose gate key the gate is
@@ -746,11 +762,7 @@ class GateSteps:
             self._fold(chain)    # the gate sees the leased steps before it is asked
         if not self._gate_on():
             return group
-        keyed: dict[str, list[ScheduledSeq]] = {}
-        for sched in group:
-            key = sched.seq.gate_key
-            if key is not None:
-                keyed.setdefault(key, []).append(sched)
+        keyed = by_gate_key(group)
         rested = set()
         counters, size = self._counters, len(batch)
         for key, members in keyed.items():
@@ -764,10 +776,8 @@ class GateSteps:
             self._gate_arms[key] = False
             counters["spec_paused_steps_total"] += 1
             counters["spec_rest_unlooked_steps_total"] += 1
-            if lease and len(keyed) == 1:   # one lease a step; ``exact``: the key's requests are the whole group
-                self._lookup_chain = RestChain(key, load_bucket(size), size, len(group), counters["steps_total"],
-                                               [], exact=len(members) == len(group), lease=lease,
-                                               admitted=self.spec_gate.admitted, gate=self.spec_gate)
+            if lease and len(keyed) == 1:   # one lease a step
+                self._lookup_lease(key, size, group, len(members), lease)
         if not rested:
             return group
         return [s for s in group if s.seq.gate_key not in rested]
@@ -849,13 +859,8 @@ class GateSteps:
         """Ask the gate once per gate key about the gated requests among ``candidates``; the keys it rests,
         with their requests. The ones that draft go on the acceptance records (``_gate_drafting``).
         ``lengths``: each candidate's draft length, when proposed before the gate (the tokens to verify)."""
-        keyed: dict[str, list[ScheduledSeq]] = {}
-        for sched in candidates:
-            key = sched.seq.gate_key
-            if key is not None:
-                keyed.setdefault(key, []).append(sched)
         rests = []
-        for key, members in keyed.items():
+        for key, members in by_gate_key(candidates).items():
             verify = None if lengths is None else sum(lengths[id(s)] for s in members)
             if self._gate_drafts(batch, key, members, verify):
                 if self._gate_arms.get(key):        # the gate is on and chose to draft
