@@ -285,23 +285,30 @@ def check_block_copy() -> list[dict]:
 
 
 def check_rejection_sample() -> list[dict]:
-    """Qwen vocabulary, batch 32, 7 drafts: agreement with the reference and time."""
-    batch, k_max, vocab = 32, 7, 151_936
-    target = torch.softmax(torch.randn(batch, k_max + 1, vocab, device="cuda") * 3, -1)
-    draft = torch.softmax(torch.randn(batch, k_max, vocab, device="cuda") * 3, -1)
-    draft = torch.where(torch.rand(batch, k_max, 1, device="cuda") < 0.7, target[:, :k_max], draft)
-    tokens = torch.multinomial(draft.flatten(0, 1), 1).view(batch, k_max)
-    num_draft = torch.randint(0, k_max + 1, (batch,), device="cuda", dtype=torch.int32)
-    uniforms, bonus = torch.rand(batch, k_max, device="cuda"), torch.rand(batch, device="cuda")
-    args = (target, draft, tokens, num_draft, uniforms, bonus)
-    want_len, want_out = rejection_sample_ref(*args)
-    got_len, got_out = rejection_sample_triton(*args)
-    mismatched_rows = int(((got_out != want_out).any(1) | (got_len != want_len)).sum())
-    return [{"kernel": "rejection_sample", "batch": batch, "k": k_max, "vocab": vocab,
-             "mismatched_rows": mismatched_rows, "ok": mismatched_rows == 0,
-             "median_us": _bench_graph([lambda: rejection_sample_triton(*args)]),
-             "eager_us": _bench(lambda: rejection_sample_triton(*args)) * 1e3,
-             "ref_eager_us": _bench(lambda: rejection_sample_ref(*args)) * 1e3}]
+    """Qwen vocabulary, 7 drafts, batches 1, 8 and 32: agreement with the reference and time, with the
+    vocabulary passes split into parts (the default, ``vocab_splits``) and in one program a row (``splits=1``,
+    the kernel's layout until session 46), in the same call."""
+    records = []
+    for batch in (1, 8, 32):
+        k_max, vocab = 7, 151_936
+        target = torch.softmax(torch.randn(batch, k_max + 1, vocab, device="cuda") * 3, -1)
+        draft = torch.softmax(torch.randn(batch, k_max, vocab, device="cuda") * 3, -1)
+        draft = torch.where(torch.rand(batch, k_max, 1, device="cuda") < 0.7, target[:, :k_max], draft)
+        tokens = torch.multinomial(draft.flatten(0, 1), 1).view(batch, k_max)
+        num_draft = torch.randint(0, k_max + 1, (batch,), device="cuda", dtype=torch.int32)
+        uniforms, bonus = torch.rand(batch, k_max, device="cuda"), torch.rand(batch, device="cuda")
+        args = (target, draft, tokens, num_draft, uniforms, bonus)
+        want_len, want_out = rejection_sample_ref(*args)
+        for splits in (None, 1):
+            got_len, got_out = rejection_sample_triton(*args, splits=splits)
+            mismatched_rows = int(((got_out != want_out).any(1) | (got_len != want_len)).sum())
+            records.append({"kernel": "rejection_sample" if splits is None else "rejection_sample_one_part",
+                            "batch": batch, "k": k_max, "vocab": vocab,
+                            "mismatched_rows": mismatched_rows, "ok": mismatched_rows == 0,
+                            "median_us": _bench_graph([lambda: rejection_sample_triton(*args, splits=splits)]),
+                            "eager_us": _bench(lambda: rejection_sample_triton(*args, splits=splits)) * 1e3,
+                            "ref_eager_us": _bench(lambda: rejection_sample_ref(*args)) * 1e3})
+    return records
 
 
 def _bench(fn) -> float:

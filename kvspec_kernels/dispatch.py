@@ -11,8 +11,10 @@ The model's norms and rotary embedding run as one-launch Triton kernels wherever
 kernels and 2.06 ms to 465 kernels and 1.61 ms (bench/step_profile.py, both paths in one call), and
 `none` served 1.20-1.61x the tokens per second (geometric mean 1.44) over the five workloads and five
 concurrencies (runs AT and AU, the same commit, back to back). The outputs match the references within
-the rounding of an fp32 sum order (bench/kernels_gpu.py). This is the only place that reads these
-variables.
+the rounding of an fp32 sum order (bench/kernels_gpu.py). ``KVSPEC_REJECTION_SPLITS=1`` runs the rejection
+sampler's vocabulary passes in one program a row, its layout until session 46 (default: split into parts,
+kvspec_kernels/rejection_sample.py), so a serving run can measure the split against it on the same machine.
+This is the only place that reads these variables.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch
 
 INTERPRET_ENV = "KVSPEC_TRITON_INTERPRET"
 FUSED_ENV = "KVSPEC_FUSED"
+SPLITS_ENV = "KVSPEC_REJECTION_SPLITS"
 
 
 def use_triton(device: torch.device | str) -> bool:
@@ -35,3 +38,14 @@ def fused_elementwise(device: torch.device | str) -> bool:
     """True when the model's RMSNorm and rotary embedding should run as one-launch Triton kernels
     (kvspec_kernels/rms_norm.py, kvspec_kernels/rotary.py): wherever Triton runs, unless ``KVSPEC_FUSED=0``."""
     return os.environ.get(FUSED_ENV, "1") != "0" and use_triton(device)
+
+
+def rejection_splits() -> int | None:
+    """Parts of a row's vocabulary the rejection sampler's passes run in: ``KVSPEC_REJECTION_SPLITS`` when set
+    (a positive integer), else None (the kernel picks them by the batch)."""
+    text = os.environ.get(SPLITS_ENV)
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{SPLITS_ENV} must be a positive integer, got {text!r}")
+    return int(text)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvspec_kernels.errors import KernelArgumentError
-from kvspec_kernels.rejection_sample import rejection_sample_ref, rejection_sample_triton
+from kvspec_kernels.rejection_sample import MAX_SPLITS, rejection_sample_ref, rejection_sample_triton, vocab_splits
 
 # Significance level of the chi-square tests. With fixed seeds the outcome is deterministic; the
 # level bounds how likely a correct sampler would have failed on the seed that was chosen.
@@ -48,6 +48,29 @@ def test_kernel_equals_reference_with_vocab_over_several_chunks():
     args = _random_case(3, 2, 5000, torch.tensor([2, 1, 2]), generator)
     for want, got in zip(rejection_sample_ref(*args), rejection_sample_triton(*args)):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, None])
+def test_kernel_equals_reference_with_the_vocabulary_split_into_parts(splits):
+    """The two passes over a row's vocabulary run in parts side by side (one part: one program a row, as
+    before session 46); each part's CDF starts from the parts before it, so the emitted tokens are the
+    reference's whichever part they fall in. 5,000 tokens in 2,048-token chunks: three parts, the last short."""
+    generator = torch.Generator().manual_seed(7)
+    num_draft = torch.tensor([2, 0, 1, 2, 2, 1])
+    args = _random_case(6, 2, 5000, num_draft, generator)
+    want_len, want_out = rejection_sample_ref(*args)
+    got_len, got_out = rejection_sample_triton(*args, splits=splits)
+    assert torch.equal(got_len, want_len) and torch.equal(got_out, want_out)
+    last = want_out.gather(1, want_len.long()[:, None])
+    assert (last >= 2048).sum() >= 2                  # tokens emitted from the later parts, not only the first
+    assert (want_len < num_draft).any()               # residual draws among them
+
+
+def test_parts_per_row_fill_the_gpu_at_small_batches_and_fall_to_one_at_large():
+    assert vocab_splits(1, 75) == 75                  # Qwen's vocabulary: one 2,048-token chunk a part
+    assert vocab_splits(8, 75) == 32
+    assert vocab_splits(256, 75) == 1 and vocab_splits(1000, 75) == 1
+    assert vocab_splits(1, 500) == MAX_SPLITS
 
 
 @pytest.mark.parametrize("impl", [rejection_sample_ref, rejection_sample_triton])
@@ -126,3 +149,25 @@ def test_rejects_wrong_dtype():
     target, draft, tokens, num_draft, uniforms, bonus = _random_case(2, 2, 7, torch.tensor([1, 2]), generator)
     with pytest.raises(KernelArgumentError):
         rejection_sample_triton(target, draft, tokens, num_draft.long(), uniforms, bonus)
+
+
+def test_the_splits_setting_reaches_the_kernel_and_a_bad_one_is_refused(monkeypatch):
+    """``KVSPEC_REJECTION_SPLITS`` (kvspec_kernels/dispatch.py) picks the parts a row's passes run in, so a
+    serving run can measure one program a row against the split on the same machine."""
+    import importlib
+
+    from kvspec_kernels.dispatch import SPLITS_ENV, rejection_splits
+
+    rs = importlib.import_module("kvspec_kernels.rejection_sample")   # the package re-exports a function of this name
+    seen = []
+    monkeypatch.setattr(rs, "rejection_sample_triton", lambda *args, splits=None: seen.append(splits))
+    monkeypatch.setattr(rs, "use_triton", lambda device: True)
+    args = _random_case(2, 2, 7, torch.tensor([1, 2]), torch.Generator().manual_seed(8))
+    monkeypatch.delenv(SPLITS_ENV, raising=False)
+    rs.rejection_sample(*args)
+    monkeypatch.setenv(SPLITS_ENV, "1")
+    rs.rejection_sample(*args)
+    assert seen == [None, 1]
+    monkeypatch.setenv(SPLITS_ENV, "zero")
+    with pytest.raises(ValueError, match=SPLITS_ENV):
+        rejection_splits()
