@@ -1,6 +1,7 @@
 """A row's runs by what its drafter did in them, against `none`: none of its work, only captures, or drafting.
 
-    python -m bench.run_kinds docs/results/gpu/s32/runC{S,T,U,V,W}/speedup.json.gz [--row dspark] [--runs | --where]
+    python -m bench.run_kinds docs/results/gpu/s32/runC{S,T,U,V,W}/speedup.json.gz [--row dspark]
+        [--runs | --where | --same-path]
 
 Why: where the gate rests (c >= 16), a cell's ratio to `none` mixes runs in which the drafter did nothing
 (their whole difference is host time), runs that only captured target features (a probe's announcement),
@@ -17,6 +18,14 @@ steps a run, and the extra milliseconds a run in prompt steps (with or without d
 those in decode steps (drafting, capture and plain). Why: at c = 32 (session 42, runs DQ and DR) the drafted
 runs lost ~25 ms a run in ~4.6 extra prompt steps while their decode steps ran ~2 ms faster than `none`'s:
 the loss was not the drafting steps but the lockstep a drafting step breaks (``bench.step_split``).
+
+``--same-path`` compares only the row's runs that did the same work as `none`'s run of the same repeat: nothing
+drafted, and the same tokens in the same number of steps (so the same sampled answers). Their throughput ratio
+is the host cost of the row's machinery alone, free of the sample path; the A/A row's ratio in the same
+repeats says how far a run with identical work moves by itself. Why: with sampled answers at turn lengths, one
+probe step changes a request's random draws and with them its answer and the closed loop's tail (session 46,
+run EB: knowledge c = 32, one probe step, 207 steps against `none`'s 191 and 0.93x; the two runs of that cell
+where the row rested took the same 188 and 172 steps as `none` and ran within 0.6% of it).
 
 ``--runs`` lists every run instead, cell by cell in repeat order: its kind's initial, its ratio and its
 drafting steps ("d1.38/120", "r0.99/0"). Why: a pooled cell hides the run in which a gate rested where it
@@ -135,13 +144,50 @@ def where(runs: list[dict], row: str) -> str:
     return "\n".join(lines)
 
 
+AA_ROW = "none-aa"
+
+
+def same_path(runs: list[dict], row: str, resamples: int = 10_000) -> str:
+    """``--same-path``: per concurrency, the row's runs that drafted nothing and emitted the same tokens in the
+    same steps as `none`'s run of the same repeat; their throughput ratio to `none` (geometric mean, bootstrap
+    95% interval), and the A/A row's ratio in the same repeats where the results have it."""
+    acc: dict[int, tuple[list[float], list[float]]] = {}
+    total: dict[int, int] = {}
+    for result in runs:
+        for workload, level, pairs in each_run_pairs([result], row):
+            rows = result["workloads"][workload][level]["rows"]
+            aa = rows.get(AA_ROW, {}).get("runs", [])
+            for i, (base, run) in enumerate(pairs):
+                total[int(level)] = total.get(int(level), 0) + 1
+                if kind(run) == "drafted" or run.get("tokens") != base.get("tokens") or run.get("steps") != base.get("steps"):
+                    continue
+                mine, floor = acc.setdefault(int(level), ([], []))
+                mine.append(run["throughput_tok_s"] / base["throughput_tok_s"])
+                if i < len(aa):
+                    floor.append(aa[i]["throughput_tok_s"] / base["throughput_tok_s"])
+    lines = [f"| c | same-path runs | {row} / none | {AA_ROW} / none, same repeats |", "|---|---|---|---|"]
+    for level in sorted(total):
+        mine, floor = acc.get(level, ([], []))
+        cols = []
+        for rs in (mine, floor):
+            if rs:
+                g, lo, hi = geomean_interval(rs, resamples)
+                cols.append(f"{g:.3f} ({lo:.3f}-{hi:.3f})")
+            else:
+                cols.append("-")
+        lines.append(f"| {level} | {len(mine)} of {total[level]} | {cols[0]} | {cols[1]} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     return row_tool_main("python -m bench.run_kinds", __doc__.splitlines()[0], table, argv,
                          "the row to split (default dspark; none-aa: the noise floor)",
                          other=[("--runs", "list every run instead, cell by cell in repeat order: kind, ratio to "
                                            "none, drafting steps", run_lines),
                                 ("--where", "print, per kind, the extra prompt steps and the extra ms in prompt "
-                                            "steps and in decode steps against none's runs instead", where)])
+                                            "steps and in decode steps against none's runs instead", where),
+                                ("--same-path", "compare only the runs that drafted nothing and emitted the same tokens "
+                                                "in the same steps as none's (the A/A row beside them)", same_path)])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from bench.run_kinds import cohort, kind, main, ratios_by_kind, run_lines, table, where
+from bench.run_kinds import cohort, kind, main, ratios_by_kind, run_lines, same_path, table, where
 
 
 def run(tok_s: float, **steps: int) -> dict:
@@ -95,3 +95,22 @@ def test_the_where_and_runs_views_are_one_at_a_time(tmp_path, capsys):
 
 def test_a_runs_cohort_is_the_mean_requests_a_finishing_step_finished():
     assert cohort({"finish_cohorts": {"1": 6, "3": 2}}) == 12 / 8
+
+
+def test_same_path_keeps_only_runs_that_did_none_s_work_and_sets_the_a_a_row_beside_them():
+    def run_(tok_s, tokens, steps, **kinds):
+        return {**run(tok_s, **kinds), "tokens": tokens, "steps": steps}
+
+    none = [run_(100.0, 500, 50, plain=50) for _ in range(4)]
+    aa = [run_(x, 500, 50, plain=50) for x in (101.0, 99.0, 100.0, 98.0)]
+    row = [run_(98.0, 500, 50, plain=50),                  # rested, same work: kept
+           run_(97.0, 500, 50, plain=49, capture=1),       # captured only, same work: kept
+           run_(90.0, 520, 55, plain=54, draft=1),         # drafted: its sampled answers changed, left out
+           run_(95.0, 510, 52, plain=52)]                  # rested but other tokens (a preemption, say): left out
+    res = {"workloads": {"w": {"32": {"rows": {"none": {"runs": none}, "none-aa": {"runs": aa},
+                                               "dspark": {"runs": row}}}}}}
+    lines = same_path([res], "dspark", resamples=200).splitlines()
+    assert lines[2].startswith(f"| 32 | 2 of 4 | {math.sqrt(0.98 * 0.97):.3f} (")
+    assert f"| {math.sqrt(1.01 * 0.99):.3f} (" in lines[2]          # the A/A row in the same two repeats
+    del res["workloads"]["w"]["32"]["rows"]["none-aa"]
+    assert same_path([res], "dspark", resamples=200).splitlines()[2].endswith("| - |")
