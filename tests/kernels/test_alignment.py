@@ -57,7 +57,7 @@ def _inputs(batch=3, k=4, vocab=40):
 
 
 @pytest.mark.parametrize("launch, names", [
-    ("rejection", ["_rejection_sample_kernel"]),
+    ("rejection", ["_chain_and_mass_kernel", "_cdf_count_kernel", "_last_token_kernel"]),
     ("draw", ["_chunk_sums", "_pick"]),
     ("nucleus", ["_coarse_ladder", "_fine_ladder", "_compact", "_search", "_write"]),
     ("bucket", ["_coarse_ladder", "_fine_ladder", "_rounded_write"]),
