@@ -118,6 +118,12 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # own: in run DN one stalled plain step made drafting the winner where it ran 0.62x `none`; this row
     # measures the clip against the old rule in the same run. A diagnostic, not a default row
     "dspark-clip-off": {"method": "dspark", "schedule": "confidence", "gamma": None, "plain_clip": None},
+    # scheduled dspark behind a gate whose prompts capture their features at loads up to 8 whatever the cell
+    # decides (``SpecGate.capture_prompts``), through a gate of its own: in session 46's runs a run whose
+    # prompts all rested never drafted where fixed γ = 7 won 1.07-1.72x (the prompt-less loop,
+    # ``SpecGate.captures_prompt``); this row measures breaking it against the default in the same run. A
+    # diagnostic, not a default row
+    "dspark-capture-prompts": {"method": "dspark", "schedule": "confidence", "gamma": None, "capture_prompts": 8},
     # EAGLE-3 at γ = 7 with its draft eager instead of replayed from its CUDA graphs (specd/engine/
     # eagle3_graphs.py, session 41), through a gate of its own: what the graphs save, in the same run. Until
     # session 41 the `eagle3` row ran this way (0.13-0.18x `none` on the H100, run DN). A diagnostic, not a
@@ -126,7 +132,8 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
-                   "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager")
+                   "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager",
+                   "dspark-capture-prompts")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -233,6 +240,9 @@ class RunResult:
     # requests whose prompt captured no drafter features (the gate rested their cell): rated by their class's
     # prompt-less drafting steps (``ClassRecord``, session 14)
     gate_promptless_requests: int = 0
+    # prompts that captured their features only because the row's gate captures every prompt at its load
+    # (``SpecGate.capture_prompts``: the dspark-capture-prompts row; 0 elsewhere)
+    gate_prompts_captured_anyway: int = 0
     # how the run's requests finished: by reason ("length", "stop", ...), and how many finished in the same step
     # as how many others ({"4": 3}: three steps each finished four requests). Why: with every answer capped at
     # 48 tokens, `none` finishes cohorts of requests in one step and their successors share prompt steps;
@@ -348,6 +358,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         gate_rest_span_steps=int(d["spec_rest_span_steps_total"]),
         gate_probes=int(d.get("spec_gate_probes_total", 0)), gate_probes_cut=int(d.get("spec_gate_probes_cut_total", 0)),
         gate_promptless_requests=int(d["spec_promptless_requests_total"]),
+        gate_prompts_captured_anyway=int(d.get("spec_prompts_captured_anyway_total", 0)),
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d), draft_phases=draft_phases(d),
         gc_pauses=gc_split(d), finish_reasons=dict(sorted(reasons.items())),
         finish_cohorts=dict(sorted(cohorts.items(), key=lambda kv: int(kv[0]))))
@@ -361,7 +372,7 @@ def gc_split(d: dict) -> dict[str, list[float]]:
 
 # ROWS keys for the row's own gate (SpecGate settings, or its verify, draft or projection path), not request fields
 GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "charge_steps", "plain_clip", "gate",
-                 "verify", "graphs", "absorb", "spans")
+                 "verify", "graphs", "absorb", "spans", "capture_prompts")
 
 
 @contextmanager

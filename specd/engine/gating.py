@@ -626,6 +626,9 @@ class GateSteps:
                     self.spec_gate.explores(record)
                     or self.spec_gate.should_draft(key, load, measured=False, requests=[record], copies=load)
                     or self.spec_gate.probe_next(key, len(batch)))
+                if not captures and self.spec_gate.captures_prompt(load):     # a setting, off by default
+                    captures = seq.prompt_captures = True
+                    self._counters["spec_prompts_captured_anyway_total"] += 1
             if not captures:
                 self._rest([seq])
                 if not seq.gate_acceptance.lacks_prompt:  # rated by its class's prompt-less drafting steps

@@ -387,16 +387,19 @@ class SpecGate:
                  probe_steps: int = PROBE_STEPS, decay: float = DECAY, probe_max: int = PROBE_MAX,
                  margin: float = MARGIN, probe_budget: float = PROBE_BUDGET, prior_steps: float = PRIOR_STEPS,
                  warmup: int = WARMUP, beside_prompts: bool = False, probe_cut: float | None = PROBE_CUT,
-                 charge_steps: float | None = CHARGE_STEPS, plain_clip: float | None = PLAIN_CLIP):
+                 charge_steps: float | None = CHARGE_STEPS, plain_clip: float | None = PLAIN_CLIP,
+                 capture_prompts: int | None = None):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
                 or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
                 or warmup < 0 or probe_cut is not None and not probe_cut >= 1
                 or charge_steps is not None and not charge_steps > 0
-                or plain_clip is not None and not plain_clip >= 1):
+                or plain_clip is not None and not plain_clip >= 1
+                or capture_prompts is not None and not capture_prompts >= 1):
             raise GateError(f"bad gate settings: min_samples={min_samples}, probe_every={probe_every}, "
                             f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}, "
                             f"probe_budget={probe_budget}, prior_steps={prior_steps}, warmup={warmup}, "
-                            f"probe_cut={probe_cut}, charge_steps={charge_steps}, plain_clip={plain_clip}")
+                            f"probe_cut={probe_cut}, charge_steps={charge_steps}, plain_clip={plain_clip}, "
+                            f"capture_prompts={capture_prompts}")
         self.warmup = warmup
         # True: gated requests draft in a step with prompt chunks where the measured steps say drafting
         # wins (``drafts_beside_prompts``). Off: on the H200 it lost (session 13, run AP, in the same run:
@@ -417,6 +420,10 @@ class SpecGate:
         # measured, the rule until session 41; ``_clip_plain``)
         self.plain_clip = plain_clip
         self.plain_clipped_s = 0.0   # plain steps' time over their clip, left out of the plain arm, in all
+        # a prompt joining a decode batch of this load bucket or a lighter one captures its target features
+        # whatever the cell decides (``captures_prompt``; None: only where the gate would draft, explore or
+        # probe). Off by default: ``bench speedup``'s dspark-capture-prompts row measures it (session 46)
+        self.capture_prompts = capture_prompts
         self.cells: dict[tuple[str, int], Cell] = {}
         self.classes: OrderedDict[tuple[str, tuple[int, ...]], ClassRecord] = OrderedDict()
         self.probes = 0
@@ -838,6 +845,22 @@ class SpecGate:
         if drafting:
             self.drafted_by[reason] += 1
         return drafting
+
+    def captures_prompt(self, sequences: int) -> bool:
+        """Does a prompt joining a decode batch of ``sequences`` capture its features whatever the cell
+        decides (``capture_prompts``)?
+
+        Why: a prompt that captures no features drafts, if ever, from a context without its prompt, and
+        such drafts are rarely accepted. The gate then rates the request by that low acceptance and rests
+        it, so a run in which the first prompts rested tends to rest throughout. Session 46, H100, runs
+        EC, EF and EH: in the c = 4-8 cells where fixed γ = 7 won (1.07-1.72× `none`), the scheduled row's
+        runs in which every request was prompt-less (`gate_promptless_requests` = all) drafted 0 winner
+        steps and ran at 0.97-0.99×. Its runs that captured most prompts drafted 18-89 winner steps and
+        ran at 0.95-1.70× (extraction c = 8: 0.99 with 32 of 32 prompt-less, 1.46 and 1.49 with none).
+        The cost: a prompt that rests after all has its features fused and absorbed (``GateSteps._rest``),
+        the waste that made ``_rest_prompts`` ask the gate (2-5% at c = 32 on long prompts, session 12);
+        so it is bounded by load."""
+        return self.capture_prompts is not None and load_bucket(sequences) <= self.capture_prompts
 
     def probe_next(self, method: str, sequences: int) -> bool:
         """Will the next measured step of this cell start a probe of drafting? The engine then captures

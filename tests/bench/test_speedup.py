@@ -559,3 +559,21 @@ def test_seeds_by_repeat_give_each_repeat_its_own_seeds_and_every_row_of_a_repea
     assert all(v == base for tag, v in seen.items() if tag.startswith("warm-"))
     assert json.loads((out / "speedup.json").read_text())["seeds"] == seeds
     assert ("seeds moved each repeat (--seeds by-repeat)" in (out / "speedup.md").read_text()) == (seeds == "by-repeat")
+
+
+def test_the_capture_prompts_row_runs_behind_a_gate_of_its_own():
+    """dspark-capture-prompts: a gate of its own whose prompts capture at loads up to 8 (``capture_prompts``),
+    the engine's gate (off) back after the row; its runs record the prompts it captured that way. Not a
+    default row."""
+    from types import SimpleNamespace
+
+    from bench.speedup import DEFAULT_ROWS, RunResult, row_gate
+    from specd.engine.spec_gate import SpecGate
+
+    assert "dspark-capture-prompts" not in DEFAULT_ROWS
+    gate = SpecGate()
+    engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: SimpleNamespace(rounds=None))
+    with row_gate(engine, "dspark-capture-prompts", {}):
+        assert engine.spec_gate is not gate and engine.spec_gate.capture_prompts == 8
+    assert engine.spec_gate is gate and gate.capture_prompts is None
+    assert RunResult.__dataclass_fields__["gate_prompts_captured_anyway"].default == 0

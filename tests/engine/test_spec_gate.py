@@ -1097,6 +1097,10 @@ class ScriptedGate:
     def probe_next(self, method, sequences):
         return False
 
+    def captures_prompt(self, sequences):
+        """A prompt captures only where the script drafts (``SpecGate.capture_prompts`` off)."""
+        return False
+
     def resumes(self, method, sequences, requests):
         """A scripted rest is never the prediction's: nothing resumes early."""
         return False
@@ -1352,6 +1356,64 @@ def test_prompts_admitted_together_are_asked_at_the_load_they_will_decode_at():
     assert all(s.gate_acceptance.lacks_prompt and s.prompt_captures is False for s in seqs)
     while engine.has_work():
         engine.step()
+
+
+@pytest.mark.parametrize("setting, captured", [(None, False), (8, True), (4, False)])
+def test_a_capture_prompts_gate_captures_every_prompt_at_its_loads_and_stays_exact(setting, captured):
+    """``SpecGate.capture_prompts``: a prompt joining a decode batch in that load bucket or a lighter one
+    captures its features where the cell rests, so its request is never rated by prompt-less drafting
+    (session 46: runs whose prompts all rested never drafted where fixed γ = 7 won 1.07-1.72×). Eight
+    prompts join a load of 8: the setting 8 captures all of them (and counts them), 4 and None none. The
+    outputs are plain decoding's whatever the setting (the gate rests every decode step here)."""
+    from specd.engine.config import EngineConfig
+    from specd.engine.engine import SpecEngine
+    from specd.engine.request import Request
+    from specd.engine.spec_gate import SpecGate
+    from specd.sampling_params import SamplingParams
+
+    class RestsAlways(ScriptedGate):
+        def __init__(self):
+            super().__init__([False] * 1000)
+            self.capture_prompts = setting
+
+        def captures_prompt(self, sequences):
+            return SpecGate.captures_prompt(self, sequences)
+
+    engine = SpecEngine.from_config(EngineConfig(max_num_seqs=8, num_local_blocks=256, drafter=DRAFTER,
+                                                 speculation="dspark"))
+    engine.spec_gate = RestsAlways()
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    out: dict[str, list[int]] = {}
+    for spec in ("none", "dspark"):
+        for i in range(8):
+            engine.add_request(Request(f"{spec}{i}", engine.tokenizer.encode(PROMPTS[i % len(PROMPTS)]), params,
+                                       speculation=spec))
+        seqs = [s for s in engine._seqs.values() if s.id.startswith(spec)]
+        before = engine.stats()
+        while any(s.num_computed_tokens < len(s.request.prompt_ids) for s in seqs):
+            for o in engine.step():
+                out.setdefault(o.id, []).extend(o.token_ids)
+        if spec == "dspark":
+            assert all(s.prompt_captures is captured for s in seqs)
+            assert all(s.gate_acceptance.lacks_prompt is not captured for s in seqs)
+            after = engine.stats()
+            assert after["spec_prompts_captured_anyway_total"] - before["spec_prompts_captured_anyway_total"] == (
+                8 if captured else 0)
+        while engine.has_work():
+            for o in engine.step():
+                out.setdefault(o.id, []).extend(o.token_ids)
+    assert all(out[f"dspark{i}"] == out[f"none{i}"] and len(out[f"none{i}"]) == 6 for i in range(8))
+
+
+def test_capture_prompts_is_bounded_by_load_and_checked():
+    from specd.engine.spec_gate import GateError, SpecGate
+
+    gate = SpecGate(capture_prompts=8)
+    assert gate.captures_prompt(1) and gate.captures_prompt(15)        # buckets 1 and 8
+    assert not gate.captures_prompt(16)
+    assert not SpecGate().captures_prompt(1)                           # off by default
+    with pytest.raises(GateError, match="capture_prompts"):
+        SpecGate(capture_prompts=0)
 
 
 @pytest.mark.parametrize("first", [True, False])
