@@ -120,7 +120,7 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     "dspark-clip-off": {"method": "dspark", "schedule": "confidence", "gamma": None, "plain_clip": None},
     # scheduled dspark behind a gate whose prompts capture their features at loads up to 8 whatever the cell
     # decides (``SpecGate.capture_prompts``), through a gate of its own: in session 46's runs a run whose
-    # prompts all rested never drafted where fixed γ = 7 won 1.07-1.72x (the prompt-less loop,
+    # prompts all rested drafted little or nothing where fixed γ = 7 won 1.07-1.72x (the prompt-less loop,
     # ``SpecGate.captures_prompt``); this row measures breaking it against the default in the same run. A
     # diagnostic, not a default row
     "dspark-capture-prompts": {"method": "dspark", "schedule": "confidence", "gamma": None, "capture_prompts": 8},

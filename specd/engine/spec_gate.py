@@ -854,8 +854,8 @@ class SpecGate:
         such drafts are rarely accepted. The gate then rates the request by that low acceptance and rests
         it, so a run in which the first prompts rested tends to rest throughout. Session 46, H100, runs
         EC, EF and EH: in the c = 4-8 cells where fixed γ = 7 won (1.07-1.72× `none`), the scheduled row's
-        runs in which every request was prompt-less (`gate_promptless_requests` = all) drafted 0 winner
-        steps and ran at 0.97-0.99×. Its runs that captured most prompts drafted 18-89 winner steps and
+        runs in which every request was prompt-less (`gate_promptless_requests` = all) drafted 0-28 winner
+        steps and ran at 0.97-1.02×. Its runs that captured most prompts drafted 18-89 winner steps and
         ran at 0.95-1.70× (extraction c = 8: 0.99 with 32 of 32 prompt-less, 1.46 and 1.49 with none).
         The cost: a prompt that rests after all has its features fused and absorbed (``GateSteps._rest``),
         the waste that made ``_rest_prompts`` ask the gate (2-5% at c = 32 on long prompts, session 12);

@@ -1362,7 +1362,7 @@ def test_prompts_admitted_together_are_asked_at_the_load_they_will_decode_at():
 def test_a_capture_prompts_gate_captures_every_prompt_at_its_loads_and_stays_exact(setting, captured):
     """``SpecGate.capture_prompts``: a prompt joining a decode batch in that load bucket or a lighter one
     captures its features where the cell rests, so its request is never rated by prompt-less drafting
-    (session 46: runs whose prompts all rested never drafted where fixed γ = 7 won 1.07-1.72×). Eight
+    (session 46: runs whose prompts all rested drafted little or nothing where fixed γ = 7 won 1.07-1.72×). Eight
     prompts join a load of 8: the setting 8 captures all of them (and counts them), 4 and None none. The
     outputs are plain decoding's whatever the setting (the gate rests every decode step here)."""
     from specd.engine.config import EngineConfig
