@@ -159,7 +159,8 @@ def same_path(runs: list[dict], row: str, resamples: int = 10_000) -> str:
             aa = rows.get(AA_ROW, {}).get("runs", [])
             for i, (base, run) in enumerate(pairs):
                 total[int(level)] = total.get(int(level), 0) + 1
-                if kind(run) == "drafted" or run.get("tokens") != base.get("tokens") or run.get("steps") != base.get("steps"):
+                same = run.get("tokens") == base.get("tokens") and run.get("steps") == base.get("steps")
+                if kind(run) == "drafted" or not same:
                     continue
                 mine, floor = acc.setdefault(int(level), ([], []))
                 mine.append(run["throughput_tok_s"] / base["throughput_tok_s"])
