@@ -260,7 +260,8 @@ STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_tot
              "admission_seconds_total", "spec_scheduler_seconds_total", "spec_paused_steps_total",
              "spec_class_explore_steps_total", "spec_rest_again_steps_total", "spec_rest_leased_steps_total",
              "spec_rest_whole_batch_steps_total", "spec_rest_span_steps_total",
-             "spec_promptless_requests_total", "spec_gate_probes_total", "spec_gate_probes_cut_total") + PHASES
+             "spec_promptless_requests_total", "spec_prompts_captured_anyway_total", "spec_gate_probes_total",
+             "spec_gate_probes_cut_total") + PHASES
 
 
 def _delta(before: dict, after: dict) -> dict:

@@ -324,6 +324,8 @@ class GateSteps:
             return True
         if len(queued) > 2 * sched.max_num_seqs:
             return False          # a queue this deep is vetted no more: a pass per span try would cost more
+        if self.spec_gate.captures_prompt(chain.bucket):
+            return False          # their prompts will capture (``SpecGate.capture_prompts``): none may join
         records, classes = [], set()
         for seq in queued:
             if seq.gate_key != key or seq.draft_feats is not None or seq.prompt_captures:
@@ -464,6 +466,8 @@ class GateSteps:
         # leave it over no request of its key, with nothing to rest
         if chain.gate is not gate or seq.gate_key != chain.key:
             joins = False
+        elif gate.captures_prompt(chain.bucket):      # its prompt captures whatever the cell decides: it cannot
+            joins = False                             # rest under the span (``SpecGate.capture_prompts``)
         elif record.fresh and chain.classes.get(id(group)) is group and not gate.explores(record):
             joins = gate.rejoin_rest(chain.key, chain.bucket)   # its class's top is in the bound already
         else:
@@ -627,7 +631,7 @@ class GateSteps:
                     or self.spec_gate.should_draft(key, load, measured=False, requests=[record], copies=load)
                     or self.spec_gate.probe_next(key, len(batch)))
                 if not captures and self.spec_gate.captures_prompt(load):     # a setting, off by default
-                    captures = seq.prompt_captures = True
+                    captures = seq.prompt_captures = seq.prompt_forced = True
                     self._counters["spec_prompts_captured_anyway_total"] += 1
             if not captures:
                 self._rest([seq])
@@ -938,10 +942,16 @@ class GateSteps:
                 # coding drafted at c = 16 through three of four repeats at 0.86x `none`
                 if absorb(group):
                     self._rest_absorbed = True
-                    self._gate_capturing.update(q.gate_key for q in group if q.gate_key is not None)
+                    # a prompt captured only by ``SpecGate.capture_prompts`` is absorbed whichever arm the
+                    # cell takes: that setting's cost, not drafting's. H100, session 47, run FD: charged to
+                    # drafting, the capture row's b4 cell on extraction read drafting at 1,522 tok/s (the
+                    # default row's: 3,300-4,300) and rested where drafting ran 1.68x `none`
+                    self._gate_capturing.update(q.gate_key for q in group if q.gate_key is not None
+                                                and not q.prompt_forced)
         for seq in seqs:
             self._resting.add(id(seq))
             seq.draft_feats = None
+            seq.prompt_forced = False
 
     @staticmethod
     def _keeps(seq: Sequence) -> bool:

@@ -56,6 +56,8 @@ class Sequence:
                                                 # walk of 32; the CPU rest probe did not resolve it from noise)
     prompt_captures: bool | None = None         # the gate's answer for its prefill's first chunk (None: not
                                                 # asked yet); the later chunks follow it (``_rest_prompts``)
+    prompt_forced: bool = False                 # captured only by ``SpecGate.capture_prompts``: absorbing it
+                                                # at a rest is that setting's cost, not drafting's (``_rest``)
     finish_reason: str | None = None
     parked_s: float | None = None               # when its hit's promotion was found still in flight
     skip_lookup: bool = False                   # gave up a hit that did not land: recompute the prompt
@@ -103,6 +105,7 @@ class Sequence:
         self.draft_ctx = None
         self.num_draft_published = 0
         self.prompt_captures = None
+        self.prompt_forced = False
 
     @property
     def num_pending(self) -> int:

@@ -577,3 +577,21 @@ def test_the_capture_prompts_row_runs_behind_a_gate_of_its_own():
         assert engine.spec_gate is not gate and engine.spec_gate.capture_prompts == 8
     assert engine.spec_gate is gate and gate.capture_prompts is None
     assert RunResult.__dataclass_fields__["gate_prompts_captured_anyway"].default == 0
+
+
+def test_every_engine_counter_a_run_reads_is_kept_in_its_delta():
+    """``_delta`` keeps only ``STAT_KEYS`` and a few prefixes; a counter read from the delta but missing there
+    reads 0 in every run. Session 47: `gate_prompts_captured_anyway` was 0 in all 90 runs of the
+    dspark-capture-prompts row (runs FA, FD) for that reason. Every ``d["..."]`` and ``d.get("...")`` of
+    ``bench/speedup.py`` must survive ``_delta``."""
+    import re
+    from pathlib import Path
+
+    import bench.speedup as speedup
+
+    source = Path(speedup.__file__).read_text()
+    read = set(re.findall(r'\bd\["([a-z0-9_]+)"\]', source)) | set(re.findall(r'\bd\.get\("([a-z0-9_]+)"', source))
+    assert "spec_prompts_captured_anyway_total" in read and len(read) > 10
+    after = {key: 3 for key in read}
+    kept = speedup._delta({}, after)
+    assert {key for key in read if kept.get(key) != 3} == set()

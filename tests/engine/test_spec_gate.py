@@ -1403,6 +1403,10 @@ def test_a_capture_prompts_gate_captures_every_prompt_at_its_loads_and_stays_exa
             for o in engine.step():
                 out.setdefault(o.id, []).extend(o.token_ids)
     assert all(out[f"dspark{i}"] == out[f"none{i}"] and len(out[f"none{i}"]) == 6 for i in range(8))
+    # a captured prompt that rests is absorbed (a drafter pass); forced by the setting, that pass is the
+    # setting's cost under either arm, so nothing is charged to drafting (session 47, run FD: charged, it
+    # halved the capture row's drafting rate at b4 and the cell rested where drafting won)
+    assert engine.spec_gate.charged == []
 
 
 def test_capture_prompts_is_bounded_by_load_and_checked():
@@ -2186,13 +2190,14 @@ def test_arms_sampled_at_different_batch_sizes_of_one_bucket_are_compared_per_se
 
 
 def serve_resting(carry: bool, explorer: int | None = None, concurrency: int = 8, requests: int = 24,
-                  spans: bool = False, queued: int = 0):
+                  spans: bool = False, queued: int = 0, capture_prompts: int | None = None):
     """A closed loop on the resting probe engine (tests/engine/resting_probe_engine.py: the gate rests every
     bucket): answers of 4-25 tokens, so requests finish apart and their successors' prompts arrive beside
     resting decoders. ``carry`` False turns off carrying the steady rest through prompt steps
     (``GateSteps._carries``); ``spans`` turns on rest spans (``GateSteps._span_rests``); ``explorer``: that
     request's class explores, so its prompt captures; ``queued``: that many more requests are kept in the
-    engine's queue beyond ``concurrency`` (its ``max_num_seqs``), as arrivals that outpace it do. Returns
+    engine's queue beyond ``concurrency`` (its ``max_num_seqs``), as arrivals that outpace it do;
+    ``capture_prompts``: the gate's setting of that name (``SpecGate.capture_prompts``). Returns
     the outputs, each step's captured layers, and the engine's counters over the loop; with an explorer,
     the captured layers of the steps that ran its prompt instead of every step's (its drafting steps go
     through the confidence scheduler, whose lengths follow the measured SPS profile: not repeatable)."""
@@ -2203,6 +2208,7 @@ def serve_resting(carry: bool, explorer: int | None = None, concurrency: int = 8
 
     engine = resting_engine(concurrency, num_local_blocks=1024)
     engine.rest_spans = spans
+    engine.spec_gate.capture_prompts = capture_prompts
     if not carry:
         engine._carries = lambda *a: False
     target = []
@@ -2326,6 +2332,24 @@ def test_a_rest_span_vets_the_queue_as_admissions_and_rests_as_the_carried_rest(
         assert spanned["spec_rest_span_steps_total"] > 0.75 * spanned["spec_paused_steps_total"] and not any(caps)
     else:
         assert len(caps) == 1 and caps[0] and spanned["spec_rest_span_steps_total"] > 0
+
+
+@pytest.mark.parametrize("queued", [0, 3])
+def test_a_capture_prompts_gate_captures_the_prompts_a_rest_span_would_have_rested(queued):
+    """``SpecGate.capture_prompts`` reaches the requests a rest span takes in without a walk: one admitted
+    during a span (``_join_span``) or queued when a lease becomes one (``_may_span``) cannot join it, so its
+    prompt is asked about at its first chunk (``_rest_prompts``) and captures. Session 47, H100, run FA: the
+    setting was checked in ``_rest_prompts`` only, the span had already marked most prompts as resting, and
+    the row captured no prompt in 45 runs (`gate_prompts_captured_anyway` 0) while 5-24 of its requests a run
+    were prompt-less. Here the gate rests every step: without the setting the 24 requests are prompt-less,
+    with it every prompt captures and none is, and the outputs are the same."""
+    base_out, _, base = serve_resting(True, spans=True, queued=queued)
+    out, caps, spanned = serve_resting(True, spans=True, queued=queued, capture_prompts=8)
+    assert out == base_out
+    assert base["spec_promptless_requests_total"] == 24 and base["spec_prompts_captured_anyway_total"] == 0
+    assert base["spec_rest_span_steps_total"] > 0
+    assert spanned["spec_promptless_requests_total"] == 0
+    assert spanned["spec_prompts_captured_anyway_total"] == 24 and any(caps)
 
 
 def test_a_queue_deeper_than_twice_the_batch_is_not_vetted_for_a_span():
