@@ -384,7 +384,7 @@ def row_gate(engine, row: str, own: dict):
     cells and prompt-class records, so an ablation row's steps fed the default row's decisions and back
     (H200, session 13, run AP: support at c = 4 ran 1.03x in both dspark rows, 1.30-1.36x in runs
     without the ablation)."""
-    from specd.engine.spec_gate import SpecGate
+    from specd.engine.spec_gate import TRACE_STEPS, SpecGate
 
     gate = getattr(engine, "spec_gate", None)
     settings = {k: v for k, v in ROWS[row].items() if k in GATE_SETTINGS}
@@ -401,6 +401,8 @@ def row_gate(engine, row: str, own: dict):
         if rounds is not None:
             swaps.append((rounds, "absorbs", None))
     if row not in own:
+        # the records kept as the engine's gate keeps them (``--gate-trace-steps``)
+        settings["trace_steps"] = getattr(gate, "trace_steps", TRACE_STEPS)
         if settings.pop("gate", None) == "resting":
             from bench.resting_gate import RestingGate
 
@@ -724,6 +726,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also run cProfile over the timed runs and write DIR/profile-<row>-c<N>.txt (host hot "
                    "spots by own and cumulative time, all workloads and repeats of a cell summed; the GPU's "
                    "share shows as time in the step's one synchronising copy). Slows every row alike.")
+    p.add_argument("--gate-trace-steps", type=int, default=None,
+                   help="reports each spec gate cell keeps for the JSON (its first ones in gate_trace, its latest "
+                   "after each cell in gate_recent), for every row's gate; default: the gate's 16. A diagnosis "
+                   "of a cell's whole history (bench.gate_trace) needs more; the JSON grows with it")
     p.add_argument("--torch-profile", type=Path, default=None,
                    help="also run torch.profiler over the timed runs and write DIR/torch-profile-c<N>.md: each "
                    "row's ops and kernels side by side, self device and CPU time (profiled runs are slower: "
@@ -813,6 +819,12 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
     profiles = RowProfiles(getattr(args, "profile", None))
     torch_profiles = TorchProfiles(getattr(args, "torch_profile", None))
     own_gates: dict = {}          # row -> its own SpecGate (``row_gate``)
+    trace_steps = getattr(args, "gate_trace_steps", None)
+    if trace_steps is not None:
+        if trace_steps < 1:
+            raise SystemExit(f"--gate-trace-steps must be at least 1, got {trace_steps}")
+        if getattr(engine, "spec_gate", None) is not None:
+            engine.spec_gate.keep_trace(trace_steps)       # the rows' own gates copy it (``row_gate``)
     queued = getattr(args, "queued", 0)
     most = engine.scheduler.max_num_seqs         # with ``queued``, each load caps the batch (restored after)
     try:

@@ -189,6 +189,7 @@ speedup_run() {  # speedup_run GPU DRAFTERS ROWS BUDGET_S OUT: bench speedup on 
                  # SPEED_WORKLOADS: a comma list of workload names, e.g. knowledge,extraction (default: all five);
                  # SPEED_PROFILE: a folder for cProfile tables of the timed runs, per row and concurrency;
                  # SPEED_TORCH_PROFILE: a folder for torch.profiler tables, the rows side by side;
+                 # SPEED_GATE_TRACE: reports each gate cell keeps in the JSON (default 16; --gate-trace-steps);
                  # SPEED_GC: freeze (the default, session 18) or default, bench speedup's --gc;
                  # SPEED_CPUS: pin the run to these CPUs, e.g. 2 (bench speedup's --cpus, bench/cpu_pin.py);
                  # SPEED_MAX_TOKENS: answer length, default 48 (every answer reaches it, so `none` runs a wave's
@@ -205,7 +206,7 @@ speedup_run() {  # speedup_run GPU DRAFTERS ROWS BUDGET_S OUT: bench speedup on 
   fi
   CUDA_VISIBLE_DEVICES=$1 python -m bench speedup --model "$MODEL" --drafters "$2" --rows "$3" --workloads "$W" \
     --concurrency "${SPEED_CONCURRENCY:-1,4,8,16,32}" --requests "${SPEED_REQUESTS:-8}" --waves "${SPEED_WAVES:-1}" \
-    "${len[@]}" ${SPEED_QUEUED:+--queued "$SPEED_QUEUED"} ${SPEED_SEEDS:+--seeds "$SPEED_SEEDS"} ${SPEED_GC:+--gc "$SPEED_GC"} ${SPEED_CPUS:+--cpus "$SPEED_CPUS"} ${SPEED_PROFILE:+--profile "$SPEED_PROFILE"} ${SPEED_TORCH_PROFILE:+--torch-profile "$SPEED_TORCH_PROFILE"} \
+    "${len[@]}" ${SPEED_QUEUED:+--queued "$SPEED_QUEUED"} ${SPEED_SEEDS:+--seeds "$SPEED_SEEDS"} ${SPEED_GC:+--gc "$SPEED_GC"} ${SPEED_CPUS:+--cpus "$SPEED_CPUS"} ${SPEED_PROFILE:+--profile "$SPEED_PROFILE"} ${SPEED_TORCH_PROFILE:+--torch-profile "$SPEED_TORCH_PROFILE"} ${SPEED_GATE_TRACE:+--gate-trace-steps "$SPEED_GATE_TRACE"} \
     --repeats "${SPEED_REPEATS:-2}" --device cuda --budget-s "$4" --out "$5" > /tmp/logs/speedup.log 2>&1
   echo "speedup rc=$?"
 }

@@ -50,7 +50,7 @@ library heuristics). Session 9, run X: the b4 cell's 5 exploring drafting sample
 against 970 plain on coding, where fixed γ = 7 ran at 0.73× plain in the timed runs, not 0.08×. The
 cell then rested, its probe wait at the 1,024-step maximum, through extraction, where fixed γ = 7 ran at
 1.32× plain. Which step held the cost was not recorded; ``trace`` now keeps each cell's first
-``TRACE_STEPS`` reports, so the next run's records say. Triton compiles and CUDA graph captures are
+``trace_steps`` reports (``TRACE_STEPS`` by default), so the next run's records say. Triton compiles and CUDA graph captures are
 excluded by the engine at any step (specd/engine/compile_count.py), one-off costs it can see.
 
 Stalled plain steps: a plain sample counts at most ``PLAIN_CLIP`` times the fastest of its cell's last
@@ -323,7 +323,7 @@ class Cell:
                                     # all its steps (``SpecGate._cuts``)
     cuts_in_row: int = 0      # probes cut since the last one that could not be (``PROBE_FULL_EVERY``)
     resting_prior: bool = False   # started resting: a smaller bucket of the method had drafting lose
-    trace: list = field(default_factory=list)   # the first TRACE_STEPS reports (``SpecGate.trace``)
+    trace: list = field(default_factory=list)   # the first ``SpecGate.trace_steps`` reports (``SpecGate.trace``)
     recent: deque = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))   # the latest ones
     reason: str = ""          # why the last measured step of this cell ran its arm (DRAFT_REASONS)
     basis: tuple = ()         # what decided it: (predicted acceptance, predicted drafting tok/s, plain tok/s),
@@ -388,18 +388,19 @@ class SpecGate:
                  margin: float = MARGIN, probe_budget: float = PROBE_BUDGET, prior_steps: float = PRIOR_STEPS,
                  warmup: int = WARMUP, beside_prompts: bool = False, probe_cut: float | None = PROBE_CUT,
                  charge_steps: float | None = CHARGE_STEPS, plain_clip: float | None = PLAIN_CLIP,
-                 capture_prompts: int | None = None):
+                 capture_prompts: int | None = None, trace_steps: int = TRACE_STEPS):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
                 or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
                 or warmup < 0 or probe_cut is not None and not probe_cut >= 1
                 or charge_steps is not None and not charge_steps > 0
                 or plain_clip is not None and not plain_clip >= 1
-                or capture_prompts is not None and not capture_prompts >= 1):
+                or capture_prompts is not None and not capture_prompts >= 1
+                or isinstance(trace_steps, bool) or not isinstance(trace_steps, int) or trace_steps < 1):
             raise GateError(f"bad gate settings: min_samples={min_samples}, probe_every={probe_every}, "
                             f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}, "
                             f"probe_budget={probe_budget}, prior_steps={prior_steps}, warmup={warmup}, "
                             f"probe_cut={probe_cut}, charge_steps={charge_steps}, plain_clip={plain_clip}, "
-                            f"capture_prompts={capture_prompts}")
+                            f"capture_prompts={capture_prompts}, trace_steps={trace_steps}")
         self.warmup = warmup
         # True: gated requests draft in a step with prompt chunks where the measured steps say drafting
         # wins (``drafts_beside_prompts``). Off: on the H200 it lost (session 13, run AP, in the same run:
@@ -422,8 +423,14 @@ class SpecGate:
         self.plain_clipped_s = 0.0   # plain steps' time over their clip, left out of the plain arm, in all
         # a prompt joining a decode batch of this load bucket or a lighter one captures its target features
         # whatever the cell decides (``captures_prompt``; None: only where the gate would draft, explore or
-        # probe). Off by default: ``bench speedup``'s dspark-capture-prompts row measures it (session 46)
+        # probe). Off by default: ``bench speedup``'s dspark-capture-prompts row measured it on the H100 in
+        # session 47 (runs FD, FE): 0.90-0.98x `none` at c = 4 against the default's 1.08-1.15x
         self.capture_prompts = capture_prompts
+        # reports each cell keeps for the records, its first ones and its latest ones (``trace``). More than
+        # the default only for a diagnosis: session 47's question (why a resting b4 cell priced drafting at
+        # 8.8 ms) needed a cell's whole history, and 16 reports held two probes. ``bench speedup
+        # --gate-trace-steps``
+        self.trace_steps = trace_steps
         self.cells: dict[tuple[str, int], Cell] = {}
         self.classes: OrderedDict[tuple[str, tuple[int, ...]], ClassRecord] = OrderedDict()
         self.probes = 0
@@ -917,7 +924,8 @@ class SpecGate:
         bucket = load_bucket(sequences)
         key = (method, bucket)
         if key not in self.cells:
-            self.cells[key] = Cell(wait=self.probe_every, resting_prior=self._lighter_rests(method, bucket))
+            self.cells[key] = Cell(wait=self.probe_every, resting_prior=self._lighter_rests(method, bucket),
+                                   recent=deque(maxlen=self.trace_steps))
         return self.cells[key]
 
     def _lighter_rests(self, method: str, bucket: int) -> bool:
@@ -947,7 +955,7 @@ class SpecGate:
         used = arm.warmups >= self.warmup
         report = (drafted, tokens, seconds, sequences, used, cell.reason, cell.basis)    # formatted by ``trace``
         cell.reason, cell.basis = "", ()
-        if len(cell.trace) < TRACE_STEPS:
+        if len(cell.trace) < self.trace_steps:
             cell.trace.append(report)
         cell.recent.append(report)
         if not drafted:
@@ -1038,8 +1046,18 @@ class SpecGate:
         before it does moves it into the timed runs (``bench speedup``)."""
         return sorted(b for (m, b), cell in self.cells.items() if m == method and self._exploring(cell) is not None)
 
+    def keep_trace(self, steps: int) -> None:
+        """Keep ``steps`` reports a cell from now on (``trace_steps``), the cells made so far included: their
+        latest reports are kept up to the new length, and their first ones grow to it (or are cut to it)."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise GateError(f"trace_steps must be a positive integer, got {steps!r}")
+        self.trace_steps = steps
+        for cell in self.cells.values():
+            cell.recent = deque(cell.recent, maxlen=steps)
+            del cell.trace[steps:]
+
     def trace(self, latest: bool = False) -> dict[str, list]:
-        """Each cell's first ``TRACE_STEPS`` reports (``latest``: its last ones), in order: [drafted (1/0),
+        """Each cell's first ``trace_steps`` reports (``latest``: its last ones), in order: [drafted (1/0),
         tokens, ms, sequences, used as a sample (1) or a warm-up (0), reason (``DRAFT_REASONS``; "" for a
         step whose arm no measured decision chose), predicted acceptance, predicted drafting tok/s, plain
         tok/s (the last three None while the cell explores)], keyed ``<method>_b<bucket>``. For benchmark

@@ -595,3 +595,33 @@ def test_every_engine_counter_a_run_reads_is_kept_in_its_delta():
     after = {key: 3 for key in read}
     kept = speedup._delta({}, after)
     assert {key for key in read if kept.get(key) != 3} == set()
+
+
+def test_gate_trace_steps_reach_the_engines_gate_and_the_rows_own(tmp_path):
+    """--gate-trace-steps: the engine's gate and a row's own gate (``row_gate`` copies it) keep that many
+    reports a cell in the JSON, past the default 16; 0 is refused."""
+    from bench.speedup import row_gate
+    from specd.engine.spec_gate import TRACE_STEPS, SpecGate
+
+    class Engine:
+        spec_gate = SpecGate(trace_steps=40)
+        greedy_chain = True
+
+    own = {}
+    with row_gate(Engine, "dspark-capture-prompts", own):
+        assert Engine.spec_gate.trace_steps == 40
+    assert TRACE_STEPS == 16
+    greedy = _sessions(tmp_path / "stories-greedy.jsonl", "greedy", 0.0)
+    out = tmp_path / "out"
+    rc = bench_main(["speedup", "--model", str(MODEL), "--drafters", f"dspark={DRAFTER}", "--workloads", str(greedy),
+                     "--concurrency", "2", "--rows", "dspark,dspark-capture-prompts", "--requests", "4",
+                     "--max-tokens", "12", "--repeats", "2", "--warmup-tokens", "2", "--gate-trace-steps", "200",
+                     "--out", str(out)])
+    assert rc == 0
+    result = json.loads((out / "speedup.json").read_text())
+    for traces in (result["gate_trace"], result["gate_trace_by_row"]["dspark-capture-prompts"]):
+        assert max(len(reports) for reports in traces.values()) > TRACE_STEPS
+    with pytest.raises(SystemExit):
+        bench_main(["speedup", "--model", str(MODEL), "--drafters", f"dspark={DRAFTER}", "--workloads", str(greedy),
+                    "--concurrency", "2", "--rows", "dspark", "--requests", "2", "--max-tokens", "4",
+                    "--repeats", "1", "--gate-trace-steps", "0", "--out", str(tmp_path / "bad")])

@@ -522,6 +522,27 @@ def test_trace_keeps_each_cells_first_reports_in_order():
     assert acceptance is None and drafting == 500.0 and plain == 1000.0
 
 
+def test_a_gate_keeps_as_many_reports_a_cell_as_asked_and_refuses_a_bad_count():
+    """``trace_steps`` (``bench speedup --gate-trace-steps``): a cell keeps that many first and latest reports;
+    ``keep_trace`` changes it for the cells made so far too (their latest reports kept, their first cut)."""
+    long = SpecGate(min_samples=2, probe_every=500, probe_steps=2, trace_steps=40)
+    drive(long, 50, draft_tok_s=500.0)
+    first, latest = long.trace()["dspark_b4"], long.trace(latest=True)["dspark_b4"]
+    assert len(first) == 40 and len(latest) == 40
+    short = SpecGate(min_samples=2, probe_every=500, probe_steps=2)
+    drive(short, 50, draft_tok_s=500.0)
+    assert first[:16] == short.trace()["dspark_b4"] and latest[-16:] == short.trace(latest=True)["dspark_b4"]
+    long.keep_trace(8)
+    assert long.trace()["dspark_b4"] == first[:8] and long.trace(latest=True)["dspark_b4"] == latest[-8:]
+    drive(long, 3, draft_tok_s=500.0)
+    assert len(long.trace(latest=True)["dspark_b4"]) == 8 and len(long.trace()["dspark_b4"]) == 8
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(GateError, match="trace_steps"):
+            SpecGate(trace_steps=bad)
+        with pytest.raises(GateError, match="trace_steps"):
+            long.keep_trace(bad)
+
+
 def test_a_resting_request_drifts_back_to_its_class_and_resumes():
     """Session 9, CPU (Qwen 0.5B, extraction, c = 1): requests drafted their first steps, fell just under
     break-even, and rested to their end, since a resting request adds no evidence. Its record now loses
