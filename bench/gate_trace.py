@@ -3,6 +3,7 @@ predictions imply.
 
     python -m bench.gate_trace docs/results/gpu/s45/runDV/speedup/speedup.json.gz --cell dspark_b4
     python -m bench.gate_trace RESULT --cell dspark_b4 --at extraction.eval:4 [--row ngram-gated]
+    python -m bench.gate_trace RESULT --prices [--against dspark-g7] [--row dspark-capture-prompts]
 
 Why: every `bench speedup` result keeps each gate cell's first reports (``gate_trace``, the run's whole
 start) and, after each (workload, concurrency) cell, its latest ones (``gate_recent``; a row behind a gate of
@@ -68,17 +69,87 @@ def table(rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def _median(values: list[float]) -> float | None:
+    values = sorted(values)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def prices(result: dict, against: str = "dspark-g7", row: str | None = None, key: str = "dspark") -> list[dict]:
+    """For every (workload, concurrency) cell of a run: the last decision of gate key ``key``'s cell at that
+    load (the engine's gate; ``row``: that row's own) with a prediction, the drafting step it implies, and
+    what ``against`` (a fixed-γ row of the same drafter) measured there: its median drafting step (the
+    median over its runs of each run's mean, ``step_kinds``), its τ, and both rows' p50 throughput ratios.
+
+    Why: the prediction prices drafting from the cell's drafting samples, and in a resting cell those are its
+    probes' (with held capture charges). Across sessions 45-47 the resting b4 and b8 cells priced a drafting
+    step at up to 2× what the fixed-γ row's steps took, although that row verifies more tokens a step. Read
+    cell by cell, it shows where the price, not the acceptance, kept a cell resting. Reads records only."""
+    from specd.engine.spec_gate import load_bucket
+
+    out = []
+    for workload, levels in result.get("workloads", {}).items():
+        for level, cell in levels.items():
+            traces = cell.get("gate_recent") if row is None else cell.get("gate_recent_by_row", {}).get(row)
+            decided = [r for r in (traces or {}).get(f"{key}_b{load_bucket(int(level))}", [])
+                       if implied_step_ms(r) is not None]
+            rows = cell.get("rows", {})
+            if not decided or against not in rows:
+                continue
+            last = decided[-1]
+            steps = [run["step_kinds"]["draft"]["ms"] / run["step_kinds"]["draft"]["steps"]
+                     for run in rows[against]["runs"] if run.get("step_kinds", {}).get("draft", {}).get("steps")]
+            measured = _median(steps)
+            implied = implied_step_ms(last)
+            scheduled = rows.get(row or key, {}).get("throughput_ratio", {})
+            out.append({"workload": workload, "concurrency": int(level), "drafted": bool(last[DRAFTED]),
+                        "predicted_tokens": last[ACCEPTANCE], "implied_ms": implied,
+                        "against_ms": measured, "over": None if not measured else implied / measured,
+                        "against_tau": rows[against].get("tau"),
+                        "ratio": scheduled.get("p50"), "against_ratio": rows[against].get("throughput_ratio", {}).get("p50")})
+    return out
+
+
+def prices_table(entries: list[dict], against: str) -> str:
+    def num(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    lines = [f"| workload | c | last decision | predicted tokens a sequence | implied drafting step ms | {against} "
+             f"drafting step ms | implied / measured | {against} τ | scheduled ratio | {against} ratio |",
+             "|---" * 10 + "|"]
+    for e in entries:
+        lines.append(f"| {e['workload']} | {e['concurrency']} | {'draft' if e['drafted'] else 'rest'} | "
+                     f"{num(e['predicted_tokens'], '.2f')} | {num(e['implied_ms'], '.2f')} | "
+                     f"{num(e['against_ms'], '.2f')} | {num(e['over'], '.2f')} | {num(e['against_tau'], '.2f')} | "
+                     f"{num(e['ratio'], '.2f')} | {num(e['against_ratio'], '.2f')} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gate_trace", description=__doc__.split("\n\n")[0])
     p.add_argument("result", type=Path, help="a speedup.json or .json.gz of bench speedup")
-    p.add_argument("--cell", required=True, help="the gate cell, <gate key>_b<bucket>, e.g. dspark_b4")
+    p.add_argument("--cell", default=None, help="the gate cell, <gate key>_b<bucket>, e.g. dspark_b4")
+    p.add_argument("--prices", action="store_true",
+                   help="instead of one cell: every (workload, concurrency) cell's last decision at its load, the "
+                   "drafting step it implies against the --against row's measured one (prices())")
+    p.add_argument("--against", default="dspark-g7", help="with --prices: the fixed-γ row to compare with")
     p.add_argument("--at", default=None, help="workload:concurrency, e.g. extraction.eval:4: that cell's latest "
                                               "reports (default: the run's first reports)")
     p.add_argument("--row", default=None, help="with --at: the reports of this row's own gate (rows such as "
                                                "ngram-gated or dspark-probe-uncut run behind one)")
     args = p.parse_args(argv)
+    if args.prices == (args.cell is not None):
+        p.error("give --cell CELL or --prices")
     try:
-        print(table(reports(load(args.result), args.cell, args.at, args.row)))
+        if args.prices:
+            entries = prices(load(args.result), args.against, args.row)
+            if not entries:
+                raise PoolError(f"no cell with both a gate decision and the row {args.against!r}")
+            print(prices_table(entries, args.against))
+        else:
+            print(table(reports(load(args.result), args.cell, args.at, args.row)))
     except PoolError as e:
         p.error(str(e))
     return 0
