@@ -78,10 +78,14 @@ def _median(values: list[float]) -> float | None:
 
 
 def prices(result: dict, against: str = "dspark-g7", row: str | None = None, key: str = "dspark") -> list[dict]:
-    """For every (workload, concurrency) cell of a run: the last decision of gate key ``key``'s cell at that
-    load (the engine's gate; ``row``: that row's own) with a prediction, the drafting step it implies, and
-    what ``against`` (a fixed-γ row of the same drafter) measured there: its median drafting step (the
-    median over its runs of each run's mean, ``step_kinds``), its τ, and both rows' p50 throughput ratios.
+    """For every (workload, concurrency) cell of a run: the latest reports of gate key ``key``'s cell at that
+    load (the engine's gate; ``row``: that row's own) that carry a prediction, as how many of them drafted
+    and their median predicted tokens a sequence and implied drafting step; beside them what ``against`` (a
+    fixed-γ row of the same drafter) measured there: its median drafting step (the median over its runs of
+    each run's mean, ``step_kinds``), its τ, and both rows' p50 throughput ratios. Medians, not the last
+    report: the last one is a run's final step, where the last requests' predictions are capped by what
+    they have left to emit (``SpecGate._acceptance``'s ``caps``; session 47, EC coding c = 1: 1.67-1.79
+    tokens, then 1.00 at the end).
 
     Why: the prediction prices drafting from the cell's drafting samples, and in a resting cell those are its
     probes' (with held capture charges). Across sessions 45-47 the resting b4 and b8 cells priced a drafting
@@ -98,14 +102,14 @@ def prices(result: dict, against: str = "dspark-g7", row: str | None = None, key
             rows = cell.get("rows", {})
             if not decided or against not in rows:
                 continue
-            last = decided[-1]
             steps = [run["step_kinds"]["draft"]["ms"] / run["step_kinds"]["draft"]["steps"]
                      for run in rows[against]["runs"] if run.get("step_kinds", {}).get("draft", {}).get("steps")]
             measured = _median(steps)
-            implied = implied_step_ms(last)
+            implied = _median([implied_step_ms(r) for r in decided])
             scheduled = rows.get(row or key, {}).get("throughput_ratio", {})
-            out.append({"workload": workload, "concurrency": int(level), "drafted": bool(last[DRAFTED]),
-                        "predicted_tokens": last[ACCEPTANCE], "implied_ms": implied,
+            out.append({"workload": workload, "concurrency": int(level),
+                        "drafted": sum(bool(r[DRAFTED]) for r in decided), "reports": len(decided),
+                        "predicted_tokens": _median([r[ACCEPTANCE] for r in decided]), "implied_ms": implied,
                         "against_ms": measured, "over": None if not measured else implied / measured,
                         "against_tau": rows[against].get("tau"),
                         "ratio": scheduled.get("p50"), "against_ratio": rows[against].get("throughput_ratio", {}).get("p50")})
@@ -116,11 +120,11 @@ def prices_table(entries: list[dict], against: str) -> str:
     def num(v, fmt):
         return "-" if v is None else format(v, fmt)
 
-    lines = [f"| workload | c | last decision | predicted tokens a sequence | implied drafting step ms | {against} "
+    lines = [f"| workload | c | latest reports drafted | predicted tokens a sequence | implied drafting step ms | {against} "
              f"drafting step ms | implied / measured | {against} τ | scheduled ratio | {against} ratio |",
              "|---" * 10 + "|"]
     for e in entries:
-        lines.append(f"| {e['workload']} | {e['concurrency']} | {'draft' if e['drafted'] else 'rest'} | "
+        lines.append(f"| {e['workload']} | {e['concurrency']} | {e['drafted']} of {e['reports']} | "
                      f"{num(e['predicted_tokens'], '.2f')} | {num(e['implied_ms'], '.2f')} | "
                      f"{num(e['against_ms'], '.2f')} | {num(e['over'], '.2f')} | {num(e['against_tau'], '.2f')} | "
                      f"{num(e['ratio'], '.2f')} | {num(e['against_ratio'], '.2f')} |")
@@ -132,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("result", type=Path, help="a speedup.json or .json.gz of bench speedup")
     p.add_argument("--cell", default=None, help="the gate cell, <gate key>_b<bucket>, e.g. dspark_b4")
     p.add_argument("--prices", action="store_true",
-                   help="instead of one cell: every (workload, concurrency) cell's last decision at its load, the "
-                   "drafting step it implies against the --against row's measured one (prices())")
+                   help="instead of one cell: every (workload, concurrency) cell's latest reports at its load "
+                   "(median predicted tokens and implied drafting step) against the --against row's measured "
+                   "drafting step and τ (prices())")
     p.add_argument("--against", default="dspark-g7", help="with --prices: the fixed-γ row to compare with")
     p.add_argument("--at", default=None, help="workload:concurrency, e.g. extraction.eval:4: that cell's latest "
                                               "reports (default: the run's first reports)")

@@ -46,6 +46,9 @@ def test_a_missing_cell_or_row_is_a_clear_error(args, message):
         reports(RESULT, *args)
 
 
+TAIL = [0, 4, 1.95, 4, 1, "winner", 1.0, 611.5, 1982.7]     # a run's last step: the predictions capped
+
+
 def _cell(recent, g7_steps, scheduled=1.0, fixed=1.4, tau=2.3):
     runs = [{"step_kinds": {"draft": {"steps": n, "ms": n * ms}}} for n, ms in g7_steps]
     return {"gate_recent": {"dspark_b4": recent},
@@ -54,20 +57,20 @@ def _cell(recent, g7_steps, scheduled=1.0, fixed=1.4, tau=2.3):
 
 
 def test_prices_put_each_cells_last_decision_beside_the_fixed_rows_drafting_step(tmp_path, capsys):
-    """``prices``: per (workload, concurrency) the last report with a prediction at that load's bucket (c = 5
-    reads b4), the drafting step it implies, and the fixed-γ row's median drafting step over its runs; cells
-    without a decision or without that row are left out."""
+    """``prices``: per (workload, concurrency) the latest reports with a prediction at that load's bucket (c = 5
+    reads b4), how many drafted, their median prediction and implied drafting step, and the fixed-γ row's
+    median drafting step over its runs; cells without a decision or without that row are left out."""
     from bench.gate_trace import prices
 
     result = {"workloads": {
-        "extraction.eval": {"4": _cell([REST, EXPLORE], [(10, 3.0), (10, 4.0), (20, 5.0)])},
+        "extraction.eval": {"4": _cell([REST, EXPLORE, REST, TAIL], [(10, 3.0), (10, 4.0), (20, 5.0)])},
         "coding.eval": {"5": _cell([PROBE, REST], [(8, 4.0)], scheduled=0.97, fixed=1.1),
                         "8": _cell([REST], [(8, 4.0)])},             # no b8 reports: left out
         "knowledge.eval": {"4": {"gate_recent": {"dspark_b4": [REST]}, "rows": {}}}}}   # no fixed row
     got = prices(result)
     assert [(e["workload"], e["concurrency"]) for e in got] == [("extraction.eval", 4), ("coding.eval", 5)]
     first = got[0]
-    assert first["drafted"] is False and first["predicted_tokens"] == 3.104
+    assert (first["drafted"], first["reports"]) == (0, 3) and first["predicted_tokens"] == 3.104   # not the tail's
     assert first["implied_ms"] == pytest.approx(6.541, abs=1e-3) and first["against_ms"] == 4.0
     assert first["over"] == pytest.approx(6.541 / 4.0, abs=1e-3)
     assert (got[1]["ratio"], got[1]["against_ratio"], got[1]["against_tau"]) == (0.97, 1.1, 2.3)
@@ -75,7 +78,7 @@ def test_prices_put_each_cells_last_decision_beside_the_fixed_rows_drafting_step
     path.write_text(json.dumps(result))
     assert main([str(path), "--prices"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[2] == "| extraction.eval | 4 | rest | 3.10 | 6.54 | 4.00 | 1.64 | 2.30 | 1.00 | 1.40 |"
+    assert lines[2] == "| extraction.eval | 4 | 0 of 3 | 3.10 | 6.54 | 4.00 | 1.64 | 2.30 | 1.00 | 1.40 |"
     with pytest.raises(SystemExit):
         main([str(path)])                                  # neither --cell nor --prices
     with pytest.raises(SystemExit):
