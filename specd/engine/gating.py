@@ -110,6 +110,7 @@ class GateSteps:
         for seqs in drafting.values():   # each gated request's own acceptance: tokens this drafting step emitted
             for seq in seqs:
                 seq.gate_acceptance.add(emitted.get(id(seq), 1), pool=self._pools(seq))
+                seq.prompt_forced = False     # its forced prompt went into this draft: later absorbs are drafting's
         profiled, self._profiled = self._profiled, False
         absorbed, self._rest_absorbed = self._rest_absorbed, False
         capturing, self._gate_capturing = self._gate_capturing, set()

@@ -1430,6 +1430,45 @@ def test_a_capture_prompts_gate_captures_every_prompt_at_its_loads_and_stays_exa
     assert engine.spec_gate.charged == []
 
 
+def test_a_forced_prompt_that_drafts_leaves_its_later_absorbs_charged_to_drafting():
+    """``Sequence.prompt_forced`` covers the forced prompt's own absorb only: once the request drafts, the
+    prompt went into that draft, and features it absorbs at a later rest (its accepted tokens') are
+    drafting's cost as for any request, charged to the next drafting sample."""
+    from specd.engine.config import EngineConfig
+    from specd.engine.engine import SpecEngine
+    from specd.engine.request import Request
+    from specd.engine.spec_gate import SpecGate
+    from specd.sampling_params import SamplingParams
+
+    class RestsPromptsThenDrafts(ScriptedGate):
+        """Its prompts rest (so the setting forces them), its first decode step drafts, then it rests."""
+
+        def __init__(self):
+            super().__init__([True] + [False] * 1000)
+            self.capture_prompts = 8
+
+        def should_draft(self, method, sequences, measured=True, requests=None, verify=None, copies=1, caps=None):
+            return False if not measured else super().should_draft(method, sequences, measured, requests)
+
+        def captures_prompt(self, sequences):
+            return SpecGate.captures_prompt(self, sequences)
+
+    engine = SpecEngine.from_config(EngineConfig(max_num_seqs=4, num_local_blocks=256, drafter=DRAFTER,
+                                                 speculation="dspark"))
+    gate = engine.spec_gate = RestsPromptsThenDrafts()
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    for i in range(4):
+        engine.add_request(Request(f"f{i}", engine.tokenizer.encode(PROMPTS[i]), params, speculation="dspark"))
+    seqs = list(engine._seqs.values())
+    kinds = []
+    while engine.has_work():
+        kinds.append(step_with_kind(engine))
+        if kinds[-1] == "draft":
+            assert not any(s.prompt_forced for s in seqs)
+    assert engine.stats()["spec_prompts_captured_anyway_total"] == 4 and "draft" in kinds
+    assert gate.charged                      # the rest after the draft absorbed drafting's features: charged
+
+
 def test_capture_prompts_is_bounded_by_load_and_checked():
     from specd.engine.spec_gate import GateError, SpecGate
 
