@@ -69,14 +69,6 @@ def table(rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def _median(values: list[float]) -> float | None:
-    values = sorted(values)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
 def prices(result: dict, against: str = "dspark-g7", row: str | None = None, key: str = "dspark") -> list[dict]:
     """For every (workload, concurrency) cell of a run: the latest reports of gate key ``key``'s cell at that
     load (the engine's gate; ``row``: that row's own) that carry a prediction, as how many of them drafted
@@ -87,29 +79,31 @@ def prices(result: dict, against: str = "dspark-g7", row: str | None = None, key
     they have left to emit (``SpecGate._acceptance``'s ``caps``; session 47, EC coding c = 1: 1.67-1.79
     tokens, then 1.00 at the end).
 
-    Why: the prediction prices drafting from the cell's drafting samples, and in a resting cell those are its
-    probes' (with held capture charges). Across sessions 45-47 the resting b4 and b8 cells priced a drafting
-    step at up to 2× what the fixed-γ row's steps took, although that row verifies more tokens a step. Read
-    cell by cell, it shows where the price, not the acceptance, kept a cell resting. Reads records only."""
+    Why: a cell rests when its predicted acceptance times its drafting price loses to plain decoding, and in a
+    resting cell the price comes from its probes (with held capture charges). Read cell by cell beside what
+    fixed γ measured, it shows which of the two kept a cell resting where drafting won (session 47: the
+    acceptance in 13 of 14 such cells of runs DV-FA, the price in the capture row). Reads records only."""
+    from statistics import median
+
     from specd.engine.spec_gate import load_bucket
 
     out = []
     for workload, levels in result.get("workloads", {}).items():
         for level, cell in levels.items():
             traces = cell.get("gate_recent") if row is None else cell.get("gate_recent_by_row", {}).get(row)
-            decided = [r for r in (traces or {}).get(f"{key}_b{load_bucket(int(level))}", [])
-                       if implied_step_ms(r) is not None]
+            decided = [(r, ms) for r in (traces or {}).get(f"{key}_b{load_bucket(int(level))}", [])
+                       if (ms := implied_step_ms(r)) is not None]
             rows = cell.get("rows", {})
             if not decided or against not in rows:
                 continue
             steps = [run["step_kinds"]["draft"]["ms"] / run["step_kinds"]["draft"]["steps"]
                      for run in rows[against]["runs"] if run.get("step_kinds", {}).get("draft", {}).get("steps")]
-            measured = _median(steps)
-            implied = _median([implied_step_ms(r) for r in decided])
+            measured = median(steps) if steps else None
+            implied = median(ms for _, ms in decided)
             scheduled = rows.get(row or key, {}).get("throughput_ratio", {})
             out.append({"workload": workload, "concurrency": int(level),
-                        "drafted": sum(bool(r[DRAFTED]) for r in decided), "reports": len(decided),
-                        "predicted_tokens": _median([r[ACCEPTANCE] for r in decided]), "implied_ms": implied,
+                        "drafted": sum(bool(r[DRAFTED]) for r, _ in decided), "reports": len(decided),
+                        "predicted_tokens": median(r[ACCEPTANCE] for r, _ in decided), "implied_ms": implied,
                         "against_ms": measured, "over": None if not measured else implied / measured,
                         "against_tau": rows[against].get("tau"),
                         "ratio": scheduled.get("p50"), "against_ratio": rows[against].get("throughput_ratio", {}).get("p50")})

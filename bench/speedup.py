@@ -726,7 +726,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also run cProfile over the timed runs and write DIR/profile-<row>-c<N>.txt (host hot "
                    "spots by own and cumulative time, all workloads and repeats of a cell summed; the GPU's "
                    "share shows as time in the step's one synchronising copy). Slows every row alike.")
-    p.add_argument("--gate-trace-steps", type=int, default=None,
+    p.add_argument("--gate-trace-steps", type=positive_int, default=None,
                    help="reports each spec gate cell keeps for the JSON (its first ones in gate_trace, its latest "
                    "after each cell in gate_recent), for every row's gate; default: the gate's 16. A diagnosis "
                    "of a cell's whole history (bench.gate_trace) needs more; the JSON grows with it")
@@ -819,12 +819,9 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
     profiles = RowProfiles(getattr(args, "profile", None))
     torch_profiles = TorchProfiles(getattr(args, "torch_profile", None))
     own_gates: dict = {}          # row -> its own SpecGate (``row_gate``)
-    trace_steps = getattr(args, "gate_trace_steps", None)
-    if trace_steps is not None:
-        if trace_steps < 1:
-            raise SystemExit(f"--gate-trace-steps must be at least 1, got {trace_steps}")
-        if getattr(engine, "spec_gate", None) is not None:
-            engine.spec_gate.keep_trace(trace_steps)       # the rows' own gates copy it (``row_gate``)
+    trace_steps = getattr(args, "gate_trace_steps", None)      # a positive integer (argparse) or None
+    if trace_steps is not None and getattr(engine, "spec_gate", None) is not None:
+        engine.spec_gate.keep_trace(trace_steps)           # the rows' own gates copy it (``row_gate``)
     queued = getattr(args, "queued", 0)
     most = engine.scheduler.max_num_seqs         # with ``queued``, each load caps the batch (restored after)
     try:

@@ -394,13 +394,12 @@ class SpecGate:
                 or warmup < 0 or probe_cut is not None and not probe_cut >= 1
                 or charge_steps is not None and not charge_steps > 0
                 or plain_clip is not None and not plain_clip >= 1
-                or capture_prompts is not None and not capture_prompts >= 1
-                or isinstance(trace_steps, bool) or not isinstance(trace_steps, int) or trace_steps < 1):
+                or capture_prompts is not None and not capture_prompts >= 1):
             raise GateError(f"bad gate settings: min_samples={min_samples}, probe_every={probe_every}, "
                             f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}, "
                             f"probe_budget={probe_budget}, prior_steps={prior_steps}, warmup={warmup}, "
                             f"probe_cut={probe_cut}, charge_steps={charge_steps}, plain_clip={plain_clip}, "
-                            f"capture_prompts={capture_prompts}, trace_steps={trace_steps}")
+                            f"capture_prompts={capture_prompts}")
         self.warmup = warmup
         # True: gated requests draft in a step with prompt chunks where the measured steps say drafting
         # wins (``drafts_beside_prompts``). Off: on the H200 it lost (session 13, run AP, in the same run:
@@ -429,9 +428,9 @@ class SpecGate:
         # reports each cell keeps for the records, its first ones and its latest ones (``trace``). More than
         # the default only for a diagnosis: session 47's question (why a resting b4 cell priced drafting at
         # 8.8 ms) needed a cell's whole history, and 16 reports held two probes. ``bench speedup
-        # --gate-trace-steps``
-        self.trace_steps = trace_steps
+        # --gate-trace-steps``; checked by ``keep_trace``
         self.cells: dict[tuple[str, int], Cell] = {}
+        self.keep_trace(trace_steps)
         self.classes: OrderedDict[tuple[str, tuple[int, ...]], ClassRecord] = OrderedDict()
         self.probes = 0
         self.admitted = 0          # records made (``record``): a new request can make its class explore
