@@ -124,6 +124,13 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # ``SpecGate.captures_prompt``); this row measures breaking it against the default in the same run. A
     # diagnostic, not a default row
     "dspark-capture-prompts": {"method": "dspark", "schedule": "confidence", "gamma": None, "capture_prompts": 8},
+    # scheduled dspark with the captured features fused after the step's sync, as until session 48
+    # (``SpecEngine.fuse_early`` off: ``_keep_features_late``), through a gate of its own: on the H100 a step
+    # that captured features cost ~0.2 ms more than a plain one (run FA); this row measures what fusing them
+    # in the forward's shadow saves, in the same run. A diagnostic, not a default row
+    "dspark-fuse-late": {"method": "dspark", "schedule": "confidence", "gamma": None, "fuse": "late"},
+    # the same for fixed γ = 7, which captures at every step: the saving per drafting step, no gate in the way
+    "dspark-g7-fuse-late": {"method": "dspark", "schedule": "fixed", "gamma": 7, "fuse": "late"},
     # EAGLE-3 at γ = 7 with its draft eager instead of replayed from its CUDA graphs (specd/engine/
     # eagle3_graphs.py, session 41), through a gate of its own: what the graphs save, in the same run. Until
     # session 41 the `eagle3` row ran this way (0.13-0.18x `none` on the H100, run DN). A diagnostic, not a
@@ -133,7 +140,7 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
                    "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager",
-                   "dspark-capture-prompts")
+                   "dspark-capture-prompts", "dspark-fuse-late", "dspark-g7-fuse-late")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -373,7 +380,7 @@ def gc_split(d: dict) -> dict[str, list[float]]:
 
 # ROWS keys for the row's own gate (SpecGate settings, or its verify, draft or projection path), not request fields
 GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "charge_steps", "plain_clip", "gate",
-                 "verify", "graphs", "absorb", "spans", "capture_prompts")
+                 "verify", "graphs", "absorb", "spans", "capture_prompts", "fuse")
 
 
 @contextmanager
@@ -396,6 +403,8 @@ def row_gate(engine, row: str, own: dict):
     swaps = []        # (object, attribute, value while the row runs): each put back after it
     if settings.pop("graphs", None) == "eager":   # ``FeatureProposer``: the drafter's eager draft (``draft_contexts``)
         swaps.append((engine._proposer(ROWS[row]["method"]), "rounds", None))
+    if settings.pop("fuse", None) == "late":      # features fused after the step's sync (``_keep_features_late``)
+        swaps.append((engine, "fuse_early", False))
     if settings.pop("absorb", None) == "eager":   # no projection graphs: the eager ``absorb_many``
         rounds = getattr(engine._proposer(ROWS[row]["method"]), "rounds", None)
         if rounds is not None:

@@ -164,6 +164,7 @@ class SpecEngine(GateSteps):
         self._span_observe = None               # this step is that span's leased rest (``_observe_span``)
         self._span_sample = None                # a span step's plain sample, for its lease's samples (``_observe_span``)
         self.rest_spans = True                  # whole-batch leases may span prompt steps and admissions (``_span_rests``)
+        self.fuse_early = True                  # captured features fused in the forward's shadow (``_fuse_features``)
         self._last_reconnect_s = 0.0
         self.hints = SessionHints(layout.block_size)
         self._attach(source)
@@ -363,6 +364,7 @@ class SpecEngine(GateSteps):
         plan = self._plan_sampling(batch)        # uploaded before the forward: its launches queue behind it
         t1 = time.perf_counter()
         logits, captured = self.runner.run(batch, capture)
+        fused = self._fuse_features(batch, capture, captured) if captured is not None and self.fuse_early else None
         self._span_books()           # a rest span's step: its bookkeeping, while the GPU runs the forward
         tc = time.perf_counter()
         self._commit_held()          # the last step's full blocks, while the GPU runs this forward
@@ -383,8 +385,10 @@ class SpecEngine(GateSteps):
         t3 = time.perf_counter()
         self._held_commit = [s.seq for s in batch]      # committed in the next step's forward (``_commit_held``)
         t4 = time.perf_counter()
-        if captured is not None:
-            self._keep_features(batch, capture, captured, valid)
+        if fused:
+            self._keep_features(batch, fused, valid)
+        elif captured is not None and not self.fuse_early:
+            self._keep_features_late(batch, capture, captured, valid)
         with self.blocks.posting():  # the finished sequences' releases: one frame
             self.blocks.after_forward()      # the forward is over: duplicates' slots drained in it go back
             for sched, toks in emitted:
@@ -583,11 +587,61 @@ class SpecEngine(GateSteps):
         layers = {layer for p in self._feature_proposers(batch).values() for layer in p.capture_layers}
         return tuple(sorted(layers))
 
-    def _keep_features(self, batch, capture, captured, valid) -> None:
-        """Append the fused features of each feature-drafting sequence's newly computed tokens.
+    def _fuse_features(self, batch, capture, captured) -> dict:
+        """Launch each feature proposer's fuse over the step's captured rows, right after the forward's launch:
+        method -> (fused [rows, d], first row). The rows span the first to the last row of the sequences
+        that capture for it; ``_keep_features`` takes each one's accepted rows as views once the step's
+        tokens are known. The fuse is row-wise (concatenation, projection, norm), so a row's value does not
+        depend on which other rows are fused beside it, up to the projection's kernel choice by row count.
 
-        One fuse per proposer over all its sequences' valid rows, then split: a per-sequence fuse costs
-        a few small kernels per sequence every step, also while the gate rests the drafter."""
+        Why before the step's sync, not after it (the reference below, ``_fuse_rows``): on the H100 (session
+        47, run FA, coding c = 1) a step that captured features for no draft took 2.27 ms against a plain
+        step's 2.04, ~0.18 ms of it after the forward: an index upload, three row selections, the fuse and a
+        concatenation per sequence, each a launch the GPU waited for. Launched here, the host issues them
+        while the GPU runs the forward; after the sync only views are taken. ``fuse_early`` off: the
+        reference, ``_keep_features_late``."""
+        proposers = self._feature_proposers(batch)
+        spans: dict[str, list[int]] = {}
+        row = 0
+        for sched in batch:
+            method = sched.seq.method
+            end = row + sched.num_tokens + sched.num_draft
+            if (method in proposers and id(sched.seq) not in self._resting
+                    and sched.seq.gate_key not in self._resting_keys):
+                span = spans.get(method)
+                if span is None:
+                    spans[method] = [row, end]
+                else:
+                    span[1] = end
+            row = end
+        return {method: (proposers[method].fuse([captured[capture.index(layer)][lo:hi]
+                                                 for layer in proposers[method].capture_layers]), lo)
+                for method, (lo, hi) in spans.items()}
+
+    def _keep_features(self, batch, fused: dict, valid) -> None:
+        """Append the fused features of each feature-drafting sequence's newly computed tokens: its valid
+        rows of the step's fused features (``_fuse_features``), as a view. A sequence with no pending
+        features (None, or none left after its drafter absorbed them) takes the view itself; one with
+        pending features (a prompt in chunks, a rest that keeps capturing) gets them concatenated."""
+        row = 0
+        for sched in batch:
+            seq = sched.seq
+            got = fused.get(seq.method)
+            if (got is not None and seq.status is not SeqStatus.FINISHED
+                    and id(seq) not in self._resting and seq.gate_key not in self._resting_keys):
+                rows, first = got
+                feats = rows[row - first:row - first + valid[id(sched)]]
+                old = seq.draft_feats
+                if old is None and seq.draft_ctx is not None:       # the first features after a rest
+                    self._stitch(seq, seq.num_computed_tokens - len(feats))
+                seq.draft_feats = feats if old is None or not len(old) else torch.cat([old, feats])
+            row += sched.num_tokens + sched.num_draft
+
+    def _keep_features_late(self, batch, capture, captured, valid) -> None:
+        """The reference for ``_fuse_features`` + ``_keep_features``, and the path until session 48: after the
+        step's sync, each proposer's fuse of exactly its sequences' valid rows (an index upload and a row
+        selection per layer), split per sequence and concatenated to its pending features. Runs where
+        ``fuse_early`` is off (``bench speedup``'s dspark-fuse-late row; the tests compare the two)."""
         proposers = self._feature_proposers(batch)
         rows: dict[str, list[int]] = {}                      # method -> captured rows to fuse, batch order
         owners: dict[str, list[tuple[Sequence, int]]] = {}   # method -> (sequence, its row count)
