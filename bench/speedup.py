@@ -124,6 +124,12 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # ``SpecGate.captures_prompt``); this row measures breaking it against the default in the same run. A
     # diagnostic, not a default row
     "dspark-capture-prompts": {"method": "dspark", "schedule": "confidence", "gamma": None, "capture_prompts": 8},
+    # scheduled dspark behind a gate whose resting requests keep capturing their features at loads up to 8
+    # while the cell is near a tie (``SpecGate.keep_context``), through a gate of its own: a rested request
+    # drafts from a gapped context for good, and in session 47's runs the cells where fixed γ = 7 won rested
+    # on that low acceptance (``SpecGate.keeps_context``); this row measures keeping the contexts whole
+    # against the default in the same run. A diagnostic, not a default row
+    "dspark-keep-context": {"method": "dspark", "schedule": "confidence", "gamma": None, "keep_context": 8},
     # scheduled dspark with the captured features fused after the step's sync, as until session 48
     # (``SpecEngine.fuse_early`` off: ``_keep_features_late``), through a gate of its own: on the H100 a step
     # that captured features cost ~0.2 ms more than a plain one (run FA); this row measures what fusing them
@@ -140,7 +146,7 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
                    "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager",
-                   "dspark-capture-prompts", "dspark-fuse-late", "dspark-g7-fuse-late")
+                   "dspark-capture-prompts", "dspark-fuse-late", "dspark-g7-fuse-late", "dspark-keep-context")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -250,6 +256,9 @@ class RunResult:
     # prompts that captured their features only because the row's gate captures every prompt at its load
     # (``SpecGate.capture_prompts``: the dspark-capture-prompts row; 0 elsewhere)
     gate_prompts_captured_anyway: int = 0
+    # decode steps whose resting requests kept capturing their features (``SpecGate.keep_context``: the
+    # dspark-keep-context row; 0 elsewhere)
+    gate_context_kept_steps: int = 0
     # how the run's requests finished: by reason ("length", "stop", ...), and how many finished in the same step
     # as how many others ({"4": 3}: three steps each finished four requests). Why: with every answer capped at
     # 48 tokens, `none` finishes cohorts of requests in one step and their successors share prompt steps;
@@ -267,7 +276,8 @@ STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_tot
              "admission_seconds_total", "spec_scheduler_seconds_total", "spec_paused_steps_total",
              "spec_class_explore_steps_total", "spec_rest_again_steps_total", "spec_rest_leased_steps_total",
              "spec_rest_whole_batch_steps_total", "spec_rest_span_steps_total",
-             "spec_promptless_requests_total", "spec_prompts_captured_anyway_total", "spec_gate_probes_total",
+             "spec_promptless_requests_total", "spec_prompts_captured_anyway_total", "spec_context_kept_steps_total",
+             "spec_gate_probes_total",
              "spec_gate_probes_cut_total") + PHASES
 
 
@@ -367,6 +377,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         gate_probes=int(d.get("spec_gate_probes_total", 0)), gate_probes_cut=int(d.get("spec_gate_probes_cut_total", 0)),
         gate_promptless_requests=int(d["spec_promptless_requests_total"]),
         gate_prompts_captured_anyway=int(d.get("spec_prompts_captured_anyway_total", 0)),
+        gate_context_kept_steps=int(d.get("spec_context_kept_steps_total", 0)),
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d), draft_phases=draft_phases(d),
         gc_pauses=gc_split(d), finish_reasons=dict(sorted(reasons.items())),
         finish_cohorts=dict(sorted(cohorts.items(), key=lambda kv: int(kv[0]))))
@@ -380,7 +391,7 @@ def gc_split(d: dict) -> dict[str, list[float]]:
 
 # ROWS keys for the row's own gate (SpecGate settings, or its verify, draft or projection path), not request fields
 GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "charge_steps", "plain_clip", "gate",
-                 "verify", "graphs", "absorb", "spans", "capture_prompts", "fuse")
+                 "verify", "graphs", "absorb", "spans", "capture_prompts", "fuse", "keep_context")
 
 
 @contextmanager

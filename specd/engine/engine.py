@@ -128,6 +128,7 @@ class SpecEngine(GateSteps):
                               spec_rest_leased_steps_total=0, spec_rest_whole_batch_steps_total=0,
                               spec_rest_span_steps_total=0, spec_rest_unlooked_steps_total=0,
                               spec_promptless_requests_total=0, spec_prompts_captured_anyway_total=0,
+                              spec_context_kept_steps_total=0,
                               forward_hook_steps_total=0, forward_hook_calls_total=0, warmed_requests_total=0,
                               **{f"step_{kind}_{what}_total": 0 for kind in STEP_KINDS
                                  for what in ("steps", "seconds", "tokens", "schedule_seconds", "forward_seconds")},

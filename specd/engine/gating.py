@@ -19,6 +19,7 @@ from specd.engine.spec_gate import RESTING_DECAY, SPAN_STEPS, Acceptance, Drafte
 from specd.engine.speculation import Draft
 
 RESUME_EVERY = 4   # resting steps between asks whether aged records would draft again (``_resumes``)
+KEEP_ABSORB = 32   # pending feature rows a kept request holds before its rest absorbs them (``_keep_context``)
 
 
 @dataclass(slots=True)
@@ -202,6 +203,8 @@ class GateSteps:
                 # a step with prompt chunks drafts for nobody but changes nobody's capture: a request
                 # that captures keeps its unabsorbed features and captures this step's too (``_keeps``)
                 self._rest([s.seq for s in members if not self._keeps(s.seq)])
+            elif self.spec_gate.keeps_context(key, len(batch)):
+                self._keep_context(members)
             elif not (self.spec_gate.probe_next(key, len(batch)) or resumes):
                 self._rest([s.seq for s in members])
                 if len(members) == len(group) and self._gate_arms.get(key) is False:
@@ -213,6 +216,20 @@ class GateSteps:
                 self._gate_capturing.add(key)       # resting sample, it is charged to the next drafting one
             resting.update(id(s) for s in members)
         return [s for s in group if id(s) not in resting] if resting else group
+
+    def _keep_context(self, members: list[ScheduledSeq]) -> None:
+        """Requests the gate rests this step but whose contexts the cell keeps whole
+        (``SpecGate.keeps_context``): not rested (``_rest``), so they capture this step's features, and no
+        rest chain, lease or span starts (those capture nothing). The step is a plain sample with the
+        capture's cost in it: where the setting holds, both arms pay it. Their pending features go into their
+        contexts at their next draft, or here, in one batched projection, once any of them holds
+        ``KEEP_ABSORB`` rows: a long rest's rows would otherwise land in one drafting step (past the largest
+        projection graph, and in that step's sample)."""
+        self._counters["spec_context_kept_steps_total"] += 1
+        if any(s.seq.draft_feats is not None and len(s.seq.draft_feats) >= KEEP_ABSORB for s in members):
+            absorb = getattr(self._proposer(members[0].seq.method), "absorb_before_rest", None)
+            if absorb is not None:
+                absorb([s.seq for s in members])
 
     def _rests_whole_batch(self, batch: list[ScheduledSeq]) -> bool:
         """The leased steady rest of a chain whose group was the whole batch, taken before any walk over the
@@ -264,6 +281,8 @@ class GateSteps:
                 return False
             self._fold(chain)
             if bucket != chain.bucket:       # the batch drained into a smaller bucket (``SpecGate.carries_rest``)
+                if self.spec_gate.keeps_context(chain.key, size):
+                    return False             # where contexts are kept, no chain rests them (``_keep_context``)
                 if not self.spec_gate.carries_rest(chain.key, chain.bucket, size):
                     return False
                 chain.bucket, exact = bucket, False
@@ -631,7 +650,8 @@ class GateSteps:
                     self.spec_gate.explores(record)
                     or self.spec_gate.should_draft(key, load, measured=False, requests=[record], copies=load)
                     or self.spec_gate.probe_next(key, len(batch)))
-                if not captures and self.spec_gate.captures_prompt(load):     # a setting, off by default
+                if not captures and (self.spec_gate.captures_prompt(load)      # settings, off by default
+                                     or self.spec_gate.keeps_context(key, load)):
                     captures = seq.prompt_captures = seq.prompt_forced = True
                     self._counters["spec_prompts_captured_anyway_total"] += 1
             if not captures:

@@ -99,6 +99,8 @@ CLASS_EXPLORE = 3    # drafting steps a recurring class takes on its own before 
 MAX_CLASSES = 4096   # classes remembered (least recently admitted forgotten first): unique prompts stay bounded
 WARMUP = 1           # first measured steps of each arm of a cell that are no sample (one-off costs)
 TRACE_STEPS = 16     # reports kept per cell, in order, for the records (``SpecGate.trace``)
+KEEP_NEAR = 0.7      # with ``keep_context``: a resting cell keeps its requests' drafter contexts whole while its
+                     # last prediction put drafting at this share of plain decoding's rate or more (``keeps_context``)
 LEASE_STEPS = 8      # steps of a steady rest the engine may take after one sure answer without asking (``rest_lease``)
 SPAN_STEPS = 32      # decode steps of a rest span: a whole-batch lease that also covers prompt steps and the
                      # admissions that join the rest's bound (``GateSteps._span_rests``, session 32)
@@ -335,6 +337,8 @@ class Cell:
     plain_recent: deque = field(default_factory=lambda: deque(maxlen=PLAIN_WINDOW))   # raw plain step seconds
                                                                                      # (``SpecGate._clip_plain``)
     lease_basis: tuple = ()   # ``basis`` of the answer that granted the current rest lease (``rest_lease``)
+    near: bool = True         # the last measured prediction put drafting at ``keep_near`` of plain or more
+                              # (``SpecGate.keeps_context``; True until a prediction is made)
 
     def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:
         """The drafting rate per sequence (``Rate.per_seq_s``) predicted for a batch whose drafting step
@@ -388,18 +392,20 @@ class SpecGate:
                  margin: float = MARGIN, probe_budget: float = PROBE_BUDGET, prior_steps: float = PRIOR_STEPS,
                  warmup: int = WARMUP, beside_prompts: bool = False, probe_cut: float | None = PROBE_CUT,
                  charge_steps: float | None = CHARGE_STEPS, plain_clip: float | None = PLAIN_CLIP,
-                 capture_prompts: int | None = None, trace_steps: int = TRACE_STEPS):
+                 capture_prompts: int | None = None, trace_steps: int = TRACE_STEPS,
+                 keep_context: int | None = None, keep_near: float = KEEP_NEAR):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
                 or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
                 or warmup < 0 or probe_cut is not None and not probe_cut >= 1
                 or charge_steps is not None and not charge_steps > 0
                 or plain_clip is not None and not plain_clip >= 1
-                or capture_prompts is not None and not capture_prompts >= 1):
+                or capture_prompts is not None and not capture_prompts >= 1
+                or keep_context is not None and not keep_context >= 1 or not 0 <= keep_near <= 1):
             raise GateError(f"bad gate settings: min_samples={min_samples}, probe_every={probe_every}, "
                             f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}, "
                             f"probe_budget={probe_budget}, prior_steps={prior_steps}, warmup={warmup}, "
                             f"probe_cut={probe_cut}, charge_steps={charge_steps}, plain_clip={plain_clip}, "
-                            f"capture_prompts={capture_prompts}")
+                            f"capture_prompts={capture_prompts}, keep_context={keep_context}, keep_near={keep_near}")
         self.warmup = warmup
         # True: gated requests draft in a step with prompt chunks where the measured steps say drafting
         # wins (``drafts_beside_prompts``). Off: on the H200 it lost (session 13, run AP, in the same run:
@@ -425,6 +431,10 @@ class SpecGate:
         # probe). Off by default: ``bench speedup``'s dspark-capture-prompts row measured it on the H100 in
         # session 47 (runs FD, FE): 0.90-0.98x `none` at c = 4 against the default's 1.08-1.15x
         self.capture_prompts = capture_prompts
+        # in this load bucket and lighter ones, requests the gate rests keep capturing their target features
+        # while the cell is near a tie (``keeps_context``; None: a rest captures nothing). Off by default:
+        # ``bench speedup``'s dspark-keep-context row measures it (session 48)
+        self.keep_context, self.keep_near = keep_context, keep_near
         # reports each cell keeps for the records, its first ones and its latest ones (``trace``). More than
         # the default only for a diagnosis: session 47's question (why a resting b4 cell priced drafting at
         # 8.8 ms) needed a cell's whole history, and 16 reports held two probes. ``bench speedup
@@ -549,6 +559,7 @@ class SpecGate:
         winner = cell.beats_plain(predicted, self.margin)
         if not measured:
             return winner
+        cell.near = predicted >= self.keep_near * cell.plain.per_seq_s
         cell.basis = (acceptance, predicted * sequences, cell.plain.per_seq_s * sequences)   # for ``trace``
         cell.rest_bound = None
         if cell.probe_left:
@@ -867,6 +878,26 @@ class SpecGate:
         the waste that made ``_rest_prompts`` ask the gate (2-5% at c = 32 on long prompts, session 12);
         so it is bounded by load."""
         return self.capture_prompts is not None and load_bucket(sequences) <= self.capture_prompts
+
+    def keeps_context(self, method: str, sequences: int) -> bool:
+        """Do the requests this cell rests keep capturing their target features (``keep_context``), so that
+        their drafter contexts stay whole? In load buckets up to the setting, while the cell explores or its
+        last measured prediction put drafting at ``keep_near`` of plain decoding's rate or more.
+
+        Why: a request that rests captures nothing, so its drafter context lacks the rested positions for
+        good (``GateSteps._stitch``), and one admitted into a resting cell lacks its prompt. Its drafts are
+        then accepted less, its own record says so, and the cell keeps resting where fixed γ = 7 wins. H100,
+        session 47 (``bench.gate_trace --prices`` over runs DV-FA): in 13 of 14 such cells the gate priced a
+        drafting step fairly but predicted 1.31-2.42 tokens a sequence against fixed γ = 7's 2.23-2.62. Near a
+        tie only, because keeping costs every resting step a capture (H100, run FA, coding c = 1: 2.27 ms
+        against a plain step's 2.04 before session 48's fuse in the forward's shadow)."""
+        if self.keep_context is None:
+            return False
+        bucket = load_bucket(sequences)
+        if bucket > self.keep_context:
+            return False
+        cell = self.cells.get((method, bucket))
+        return cell is None or cell.near
 
     def probe_next(self, method: str, sequences: int) -> bool:
         """Will the next measured step of this cell start a probe of drafting? The engine then captures

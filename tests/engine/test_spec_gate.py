@@ -1122,6 +1122,10 @@ class ScriptedGate:
         """A prompt captures only where the script drafts (``SpecGate.capture_prompts`` off)."""
         return False
 
+    def keeps_context(self, method, sequences):
+        """A scripted rest captures nothing (``SpecGate.keep_context`` off)."""
+        return False
+
     def resumes(self, method, sequences, requests):
         """A scripted rest is never the prediction's: nothing resumes early."""
         return False
@@ -3084,3 +3088,64 @@ def test_the_plain_clip_follows_a_real_slowdown_and_leaves_drafting_samples_alon
     clipped = gate.plain_clipped_s
     gate.observe("dspark", 4, True, 4, 0.5)                  # a drafting step 100x a plain one: as measured
     assert gate.plain_clipped_s == clipped and cell.draft.seconds == pytest.approx(0.5)
+
+
+def test_keep_context_is_bounded_by_load_near_a_tie_and_checked():
+    """``SpecGate.keeps_context``: in load buckets up to the setting, while the cell explores or its last
+    measured prediction put drafting at ``keep_near`` of plain decoding or more; off by default."""
+    gate = SpecGate(keep_context=8, warmup=0, min_samples=3, probe_every=50, probe_steps=2)
+    assert gate.keeps_context("dspark", 1) and gate.keeps_context("dspark", 15)     # no cell yet: it explores
+    assert not gate.keeps_context("dspark", 16)
+    assert not SpecGate().keeps_context("dspark", 1)
+    drive(gate, 8, draft_tok_s=800.0)              # drafting at 0.8 of plain: rests, near a tie
+    assert not gate.should_draft("dspark", 4) and gate.keeps_context("dspark", 4)
+    far = SpecGate(keep_context=8, warmup=0, min_samples=3, probe_every=50, probe_steps=2)
+    drive(far, 8, draft_tok_s=300.0)               # at 0.3 of plain: rests, far from a tie
+    assert not far.should_draft("dspark", 4) and not far.keeps_context("dspark", 4)
+    assert far.keeps_context("dspark", 1)          # another bucket keeps its own answer
+    for bad in ({"keep_context": 0}, {"keep_near": 1.5}):
+        with pytest.raises(GateError, match="keep_"):
+            SpecGate(**bad)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_kept_contexts_stay_whole_through_a_rest_and_stay_exact(keep):
+    """``SpecGate.keep_context``: requests the gate rests keep capturing, so a drafter context never has a gap
+    (``DraftContext.offset`` stays 0) and their pending rows are absorbed every ``KEEP_ABSORB`` rows; without
+    it the rest leaves each context gapped. Greedy outputs are plain decoding's either way. The script drafts
+    at the first decode step, rests 40 steps, then drafts."""
+    from specd.engine.config import EngineConfig
+    from specd.engine.engine import SpecEngine
+    from specd.engine.gating import KEEP_ABSORB
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    class Keeps(ScriptedGate):
+        def __init__(self):
+            super().__init__([True] + [False] * 40)
+
+        def keeps_context(self, method, sequences):
+            return keep
+
+    engine = SpecEngine.from_config(EngineConfig(max_num_seqs=4, num_local_blocks=256, drafter=DRAFTER,
+                                                 speculation="dspark"))
+    engine.spec_gate = Keeps()
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    out: dict[str, list[int]] = collections.defaultdict(list)
+    for spec in ("none", "dspark"):
+        for i in range(4):
+            engine.add_request(Request(f"{spec}{i}", engine.tokenizer.encode(PROMPTS[i]), params, speculation=spec))
+    seqs = [s for s in engine._seqs.values() if s.id.startswith("dspark")]
+    offsets, pending = set(), []
+    while engine.has_work():
+        for o in engine.step():
+            out[o.id] += o.token_ids
+        offsets.update(s.draft_ctx.offset for s in seqs if s.draft_ctx is not None)
+        pending += [len(s.draft_feats) for s in seqs if s.draft_feats is not None]
+    assert all(out[f"dspark{i}"] == out[f"none{i}"] and len(out[f"none{i}"]) == 60 for i in range(4))
+    kept = engine.stats()["spec_context_kept_steps_total"]
+    if keep:
+        assert offsets == {0} and kept >= 40
+        assert max(pending) <= KEEP_ABSORB and max(pending) >= KEEP_ABSORB - 1   # absorbed mid-rest, not after
+    else:
+        assert max(offsets) > 0 and kept == 0
