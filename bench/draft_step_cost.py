@@ -92,11 +92,42 @@ def phases(runs: list[dict], row: str) -> str:
     return "\n".join(lines)
 
 
+KINDS = ("plain", "capture", "draft")
+
+
+def kinds(runs: list[dict], row: str) -> str:
+    """``--kinds``: per cell, the row's plain, capture and drafting steps against `none`'s plain steps, each
+    as ms a step split into schedule (gate, proposal), forward and the rest after the step's sync (output,
+    features, commit), over every repeat that took such a step. Why: the part after the sync is host time
+    the GPU waits through; a capture step cost ~0.2 ms over a plain one there (H100, session 47, run FA),
+    and session 48 moved the features' fuse into the forward's shadow (``SpecEngine._fuse_features``):
+    the `-fuse-late` rows run the old path beside it."""
+    def split(got: list[dict]) -> str:
+        n = sum(g["steps"] for g in got)
+        if not n:
+            return "-"
+        ms, sched, fwd = (sum(g.get(k, 0.0) for g in got) / n for k in ("ms", "schedule_ms", "forward_ms"))
+        return f"{ms:.2f} ({sched:.2f} + {fwd:.2f} + {ms - sched - fwd:.2f})"
+
+    head = " | ".join(f"{row} {k}" for k in KINDS)
+    lines = [f"| workload | c | {BASELINE} plain | {head} |", "|---" * (3 + len(KINDS)) + "|",
+             "| | | ms a step (schedule + forward + after the sync) | | | |"]
+    for workload, level, pairs in repeat_pairs(runs, row):
+        base = [b.get("step_kinds", {}).get("plain") for b, _ in pairs]
+        cols = [split([b for b in base if b])]
+        for kind in KINDS:
+            cols.append(split([k for k in (r.get("step_kinds", {}).get(kind) for _, r in pairs) if k]))
+        lines.append(f"| {workload} | {level} | " + " | ".join(cols) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     return row_tool_main("python -m bench.draft_step_cost", __doc__.splitlines()[0],
                          lambda runs, row: table(cell_costs(runs, row), row), argv, "the drafting row (default dspark)",
-                         other=("--phases", "print a drafting phase's first steps against its later ones instead "
-                                "(ms a step, schedule and forward apart)", phases))
+                         other=[("--phases", "print a drafting phase's first steps against its later ones instead "
+                                 "(ms a step, schedule and forward apart)", phases),
+                                ("--kinds", "print the row's plain, capture and drafting steps against none's plain "
+                                 "steps instead: ms a step, schedule + forward + after the sync", kinds)])
 
 
 if __name__ == "__main__":

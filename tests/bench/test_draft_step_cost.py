@@ -62,3 +62,23 @@ def test_phases_put_a_drafting_phases_first_steps_beside_its_later_ones(tmp_path
         "none": {"runs": [NONE]}, "dspark": {"runs": [DRAFTING]}}}}}}))
     assert main([str(path), "--phases"]) == 0
     assert "No repeat of dspark recorded draft_phases" in capsys.readouterr().out
+
+
+def test_kinds_split_each_step_kind_into_schedule_forward_and_after_the_sync(tmp_path, capsys):
+    plain = {"steps": 10, "ms": 20.0, "schedule_ms": 2.0, "forward_ms": 17.5}
+    capture = {"steps": 2, "ms": 5.0, "schedule_ms": 0.8, "forward_ms": 3.6}
+    draft = {"steps": 4, "ms": 14.0, "schedule_ms": 5.0, "forward_ms": 7.6}
+    base = dict(NONE, step_kinds={"plain": plain})
+    row = dict(DRAFTING, step_kinds={"plain": plain, "capture": capture, "draft": draft})
+    resting = dict(DRAFTING, step_kinds={"plain": dict(plain, steps=30, ms=60.0, schedule_ms=6.0, forward_ms=52.5)})
+    cell = {"rows": {"none": {"runs": [base, base]}, "dspark": {"runs": [row, resting]}}}
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps({"workloads": {"coding.eval": {"4": cell}}}))
+    assert main([str(path), "--kinds"]) == 0
+    # plain over both repeats (40 steps), capture and draft from the one repeat that took them
+    assert ("| coding.eval | 4 | 2.00 (0.20 + 1.75 + 0.05) | 2.00 (0.20 + 1.75 + 0.05) | 2.50 (0.40 + 1.80 + 0.30) "
+            "| 3.50 (1.25 + 1.90 + 0.35) |" in capsys.readouterr().out)
+    cell["rows"]["dspark"]["runs"] = [resting, resting]
+    path.write_text(json.dumps({"workloads": {"coding.eval": {"4": cell}}}))
+    assert main([str(path), "--kinds"]) == 0
+    assert "| 2.00 (0.20 + 1.75 + 0.05) | - | - |" in capsys.readouterr().out
