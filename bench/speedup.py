@@ -254,7 +254,8 @@ class RunResult:
     # prompt-less drafting steps (``ClassRecord``, session 14)
     gate_promptless_requests: int = 0
     # prompts that captured their features only because the row's gate captures every prompt at its load
-    # (``SpecGate.capture_prompts``: the dspark-capture-prompts row; 0 elsewhere)
+    # (``SpecGate.capture_prompts``: the dspark-capture-prompts row) or keeps its resting requests' contexts
+    # (``SpecGate.keep_context``: the dspark-keep-context row); 0 elsewhere
     gate_prompts_captured_anyway: int = 0
     # decode steps whose resting requests kept capturing their features (``SpecGate.keep_context``: the
     # dspark-keep-context row; 0 elsewhere)

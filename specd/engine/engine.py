@@ -575,8 +575,9 @@ class SpecEngine(GateSteps):
             return {}
         found = {}
         # a sequence rests if marked one by one (``_rest``) or with its whole gate key (``_resting_keys``,
-        # a steady rest); the test is spelled out here and in ``_keep_features``: a helper call per sequence
-        # cost ~4 µs a resting step at c = 32 on the CPU machine, the kind of cost the steady rest removes
+        # a steady rest); the test is spelled out here, in ``_fuse_features`` and in ``_keep_features``: a
+        # helper call per sequence cost ~4 µs a resting step at c = 32 on the CPU machine, the kind of cost
+        # the steady rest removes
         for sched in batch:
             method = sched.seq.method
             if (method not in ("none", "ngram") and method not in found and id(sched.seq) not in self._resting
@@ -595,12 +596,12 @@ class SpecEngine(GateSteps):
         tokens are known. The fuse is row-wise (concatenation, projection, norm), so a row's value does not
         depend on which other rows are fused beside it, up to the projection's kernel choice by row count.
 
-        Why before the step's sync, not after it (the reference below, ``_fuse_rows``): on the H100 (session
+        Why before the step's sync, not after it (the reference below, ``_keep_features_late``): on the H100 (session
         47, run FA, coding c = 1) a step that captured features for no draft took 2.27 ms against a plain
         step's 2.04, ~0.18 ms of it after the forward: an index upload, three row selections, the fuse and a
         concatenation per sequence, each a launch the GPU waited for. Launched here, the host issues them
-        while the GPU runs the forward; after the sync only views are taken. ``fuse_early`` off: the
-        reference, ``_keep_features_late``."""
+        while the GPU runs the forward; after the sync only views are taken. ``fuse_early`` off runs the
+        reference instead."""
         proposers = self._feature_proposers(batch)
         spans: dict[str, list[int]] = {}
         row = 0
