@@ -90,7 +90,12 @@ class FeatureProposer:
 
     @torch.inference_mode()
     def propose(self, seqs, limits) -> list[Draft]:
-        ready = [i for i, s in enumerate(seqs) if self._ready(s)]
+        """One batched draft round for the sequences that are ready and have room to draft (limit > 0).
+        A sequence with no room (its next token is its last under max_tokens or the context) drafts
+        nothing: H100, session 47 (run FA), such rounds were the dspark-g7 rows' 'capture' steps, a full
+        round (~1.1 ms of schedule phase at c = 1) whose drafts were cut to 0 tokens, 4 a run on coding
+        c = 1 and 7 on creative. Its features stay pending (absorbed at its finish or next round)."""
+        ready = [i for i, s in enumerate(seqs) if limits[i] > 0 and self._ready(s)]
         drafts = [Draft([]) for _ in seqs]
         if not ready:
             return drafts
