@@ -291,15 +291,19 @@ def summarize(rec: ChainRecord, gamma: int, temperatures: Sequence[float] | None
 
     drafted = torch.tensor(rec.drafted)
     accepted = torch.tensor(rec.accepted)
-    by_pos = []
+    by_pos, reached_n, accepted_n = [], [], []
     for j in range(1, gamma + 1):
         reached = (accepted >= j - 1) & (drafted >= j)
         by_pos.append(float((accepted[reached] >= j).float().mean()) if reached.any() else None)
+        reached_n.append(int(reached.sum()))          # the counts behind by_pos: runs pool exactly
+        accepted_n.append(int((accepted[reached] >= j).sum()))
     out = {
         "rounds": len(rec.accepted),
         "tau": float((accepted + 1).float().mean()) if len(rec.accepted) else None,
         "mean_drafted": float(drafted.float().mean()) if len(rec.drafted) else None,
         "acceptance_by_position": by_pos,
+        "reached_by_position": reached_n,
+        "accepted_by_position": accepted_n,
         "draft_cost_fraction": sum(rec.draft_s) / max(sum(rec.verify_s), 1e-12),
         "draft_ms_mean": 1e3 * sum(rec.draft_s) / max(len(rec.draft_s), 1),
         "verify_ms_mean": 1e3 * sum(rec.verify_s) / max(len(rec.verify_s), 1),

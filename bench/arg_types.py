@@ -44,3 +44,14 @@ def fraction(text: str) -> float:
     if not 0.0 < value < 1.0:
         raise argparse.ArgumentTypeError(f"{text!r}: must lie between 0 and 1 (0.005 is ±0.5%)")
     return value
+
+
+def non_negative_floats(text: str) -> list[float]:
+    """'0.1,0.5' -> [0.1, 0.5]: in the order given, each a number >= 0 (cost fractions)."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad list of numbers {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: values must be numbers >= 0")
+    return values

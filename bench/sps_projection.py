@@ -19,6 +19,15 @@ acceptance by position α_j, the draft cost as a fraction of a verify), the expe
 k drafts E(k) = 1 + Σ_{j≤k} Π_{i≤j} α_i, and speed-up(B, k) = E(k)·t(B, 0) / (t(B, k)·(1 + f) + loop(B)),
 where f is that draft cost fraction (assumed to carry over to the larger model). Shown for k = γ and for
 the best k per B (k = 0 gives 1.0: a uniform-length stand-in for the confidence scheduler).
+
+Several ``--acceptance`` files (one per workload) pool by their counts (``reached_by_position``,
+``accepted_by_position``), and each gets its own projection beside the pooled one. ``--draft-fraction``
+takes a list: the first is the headline, the rest a sensitivity table. ``--timings`` reuses a stored
+``sps_projection.json`` (a GPU run's verify and Markov-loop times) instead of measuring, so a new drafter's
+acceptance, measured anywhere, can be projected without a device:
+
+    python -m bench sps-projection --timings docs/results/gpu/s4/runC/sps_projection.json \
+        --acceptance acc/coding-t0.json --acceptance acc/creative-t0.json --draft-fraction 0.5,0.25,0.1 --out OUT
 """
 from __future__ import annotations
 
@@ -31,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from bench.arg_types import positive_ints
+from bench.arg_types import non_negative_floats, positive_ints
 from bench.gpu_profile import SHAPES
 
 TINY = dict(SHAPES["qwen3-8b"], vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -203,9 +212,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
     p.add_argument("--gamma", type=int, default=7, help="largest k timed (drafts per request)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--acceptance", type=Path, default=None,
-                   help="bench acceptance JSON of the real model (acceptance_by_position, draft_cost_fraction)")
-    p.add_argument("--draft-fraction", type=float, default=None, help="override the JSON's draft_cost_fraction")
+    p.add_argument("--acceptance", type=Path, action="append", default=None,
+                   help="bench acceptance JSON of the real model (acceptance_by_position, draft_cost_fraction); "
+                        "repeat it (one per workload) to pool them by their counts and project each too")
+    p.add_argument("--draft-fraction", type=non_negative_floats, default=None,
+                   help="draft cost as a fraction of a verify step, overriding the JSONs' (measured where "
+                        "`bench acceptance` ran); a list such as 0.5,0.25,0.1 adds a sensitivity table")
+    p.add_argument("--timings", type=Path, default=None,
+                   help="a stored sps_projection.json: project from its verify and Markov-loop times instead of "
+                        "measuring (--shape, --batches, --context, --gamma, --repeats are then its own)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto: bfloat16 on CUDA, float32 on the CPU")
     p.add_argument("--threads", type=int, default=1)
@@ -247,26 +262,81 @@ def measure(args: argparse.Namespace, progress=print) -> dict:
             "_seconds": (verify_s, markov_s)}
 
 
-def projection(result: dict, acceptance: Path | None, draft_fraction: float | None) -> dict | None:
-    if acceptance is None:
+def stored_timings(path: Path) -> dict:
+    """A stored run's timings in ``measure``'s form (``_seconds`` rebuilt from its milliseconds), and where
+    they came from."""
+    try:
+        stored = json.loads(path.read_text())
+        verify_s = {int(b): [x / 1e3 for x in times] for b, times in stored["verify_ms"].items()}
+        markov_s = {int(b): m["loop_ms"] / 1e3 for b, m in stored["markov"].items()}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--timings {path}: not a sps_projection.json ({e})") from None
+    kept = {k: v for k, v in stored.items() if k not in ("command", "projection")}
+    return {**kept, "timings_from": {"path": str(path), "command": stored.get("command")},
+            "_seconds": (verify_s, markov_s)}
+
+
+def pooled_acceptance(runs: list[dict]) -> tuple[list[float | None], float | None]:
+    """Acceptance by position and τ over several ``bench acceptance`` runs: α_j = Σ accepted_j / Σ reached_j
+    (the counts each run writes), τ weighted by rounds. One run is taken as it is."""
+    if len(runs) == 1:
+        return runs[0]["acceptance_by_position"], runs[0].get("tau")
+    if any("reached_by_position" not in r for r in runs):
+        raise SystemExit("pooling several --acceptance files needs their counts (reached_by_position, "
+                         "accepted_by_position): rerun `bench acceptance`")
+    gamma = min(len(r["reached_by_position"]) for r in runs)
+    alpha = []
+    for j in range(gamma):
+        reached = sum(r["reached_by_position"][j] for r in runs)
+        alpha.append(sum(r["accepted_by_position"][j] for r in runs) / reached if reached else None)
+    rounds = sum(r["rounds"] for r in runs)
+    tau = sum(r["tau"] * r["rounds"] for r in runs if r.get("tau") is not None) / rounds if rounds else None
+    return alpha, tau
+
+
+def projection(result: dict, acceptance: list[Path] | Path | None, draft_fraction: list[float] | float | None) -> dict | None:
+    if not acceptance:
         return None
-    acc = json.loads(acceptance.read_text())
-    alpha = acc["acceptance_by_position"]
-    fraction = acc.get("draft_cost_fraction", 0.0) if draft_fraction is None else draft_fraction
+    paths = [acceptance] if isinstance(acceptance, Path) else list(acceptance)
+    runs = []
+    for path in paths:
+        try:
+            runs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--acceptance {path}: {e}") from None
+    alpha, tau = pooled_acceptance(runs)
+    if draft_fraction is None:
+        fractions = [sum(r.get("draft_cost_fraction", 0.0) * r.get("rounds", 1) for r in runs)
+                     / sum(r.get("rounds", 1) for r in runs)]
+    else:
+        fractions = [draft_fraction] if isinstance(draft_fraction, float) else list(draft_fraction)
     verify_s, markov_s = result["_seconds"]
-    return {"label": PROJECTION_LABEL, "source": str(acceptance), "acceptance_by_position": alpha,
-            "tau_measured": acc.get("tau"), "draft_cost_fraction": fraction,
-            "by_batch": project(verify_s, markov_s, alpha, fraction)}
+    out = {"label": PROJECTION_LABEL, "source": ", ".join(str(p) for p in paths), "acceptance_by_position": alpha,
+           "tau_measured": tau, "draft_cost_fraction": fractions[0],
+           "by_batch": project(verify_s, markov_s, alpha, fractions[0])}
+    if len(fractions) > 1:
+        out["by_draft_fraction"] = {str(f): project(verify_s, markov_s, alpha, f) for f in fractions}
+    if len(runs) > 1:
+        names = [p.stem for p in paths]
+        names = names if len(set(names)) == len(names) else [str(p) for p in paths]
+        out["by_source"] = {name: {"acceptance_by_position": r["acceptance_by_position"], "tau_measured": r.get("tau"),
+                                        "by_batch": project(verify_s, markov_s, r["acceptance_by_position"], fractions[0])}
+                            for name, r in zip(names, runs)}
+    return out
 
 
 def render_markdown(result: dict) -> str:
     g = result["gamma"]
-    lines = ["# Timing at real size", "", f"Command: `{result['command']}`", "",
-             f"Shape `{result['shape']}` with random {result['dtype']} weights on {result['device']}, "
-             f"{result['context']} cached tokens per request, CUDA graphs: {result['graphs']} "
-             f"(eager steps: {result['eager_steps']}). Median of {result['repeats']} runs.", "",
-             "| B | decode ms | SPS tok/s | " + " | ".join(f"verify k={k} ms" for k in range(1, g + 1)) +
-             " | Markov loop ms | loop share | eager loop ms | eager share |", "|---|---|---|" + "---|" * g + "---|---|---|---|"]
+    lines = ["# Timing at real size", "", f"Command: `{result['command']}`", ""]
+    if "timings_from" in result:
+        src = result["timings_from"]
+        lines += [f"Timings not measured by this command: read from `{src['path']}` (made by `{src['command']}`).", ""]
+    lines += [f"Shape `{result['shape']}` with random {result['dtype']} weights on {result['device']}, "
+              f"{result['context']} cached tokens per request, CUDA graphs: {result['graphs']} "
+              f"(eager steps: {result['eager_steps']}). Median of {result['repeats']} runs.", "",
+              "| B | decode ms | SPS tok/s | " + " | ".join(f"verify k={k} ms" for k in range(1, g + 1)) +
+              " | Markov loop ms | loop share | eager loop ms | eager share |",
+              "|---|---|---|" + "---|" * g + "---|---|---|---|"]
     for b, d in result["decode"].items():
         v, m = result["verify_ms"][b], result["markov"][b]
         lines.append(f"| {b} | {d['step_ms']:.2f} | {d['tokens_per_s']:.0f} | " +
@@ -281,20 +351,39 @@ def render_markdown(result: dict) -> str:
     if proj is None:
         lines += ["", "No projection: pass --acceptance JSON from `python -m bench acceptance` on the real model."]
     else:
+        tau = proj["tau_measured"]
         lines += ["", f"## {proj['label']}", "",
                   f"Acceptance by position from `{proj['source']}`: "
                   f"{[None if a is None else round(a, 3) for a in proj['acceptance_by_position']]}, measured τ "
-                  f"{proj['tau_measured']}, draft cost fraction {proj['draft_cost_fraction']:.3f} (assumed to carry over).",
+                  f"{'-' if tau is None else round(tau, 3)}, draft cost fraction {proj['draft_cost_fraction']:.3f} "
+                  "(assumed to carry over).",
                   "", "| B | projected speed-up at k=γ | best k | projected speed-up at best k |", "|---|---|---|---|"]
         for b, p in proj["by_batch"].items():
             lines.append(f"| {b} | {p['fixed_gamma']['speedup']:.2f} | {p['best']['k']} | {p['best']['speedup']:.2f} |")
+        if "by_draft_fraction" in proj:
+            fs = list(proj["by_draft_fraction"])
+            lines += ["", "Sensitivity to the draft cost fraction f (best k: projected speed-up):", "",
+                      "| B | " + " | ".join(f"f = {f}" for f in fs) + " |", "|---|" + "---|" * len(fs)]
+            for b in proj["by_batch"]:
+                cells = [proj["by_draft_fraction"][f][b]["best"] for f in fs]
+                lines.append(f"| {b} | " + " | ".join(f"k = {c['k']}: {c['speedup']:.2f}" for c in cells) + " |")
+        if "by_source" in proj:
+            bs = list(proj["by_batch"])
+            lines += ["", f"Each source alone (f = {proj['draft_cost_fraction']}; best k: projected speed-up):", "",
+                      "| source | τ | α_1 | " + " | ".join(f"B = {b}" for b in bs) + " |", "|---|---|---|" + "---|" * len(bs)]
+            for name, src in proj["by_source"].items():
+                a1 = src["acceptance_by_position"][0]
+                lines.append(f"| {name} | {src['tau_measured']:.2f} | {'-' if a1 is None else round(a1, 3)} | " +
+                             " | ".join(f"k = {src['by_batch'][b]['best']['k']}: {src['by_batch'][b]['best']['speedup']:.2f}"
+                                        for b in bs) + " |")
     return "\n".join(lines) + "\n"
 
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    result = {"command": " ".join(["python -m bench sps-projection", *sys.argv[2:]]), **measure(args)}
+    measured = stored_timings(args.timings) if args.timings is not None else measure(args)
+    result = {"command": " ".join(["python -m bench sps-projection", *sys.argv[2:]]), **measured}
     result["projection"] = projection(result, args.acceptance, args.draft_fraction)
     del result["_seconds"]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.__main__ import main as bench_main
-from bench.sps_projection import PROJECTION_LABEL, expected_tokens, project
+from bench.sps_projection import PROJECTION_LABEL, expected_tokens, pooled_acceptance, project
 
 
 def test_expected_tokens_and_projection_arithmetic():
@@ -53,3 +53,65 @@ def test_without_acceptance_there_is_no_projection(tmp_path):
                        "--repeats", "1", "--out", str(out)]) == 0
     assert json.loads((out / "sps_projection.json").read_text())["projection"] is None
     assert "No projection" in (out / "sps_projection.md").read_text()
+
+
+def _flat(tree, prefix=""):
+    """{'1': {'best': {'k': 0}}} -> {'1.best.k': 0}: nested projections compared with pytest.approx."""
+    out = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def _acceptance(path, alpha, reached, accepted, tau, rounds, fraction=0.3):
+    path.write_text(json.dumps({"tau": tau, "rounds": rounds, "acceptance_by_position": alpha,
+                                "reached_by_position": reached, "accepted_by_position": accepted,
+                                "draft_cost_fraction": fraction}))
+    return path
+
+
+def test_runs_pool_by_their_counts_not_by_their_ratios():
+    a = {"acceptance_by_position": [0.5, 1.0], "reached_by_position": [10, 5], "accepted_by_position": [5, 5],
+         "tau": 2.0, "rounds": 10}
+    b = {"acceptance_by_position": [0.9, 0.0], "reached_by_position": [90, 81], "accepted_by_position": [81, 0],
+         "tau": 1.9, "rounds": 90}
+    alpha, tau = pooled_acceptance([a, b])
+    assert alpha == pytest.approx([86 / 100, 5 / 86])            # the mean of the ratios would give 0.7, 0.5
+    assert tau == pytest.approx((2.0 * 10 + 1.9 * 90) / 100)
+    assert pooled_acceptance([a]) == ([0.5, 1.0], 2.0)
+    with pytest.raises(SystemExit, match="counts"):
+        pooled_acceptance([a, {"acceptance_by_position": [0.5, 0.5], "tau": 2.0, "rounds": 3}])
+
+
+def test_stored_timings_project_a_new_acceptance_without_measuring(tmp_path):
+    first = tmp_path / "measured"
+    assert bench_main(["sps-projection", "--shape", "tiny", "--batches", "1,2", "--context", "16", "--gamma", "2",
+                       "--repeats", "1", "--out", str(first)]) == 0
+    stored = json.loads((first / "sps_projection.json").read_text())
+    x = _acceptance(tmp_path / "x.json", [0.8, 0.5], [10, 8], [8, 4], 2.2, 10)
+    y = _acceptance(tmp_path / "y.json", [0.2, 0.5], [30, 6], [6, 3], 1.3, 30)
+    out = tmp_path / "projected"
+    assert bench_main(["sps-projection", "--timings", str(first / "sps_projection.json"), "--acceptance", str(x),
+                       "--acceptance", str(y), "--draft-fraction", "0.4,0.0", "--out", str(out)]) == 0
+    result = json.loads((out / "sps_projection.json").read_text())
+    assert result["verify_ms"] == stored["verify_ms"] and result["markov"] == stored["markov"]
+    assert result["timings_from"]["path"] == str(first / "sps_projection.json")
+    proj = result["projection"]
+    verify_s = {int(b): [t / 1e3 for t in v] for b, v in stored["verify_ms"].items()}
+    markov_s = {int(b): m["loop_ms"] / 1e3 for b, m in stored["markov"].items()}
+    pooled = [14 / 40, 7 / 14]
+    assert proj["acceptance_by_position"] == pytest.approx(pooled) and proj["draft_cost_fraction"] == 0.4
+    assert _flat(proj["by_batch"]) == pytest.approx(_flat(project(verify_s, markov_s, pooled, 0.4)))
+    assert _flat(proj["by_draft_fraction"]["0.0"]) == pytest.approx(_flat(project(verify_s, markov_s, pooled, 0.0)))
+    assert _flat(proj["by_source"]["x"]["by_batch"]) == pytest.approx(_flat(project(verify_s, markov_s, [0.8, 0.5],
+                                                                                    0.4)))
+    md = (out / "sps_projection.md").read_text()
+    assert "Timings not measured by this command" in md and "Sensitivity to the draft cost fraction" in md
+    assert "| x | 2.20 | 0.8 |" in md and "## PROJECTION, not a measurement" in md
+
+
+def test_a_bad_timings_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"verify_ms": {}}))
+    with pytest.raises(SystemExit, match="not a sps_projection.json"):
+        bench_main(["sps-projection", "--timings", str(bad), "--out", str(tmp_path / "o")])
