@@ -106,10 +106,12 @@ def main() -> int:
                     help="time a speculative round's pieces (block forward, Markov loop eager vs graph, verify)")
     ap.add_argument("--tiny", action="store_true", help="--draft-round at toy sizes; runs on the CPU")
     ap.add_argument("--batches", default="1,8,32", help="--draft-round batch sizes")
+    ap.add_argument("--context", type=int, default=512, help="--draft-round: drafter context tokens per request")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.draft_round:
-        profile_draft_round("tiny" if args.tiny else args.shape, [int(b) for b in args.batches.split(",")], args.out)
+        profile_draft_round("tiny" if args.tiny else args.shape, [int(b) for b in args.batches.split(",")], args.out,
+                            context=args.context)
         return 0
     dev = "cuda"
     model = random_model(args.shape, dev)

@@ -218,6 +218,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-fraction", type=non_negative_floats, default=None,
                    help="draft cost as a fraction of a verify step, overriding the JSONs' (measured where "
                         "`bench acceptance` ran); a list such as 0.5,0.25,0.1 adds a sensitivity table")
+    p.add_argument("--draft-round", type=Path, default=None,
+                   help="draft_round-<shape>.json from `python -m bench.gpu_profile --draft-round --shape S` at this "
+                        "shape: the headline then charges each B the measured round (block forward + Markov round + "
+                        "context projection, from their graphs) instead of f × verify + Markov loop")
+    p.add_argument("--draft-setting", default="greedy",
+                   help="which of the draft-round JSON's sampling settings to charge (greedy, T0.7-k20-p0.9)")
     p.add_argument("--timings", type=Path, default=None,
                    help="a stored sps_projection.json: project from its verify and Markov-loop times instead of "
                         "measuring (--shape, --batches, --context, --gamma, --repeats are then its own)")
@@ -294,7 +300,31 @@ def pooled_acceptance(runs: list[dict]) -> tuple[list[float | None], float | Non
     return alpha, tau
 
 
-def projection(result: dict, acceptance: list[Path] | Path | None, draft_fraction: list[float] | float | None) -> dict | None:
+ROUND_PARTS = ("block_forward_graph", "markov_graph", "absorb_graph")   # a drafting step's drafter work, as served
+
+
+def measured_rounds(path: Path, setting: str) -> dict[int, float]:
+    """Seconds of the drafter's work in a drafting step by batch, from ``bench.gpu_profile --draft-round``:
+    the block forward, the Markov round (LM head, loop, per-slot sampling, confidence head) and the context
+    projection of γ + 1 new features a request, each from its CUDA graph (device time, p50)."""
+    try:
+        rows = json.loads(path.read_text())
+        out = {}
+        for key, row in rows.items():
+            if key.startswith("b") and key.endswith("_" + setting):
+                out[int(key[1:].split("_", 1)[0])] = sum(row[part]["total_ms_p50"] for part in ROUND_PARTS) / 1e3
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--draft-round {path}: not a bench.gpu_profile --draft-round JSON ({e})") from None
+    if not out:
+        raise SystemExit(f"--draft-round {path}: no rows for setting {setting!r}")
+    return out
+
+
+def projection(result: dict, acceptance: list[Path] | Path | None, draft_fraction: list[float] | float | None,
+               rounds: dict[int, float] | None = None, rounds_source: str = "") -> dict | None:
+    """The labelled projection. The drafter's cost is either f × the verify step + the Markov loop (f from
+    the acceptance runs or ``draft_fraction``), or, with ``rounds``, the measured drafter work of a step at
+    each batch (``measured_rounds``); then only the batches it measured are projected."""
     if not acceptance:
         return None
     paths = [acceptance] if isinstance(acceptance, Path) else list(acceptance)
@@ -311,16 +341,24 @@ def projection(result: dict, acceptance: list[Path] | Path | None, draft_fractio
     else:
         fractions = [draft_fraction] if isinstance(draft_fraction, float) else list(draft_fraction)
     verify_s, markov_s = result["_seconds"]
+    headline = lambda a: project(verify_s, markov_s, a, fractions[0])   # noqa: E731
+    cost = {"draft_cost_fraction": fractions[0]}
+    if rounds is not None:
+        both = {b: t for b, t in verify_s.items() if b in rounds}
+        if not both:
+            raise SystemExit(f"--draft-round: none of its batches {sorted(rounds)} was timed here ({sorted(verify_s)})")
+        headline = lambda a: project(both, {b: rounds[b] for b in both}, a, 0.0)   # noqa: E731
+        cost = {"draft_cost_fraction": None, "draft_round_ms": {str(b): 1e3 * rounds[b] for b in both},
+                "draft_round_source": rounds_source}
     out = {"label": PROJECTION_LABEL, "source": ", ".join(str(p) for p in paths), "acceptance_by_position": alpha,
-           "tau_measured": tau, "draft_cost_fraction": fractions[0],
-           "by_batch": project(verify_s, markov_s, alpha, fractions[0])}
-    if len(fractions) > 1:
+           "tau_measured": tau, **cost, "by_batch": headline(alpha)}
+    if len(fractions) > 1 or rounds is not None and draft_fraction is not None:
         out["by_draft_fraction"] = {str(f): project(verify_s, markov_s, alpha, f) for f in fractions}
     if len(runs) > 1:
         names = [p.stem for p in paths]
         names = names if len(set(names)) == len(names) else [str(p) for p in paths]
         out["by_source"] = {name: {"acceptance_by_position": r["acceptance_by_position"], "tau_measured": r.get("tau"),
-                                        "by_batch": project(verify_s, markov_s, r["acceptance_by_position"], fractions[0])}
+                                        "by_batch": headline(r["acceptance_by_position"])}
                             for name, r in zip(names, runs)}
     return out
 
@@ -355,8 +393,11 @@ def render_markdown(result: dict) -> str:
         lines += ["", f"## {proj['label']}", "",
                   f"Acceptance by position from `{proj['source']}`: "
                   f"{[None if a is None else round(a, 3) for a in proj['acceptance_by_position']]}, measured τ "
-                  f"{'-' if tau is None else round(tau, 3)}, draft cost fraction {proj['draft_cost_fraction']:.3f} "
-                  "(assumed to carry over).",
+                  f"{'-' if tau is None else round(tau, 3)}, " + (
+                      f"draft cost fraction {proj['draft_cost_fraction']:.3f} (assumed to carry over)."
+                      if proj.get("draft_round_ms") is None else
+                      "the drafter's work of a step measured at this shape (`" + proj["draft_round_source"] + "`: "
+                      + ", ".join(f"B = {b}: {ms:.2f} ms" for b, ms in proj["draft_round_ms"].items()) + ")."),
                   "", "| B | projected speed-up at k=γ | best k | projected speed-up at best k |", "|---|---|---|---|"]
         for b, p in proj["by_batch"].items():
             lines.append(f"| {b} | {p['fixed_gamma']['speedup']:.2f} | {p['best']['k']} | {p['best']['speedup']:.2f} |")
@@ -369,7 +410,9 @@ def render_markdown(result: dict) -> str:
                 lines.append(f"| {b} | " + " | ".join(f"k = {c['k']}: {c['speedup']:.2f}" for c in cells) + " |")
         if "by_source" in proj:
             bs = list(proj["by_batch"])
-            lines += ["", f"Each source alone (f = {proj['draft_cost_fraction']}; best k: projected speed-up):", "",
+            basis = ("the measured round" if proj.get("draft_round_ms") is not None
+                     else f"f = {proj['draft_cost_fraction']}")
+            lines += ["", f"Each source alone ({basis}; best k: projected speed-up):", "",
                       "| source | τ | α_1 | " + " | ".join(f"B = {b}" for b in bs) + " |", "|---|---|---|" + "---|" * len(bs)]
             for name, src in proj["by_source"].items():
                 a1 = src["acceptance_by_position"][0]
@@ -384,7 +427,9 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     measured = stored_timings(args.timings) if args.timings is not None else measure(args)
     result = {"command": " ".join(["python -m bench sps-projection", *sys.argv[2:]]), **measured}
-    result["projection"] = projection(result, args.acceptance, args.draft_fraction)
+    rounds = None if args.draft_round is None else measured_rounds(args.draft_round, args.draft_setting)
+    result["projection"] = projection(result, args.acceptance, args.draft_fraction, rounds,
+                                      f"{args.draft_round} ({args.draft_setting})")
     del result["_seconds"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sps_projection.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -37,8 +37,8 @@
 #                                          #   max_tokens (answers end at EOS) at ${LOCK_CONCURRENCY:-16,32}, then the
 #                                          #   table's 48-token answers at ${LOCK_FIXED:-32} (session 43: is c = 32's
 #                                          #   loss the 48-token cap's lockstep?); turn.tgz and fixed48.tgz
-#   bash bench/gpu/session.sh projection   # one GPU, no GGUF: sps-projection at the Qwen3-8B shape with the CPU
-#                                          #   machine's acceptance JSONs (session 49), then the draft-round profile
+#   bash bench/gpu/session.sh projection   # one GPU, no GGUF: the draft-round profile and sps-projection at the
+#                                          #   Qwen3-8B shape, with the CPU machine's acceptance JSONs (session 49)
 #   bash bench/gpu/session.sh graphs-check # one GPU, no GGUF: the drafter graphs' CUDA tests and the draft-round
 #                                          #   profile (absorb_eager vs absorb_graph: the context projection,
 #                                          #   built in session 29 without a GPU run)
@@ -626,20 +626,25 @@ PY
   projection)
     # session 49, one GPU, no GGUF, no stash (a session's first call can be this one): issue 6's timing at real
     # size on this tree (Qwen3-8B shape, random weights: SPS(B), verify cost by k, the Markov loop's share of a
-    # round; last measured in session 4, before the two-level nucleus kernels), the labelled projection with the
-    # acceptance measured on the CPU machine (PROJ_ACCEPTANCE, default session 49's greedy runs of session 45's
-    # drafter, pooled by counts) at draft cost fractions PROJ_FRACTIONS, then the draft-round profile
+    # round; last measured in session 4, before the two-level nucleus kernels) and the labelled projection with
+    # the acceptance measured on the CPU machine (PROJ_ACCEPTANCE, default session 49's greedy runs of session
+    # 45's drafter, pooled by counts); the sensitivity table at draft cost fractions PROJ_FRACTIONS
+    # first the drafter's work of a step at the same shape and context (block forward, Markov round, context
+    # projection, from their graphs), which the projection then charges instead of an assumed fraction
     mkdir -p "$RES/projection"
+    B=${PROJ_BATCHES:-1,8,32,128}
+    CUDA_VISIBLE_DEVICES=0 timeout "${PROFILE_TIMEOUT:-180}" python -m bench.gpu_profile --draft-round \
+      --shape qwen3-8b --batches "$B" --context 1024 --out "$RES/projection/draft-round" > /tmp/logs/draft-round.log 2>&1
+    echo "draft-round rc=$?"; tail -n 4 /tmp/logs/draft-round.log
     acc=()
     for f in ${PROJ_ACCEPTANCE:-docs/results/cpu/s49-acceptance/*-t0.json}; do acc+=(--acceptance "$f"); done
+    round=(); [ -f "$RES/projection/draft-round/draft_round-qwen3-8b.json" ] && \
+      round=(--draft-round "$RES/projection/draft-round/draft_round-qwen3-8b.json" --draft-setting "${PROJ_SETTING:-greedy}")
     CUDA_VISIBLE_DEVICES=0 timeout "${SPS_TIMEOUT:-240}" python -m bench sps-projection --shape qwen3-8b \
-      --batches "${PROJ_BATCHES:-1,8,32,128}" --repeats 3 --context 1024 "${acc[@]}" \
+      --batches "$B" --repeats 3 --context 1024 "${acc[@]}" "${round[@]}" \
       --draft-fraction "${PROJ_FRACTIONS:-0.55,0.25,0.1}" --device cuda --out "$RES/projection/sps" \
       > /tmp/logs/sps.log 2>&1
     echo "sps-projection rc=$?"; tail -n 40 "$RES/projection/sps/sps_projection.md"
-    CUDA_VISIBLE_DEVICES=0 timeout "${PROFILE_TIMEOUT:-90}" python -m bench.gpu_profile --draft-round \
-      --out "$RES/projection/draft-round" > /tmp/logs/draft-round.log 2>&1
-    echo "draft-round rc=$?"; tail -n 4 /tmp/logs/draft-round.log
     pack projection
     ;;
   *)

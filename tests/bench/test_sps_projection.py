@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.__main__ import main as bench_main
-from bench.sps_projection import PROJECTION_LABEL, expected_tokens, pooled_acceptance, project
+from bench.sps_projection import PROJECTION_LABEL, ROUND_PARTS, expected_tokens, pooled_acceptance, project
 
 
 def test_expected_tokens_and_projection_arithmetic():
@@ -115,3 +115,33 @@ def test_a_bad_timings_file_is_a_clear_error(tmp_path):
     bad.write_text(json.dumps({"verify_ms": {}}))
     with pytest.raises(SystemExit, match="not a sps_projection.json"):
         bench_main(["sps-projection", "--timings", str(bad), "--out", str(tmp_path / "o")])
+
+
+def test_a_measured_draft_round_replaces_the_assumed_fraction(tmp_path):
+    first = tmp_path / "measured"
+    assert bench_main(["sps-projection", "--shape", "tiny", "--batches", "1,2,4", "--context", "16", "--gamma", "2",
+                       "--repeats", "1", "--out", str(first)]) == 0
+    stored = json.loads((first / "sps_projection.json").read_text())
+    parts = {"greedy": (0.5, 0.25, 0.125), "T0.7-k20-p0.9": (9.0, 9.0, 9.0)}     # ms of the three parts
+    rows = {f"b{b}_{name}": {part: {"host_ms_p50": 0.1, "total_ms_p50": ms * b} for part, ms in zip(ROUND_PARTS, v)}
+            for b in (1, 2, 8) for name, v in parts.items()}                     # B = 8 was not timed here
+    rounds = tmp_path / "draft_round-tiny.json"
+    rounds.write_text(json.dumps({"shape": "tiny", **rows}))
+    x = _acceptance(tmp_path / "x.json", [0.8, 0.5], [10, 8], [8, 4], 2.2, 10)
+    out = tmp_path / "projected"
+    assert bench_main(["sps-projection", "--timings", str(first / "sps_projection.json"), "--acceptance", str(x),
+                       "--draft-round", str(rounds), "--draft-fraction", "0.3", "--out", str(out)]) == 0
+    proj = json.loads((out / "sps_projection.json").read_text())["projection"]
+    verify_s = {int(b): [t / 1e3 for t in v] for b, v in stored["verify_ms"].items()}
+    charged = {1: 0.875e-3, 2: 1.75e-3}                                          # greedy: the parts summed, by B
+    assert proj["draft_round_ms"] == pytest.approx({"1": 0.875, "2": 1.75}) and proj["draft_cost_fraction"] is None
+    want = project({b: verify_s[b] for b in charged}, charged, [0.8, 0.5], 0.0)
+    assert set(proj["by_batch"]) == {"1", "2"}                                   # only batches both measured
+    assert _flat(proj["by_batch"]) == pytest.approx(_flat(want))
+    # the fraction the command also gave runs beside it, over every timed batch
+    markov_s = {int(b): m["loop_ms"] / 1e3 for b, m in stored["markov"].items()}
+    assert _flat(proj["by_draft_fraction"]["0.3"]) == pytest.approx(_flat(project(verify_s, markov_s, [0.8, 0.5], 0.3)))
+    assert "measured at this shape" in (out / "sps_projection.md").read_text()
+    with pytest.raises(SystemExit, match="no rows for setting"):
+        bench_main(["sps-projection", "--timings", str(first / "sps_projection.json"), "--acceptance", str(x),
+                    "--draft-round", str(rounds), "--draft-setting", "T1", "--out", str(out)])

@@ -177,6 +177,11 @@ def test_the_draft_round_profile_runs_at_tiny_sizes(tmp_path):
         assert row["graph_tokens_equal_fraction"] >= 0.9 and row["graph_max_abs_probs_diff"] <= 1e-5
         assert all(row[k]["total_ms_p50"] > 0 for k in ("block_forward", "markov_eager", "markov_graph",
                                                         "verify_per_sequence", "verify_vectorized"))
+    # the parts `bench sps-projection --draft-round` charges a drafting step read from these rows
+    from bench.sps_projection import ROUND_PARTS, measured_rounds
+
+    assert all(res["b3_greedy"][k]["total_ms_p50"] > 0 for k in ROUND_PARTS)
+    assert set(measured_rounds(tmp_path / "draft_round-tiny.json", "greedy")) == {1, 3}
 
 
 def test_the_engine_serves_through_the_draft_rounds():
