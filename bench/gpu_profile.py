@@ -304,7 +304,8 @@ def profile_draft_round(shape: str, batches: list[int], out: Path, gamma: int = 
                 res[f"b{b}_{name}"] = row
                 print(b, name, {k: (v["host_ms_p50"], v["total_ms_p50"]) if isinstance(v, dict) else v
                                 for k, v in row.items()}, flush=True)
-    (out / f"draft_round-{shape}.json").write_text(json.dumps(res, indent=1))
+                # rewritten after every row: a run its timeout cuts still leaves the batches it finished
+                (out / f"draft_round-{shape}.json").write_text(json.dumps(res, indent=1))
     return res
 
 
