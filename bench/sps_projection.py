@@ -415,8 +415,8 @@ def render_markdown(result: dict) -> str:
             lines += ["", f"Each source alone ({basis}; best k: projected speed-up):", "",
                       "| source | τ | α_1 | " + " | ".join(f"B = {b}" for b in bs) + " |", "|---|---|---|" + "---|" * len(bs)]
             for name, src in proj["by_source"].items():
-                a1 = src["acceptance_by_position"][0]
-                lines.append(f"| {name} | {src['tau_measured']:.2f} | {'-' if a1 is None else round(a1, 3)} | " +
+                a1, t = src["acceptance_by_position"][0], src["tau_measured"]
+                lines.append(f"| {name} | {'-' if t is None else f'{t:.2f}'} | {'-' if a1 is None else round(a1, 3)} | " +
                              " | ".join(f"k = {src['by_batch'][b]['best']['k']}: {src['by_batch'][b]['best']['speedup']:.2f}"
                                         for b in bs) + " |")
     return "\n".join(lines) + "\n"
