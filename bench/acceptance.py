@@ -399,6 +399,15 @@ def run_prompts(target, tokenizer, proposer: Proposer, prompts: Sequence[EvalPro
     return records
 
 
+def round_records(rec: ChainRecord, temperatures: Sequence[float] | None) -> dict:
+    """The rounds behind the summary that a scheduler can replay: each full-block round's raw conditional
+    confidences (4 decimals) and how many of its drafts were accepted, with the STS temperatures that
+    calibrate them (None: the drafter has none)."""
+    return {"confidence": [[round(float(c), 4) for c in row] for row in rec.confidence],
+            "accepted": [int(a) for a in rec.conf_accepted],
+            "sts_temperatures": None if temperatures is None else [float(t) for t in temperatures]}
+
+
 # ---- command line -----------------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -428,6 +437,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="target dtype; the drafters are fp32 and do not accept bf16 target features yet")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1: a tiny target is latency-bound; more threads only contend)")
+    parser.add_argument("--keep-rounds", action="store_true",
+                        help="also write each full-block round's raw confidences and accepted drafts, with the "
+                             "drafter's STS temperatures (`bench sps-projection --scheduled` replays them)")
     parser.add_argument("--out", type=Path, required=True, help="results JSON")
 
 
@@ -466,6 +478,8 @@ def run(args: argparse.Namespace) -> int:
     result = {"command": " ".join(["python -m bench acceptance", *sys.argv[2:]]), "drafter": args.drafter,
               "target": str(args.target), "temperature": args.temperature, "gamma": args.gamma,
               "prompts": len(prompts), "wall_s": time.perf_counter() - t0, **summarize(rec, args.gamma, temps)}
+    if getattr(args, "keep_rounds", False):
+        result["round_records"] = round_records(rec, temps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("tau", "acceptance_by_position", "ece_raw", "ece_sts",

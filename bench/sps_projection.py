@@ -28,6 +28,10 @@ acceptance, measured anywhere, can be projected without a device:
 
     python -m bench sps-projection --timings docs/results/gpu/s4/runC/sps_projection.json \
         --acceptance acc/coding-t0.json --acceptance acc/creative-t0.json --draft-fraction 0.5,0.25,0.1 --out OUT
+
+``--scheduled`` also replays the confidence scheduler itself on the rounds the acceptance files recorded
+(``bench acceptance --keep-rounds``), per request and step, against the best uniform k on the same draws
+(bench/scheduled_projection.py).
 """
 from __future__ import annotations
 
@@ -224,6 +228,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "context projection, from their graphs) instead of f × verify + Markov loop")
     p.add_argument("--draft-setting", default="greedy",
                    help="which of the draft-round JSON's sampling settings to charge (greedy, T0.7-k20-p0.9)")
+    p.add_argument("--scheduled", action="store_true",
+                   help="also replay the confidence scheduler on the rounds the --acceptance files recorded "
+                        "(`bench acceptance --keep-rounds`): per-request lengths against the best uniform k, "
+                        "same draws and costs (bench/scheduled_projection.py)")
+    p.add_argument("--scheduled-steps", type=int, default=200, help="replayed steps per batch and source")
     p.add_argument("--timings", type=Path, default=None,
                    help="a stored sps_projection.json: project from its verify and Markov-loop times instead of "
                         "measuring (--shape, --batches, --context, --gamma, --repeats are then its own)")
@@ -320,8 +329,26 @@ def measured_rounds(path: Path, setting: str) -> dict[int, float]:
     return out
 
 
+def scheduled(runs: list[dict], names: list[str], verify_s: dict[int, list[float]], draft_s: dict[int, float],
+              steps: int) -> dict:
+    """``scheduled_projection.scheduled_against_uniform`` for each source and for all their rounds pooled, at
+    each batch ``draft_s`` prices."""
+    from bench.scheduled_projection import recorded_rounds, scheduled_against_uniform
+
+    missing = [n for n, r in zip(names, runs) if "round_records" not in r]
+    if missing:
+        raise SystemExit(f"--scheduled needs rounds recorded with `bench acceptance --keep-rounds`: {missing}")
+    sources = {n: recorded_rounds(r["round_records"]) for n, r in zip(names, runs)}
+    if len(sources) > 1:
+        sources["pooled"] = [x for rs in list(sources.values()) for x in rs]
+    return {"draft_ms": {str(b): 1e3 * t for b, t in draft_s.items()}, "steps": steps,
+            "by_source": {n: {str(b): scheduled_against_uniform(rs, verify_s[b], b, draft_s[b], steps)
+                              for b in draft_s} for n, rs in sources.items()}}
+
+
 def projection(result: dict, acceptance: list[Path] | Path | None, draft_fraction: list[float] | float | None,
-               rounds: dict[int, float] | None = None, rounds_source: str = "") -> dict | None:
+               rounds: dict[int, float] | None = None, rounds_source: str = "", replay_steps: int = 0
+               ) -> dict | None:
     """The labelled projection. The drafter's cost is either f × the verify step + the Markov loop (f from
     the acceptance runs or ``draft_fraction``), or, with ``rounds``, the measured drafter work of a step at
     each batch (``measured_rounds``); then only the batches it measured are projected."""
@@ -354,9 +381,14 @@ def projection(result: dict, acceptance: list[Path] | Path | None, draft_fractio
            "tau_measured": tau, **cost, "by_batch": headline(alpha)}
     if len(fractions) > 1 or rounds is not None and draft_fraction is not None:
         out["by_draft_fraction"] = {str(f): project(verify_s, markov_s, alpha, f) for f in fractions}
+    names = [p.stem for p in paths]
+    names = names if len(set(names)) == len(names) else [str(p) for p in paths]
+    if replay_steps:
+        # the draft a step pays before the scheduler decides: measured, else f × a full verify + the loop
+        draft_s = ({b: rounds[b] for b in verify_s if b in rounds} if rounds is not None else
+                   {b: fractions[0] * t[-1] + markov_s[b] for b, t in verify_s.items()})
+        out["scheduled"] = scheduled(runs, names, verify_s, draft_s, replay_steps)
     if len(runs) > 1:
-        names = [p.stem for p in paths]
-        names = names if len(set(names)) == len(names) else [str(p) for p in paths]
         out["by_source"] = {name: {"acceptance_by_position": r["acceptance_by_position"], "tau_measured": r.get("tau"),
                                         "by_batch": headline(r["acceptance_by_position"])}
                             for name, r in zip(names, runs)}
@@ -419,6 +451,19 @@ def render_markdown(result: dict) -> str:
                 lines.append(f"| {name} | {'-' if t is None else f'{t:.2f}'} | {'-' if a1 is None else round(a1, 3)} | " +
                              " | ".join(f"k = {src['by_batch'][b]['best']['k']}: {src['by_batch'][b]['best']['speedup']:.2f}"
                                         for b in bs) + " |")
+        if "scheduled" in proj:
+            sch = proj["scheduled"]
+            bs = list(sch["draft_ms"])
+            lines += ["", "The confidence scheduler replayed on the recorded rounds (`bench/scheduled_projection.py`, "
+                          f"{sch['steps']} steps a cell; draft " + ", ".join(f"B = {b}: {ms:.2f} ms" for b, ms in
+                                                                            sch["draft_ms"].items()) +
+                      "). Each cell: scheduled speed-up (mean verified length) / best uniform k on the same draws. "
+                      "The gate keeps a row at ≥ 1.00 by not drafting.", "",
+                      "| source | " + " | ".join(f"B = {b}" for b in bs) + " |", "|---|" + "---|" * len(bs)]
+            for name, cells in sch["by_source"].items():
+                lines.append(f"| {name} | " + " | ".join(
+                    f"{c['scheduled']['speedup']:.2f} ({c['scheduled']['mean_length']:.1f}) / k = "
+                    f"{c['best_uniform']['k']}: {c['best_uniform']['speedup']:.2f}" for c in (cells[b] for b in bs)) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -429,7 +474,8 @@ def run(args: argparse.Namespace) -> int:
     result = {"command": " ".join(["python -m bench sps-projection", *sys.argv[2:]]), **measured}
     rounds = None if args.draft_round is None else measured_rounds(args.draft_round, args.draft_setting)
     result["projection"] = projection(result, args.acceptance, args.draft_fraction, rounds,
-                                      f"{args.draft_round} ({args.draft_setting})")
+                                      f"{args.draft_round} ({args.draft_setting})",
+                                      args.scheduled_steps if args.scheduled else 0)
     del result["_seconds"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sps_projection.json").write_text(json.dumps(result, indent=2) + "\n")

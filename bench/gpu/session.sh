@@ -628,7 +628,8 @@ PY
     # size on this tree (Qwen3-8B shape, random weights: SPS(B), verify cost by k, the Markov loop's share of a
     # round; last measured in session 4, before the two-level nucleus kernels) and the labelled projection with
     # the acceptance measured on the CPU machine (PROJ_ACCEPTANCE, default session 49's greedy runs of session
-    # 45's drafter, pooled by counts); the sensitivity table at draft cost fractions PROJ_FRACTIONS
+    # 45's drafter, pooled by counts, with their rounds: the scheduler is replayed on them); the sensitivity
+    # table at draft cost fractions PROJ_FRACTIONS
     # first the drafter's work of a step at the same shape and context (block forward, Markov round, context
     # projection, from their graphs), which the projection then charges instead of an assumed fraction
     mkdir -p "$RES/projection"
@@ -641,7 +642,7 @@ PY
     round=(); [ -f "$RES/projection/draft-round/draft_round-qwen3-8b.json" ] && \
       round=(--draft-round "$RES/projection/draft-round/draft_round-qwen3-8b.json" --draft-setting "${PROJ_SETTING:-greedy}")
     CUDA_VISIBLE_DEVICES=0 timeout "${SPS_TIMEOUT:-240}" python -m bench sps-projection --shape qwen3-8b \
-      --batches "$B" --repeats 3 --context 1024 "${acc[@]}" "${round[@]}" \
+      --batches "$B" --repeats 3 --context 1024 "${acc[@]}" "${round[@]}" --scheduled \
       --draft-fraction "${PROJ_FRACTIONS:-0.55,0.25,0.1}" --device cuda --out "$RES/projection/sps" \
       > /tmp/logs/sps.log 2>&1
     echo "sps-projection rc=$?"; tail -n 40 "$RES/projection/sps/sps_projection.md"

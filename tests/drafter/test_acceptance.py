@@ -178,6 +178,10 @@ def test_summarize_counts_positions_and_applies_sts_temperatures():
     # position 3: only round 2 reaches it (round 4 accepted both of its 2 drafts but drafted no third)
     assert s["acceptance_by_position"] == pytest.approx([0.75, 2 / 3, 1.0])
     assert s["reached_by_position"] == [4, 3, 1] and s["accepted_by_position"] == [3, 2, 1]   # what runs pool by
+    from bench.acceptance import round_records       # --keep-rounds: the full-block rounds a scheduler replays
+
+    kept = round_records(rec, [3.0, 3.0, 3.0])
+    assert kept == {"confidence": [[0.9, 0.9, 0.9]] * 3, "accepted": [0, 3, 1], "sts_temperatures": [3.0] * 3}
     assert s["draft_cost_fraction"] == pytest.approx(0.25)
     assert s["ece_raw"] is not None and s["ece_sts"] is not None and s["ece_sts"] != s["ece_raw"]
 
