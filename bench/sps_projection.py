@@ -384,10 +384,13 @@ def projection(result: dict, acceptance: list[Path] | Path | None, draft_fractio
     names = [p.stem for p in paths]
     names = names if len(set(names)) == len(names) else [str(p) for p in paths]
     if replay_steps:
-        # the draft a step pays before the scheduler decides: measured, else f × a full verify + the loop
-        draft_s = ({b: rounds[b] for b in verify_s if b in rounds} if rounds is not None else
-                   {b: fractions[0] * t[-1] + markov_s[b] for b, t in verify_s.items()})
-        out["scheduled"] = scheduled(runs, names, verify_s, draft_s, replay_steps)
+        # the draft a step pays before the scheduler decides: measured, else f × a full verify + the loop,
+        # one table for each f given
+        costs = [] if rounds is None else [("the measured round", {b: rounds[b] for b in verify_s if b in rounds})]
+        if rounds is None or draft_fraction is not None:
+            costs += [(f"f = {f}", {b: f * t[-1] + markov_s[b] for b, t in verify_s.items()}) for f in fractions]
+        out["scheduled"] = [{"basis": basis, **scheduled(runs, names, verify_s, draft_s, replay_steps)}
+                            for basis, draft_s in costs]
     if len(runs) > 1:
         out["by_source"] = {name: {"acceptance_by_position": r["acceptance_by_position"], "tau_measured": r.get("tau"),
                                         "by_batch": headline(r["acceptance_by_position"])}
@@ -451,12 +454,11 @@ def render_markdown(result: dict) -> str:
                 lines.append(f"| {name} | {'-' if t is None else f'{t:.2f}'} | {'-' if a1 is None else round(a1, 3)} | " +
                              " | ".join(f"k = {src['by_batch'][b]['best']['k']}: {src['by_batch'][b]['best']['speedup']:.2f}"
                                         for b in bs) + " |")
-        if "scheduled" in proj:
-            sch = proj["scheduled"]
+        for sch in proj.get("scheduled", []):
             bs = list(sch["draft_ms"])
-            lines += ["", "The confidence scheduler replayed on the recorded rounds (`bench/scheduled_projection.py`, "
-                          f"{sch['steps']} steps a cell; draft " + ", ".join(f"B = {b}: {ms:.2f} ms" for b, ms in
-                                                                            sch["draft_ms"].items()) +
+            lines += ["", f"The confidence scheduler replayed on the recorded rounds, draft cost {sch['basis']} "
+                          f"(`bench/scheduled_projection.py`, {sch['steps']} steps a cell; draft " +
+                          ", ".join(f"B = {b}: {ms:.2f} ms" for b, ms in sch["draft_ms"].items()) +
                       "). Each cell: scheduled speed-up (mean verified length) / best uniform k on the same draws. "
                       "The gate keeps a row at ≥ 1.00 by not drafting.", "",
                       "| source | " + " | ".join(f"B = {b}" for b in bs) + " |", "|---|" + "---|" * len(bs)]

@@ -70,7 +70,8 @@ def test_sps_projection_replays_the_scheduler_on_recorded_rounds(tmp_path):
     assert bench_main(["sps-projection", "--timings", str(first / "sps_projection.json"), "--acceptance", str(acc),
                        "--draft-fraction", "0.2", "--scheduled", "--scheduled-steps", "20", "--out", str(out)]) == 0
     result = json.loads((out / "sps_projection.json").read_text())
-    sched = result["projection"]["scheduled"]
+    [sched] = result["projection"]["scheduled"]                # one table: the one fraction given
+    assert sched["basis"] == "f = 0.2"
     verify = {int(b): [t / 1e3 for t in v] for b, v in result["verify_ms"].items()}
     markov = {int(b): m["loop_ms"] / 1e3 for b, m in result["markov"].items()}
     for b in (1, 2):
@@ -84,3 +85,23 @@ def test_sps_projection_replays_the_scheduler_on_recorded_rounds(tmp_path):
     with pytest.raises(SystemExit, match="keep-rounds"):
         bench_main(["sps-projection", "--timings", str(first / "sps_projection.json"), "--acceptance", str(bare),
                     "--scheduled", "--out", str(out)])
+
+
+def test_a_measured_round_prices_the_replay_first(tmp_path):
+    first = tmp_path / "measured"
+    assert bench_main(["sps-projection", "--shape", "tiny", "--batches", "1,2", "--context", "16", "--gamma", "2",
+                       "--repeats", "1", "--out", str(first)]) == 0
+    acc = tmp_path / "w.json"
+    acc.write_text(json.dumps({"tau": 2.0, "rounds": 2, "acceptance_by_position": [0.5, 1.0],
+                               "round_records": {"confidence": [[0.9, 0.9], [0.1, 0.5]], "accepted": [2, 0],
+                                                 "sts_temperatures": None}}))
+    parts = ("block_forward_graph", "markov_graph", "absorb_graph")
+    rounds = tmp_path / "draft_round-tiny.json"
+    rounds.write_text(json.dumps({"b2_greedy": {p: {"total_ms_p50": 0.1} for p in parts}}))
+    out = tmp_path / "o"
+    assert bench_main(["sps-projection", "--timings", str(first / "sps_projection.json"), "--acceptance", str(acc),
+                       "--draft-round", str(rounds), "--draft-fraction", "0.3", "--scheduled",
+                       "--scheduled-steps", "5", "--out", str(out)]) == 0
+    measured, assumed = json.loads((out / "sps_projection.json").read_text())["projection"]["scheduled"]
+    assert measured["basis"] == "the measured round" and measured["draft_ms"] == pytest.approx({"2": 0.3})
+    assert assumed["basis"] == "f = 0.3" and set(assumed["draft_ms"]) == {"1", "2"}
