@@ -26,7 +26,7 @@ takes a list: the first is the headline, the rest a sensitivity table. ``--timin
 ``sps_projection.json`` (a GPU run's verify and Markov-loop times) instead of measuring, so a new drafter's
 acceptance, measured anywhere, can be projected without a device:
 
-    python -m bench sps-projection --timings docs/results/gpu/s4/runC/sps_projection.json \
+    python -m bench sps-projection --timings docs/results/gpu/s4/runC/sps_projection.json \\
         --acceptance acc/coding-t0.json --acceptance acc/creative-t0.json --draft-fraction 0.5,0.25,0.1 --out OUT
 
 ``--scheduled`` also replays the confidence scheduler itself on the rounds the acceptance files recorded
