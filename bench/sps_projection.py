@@ -232,7 +232,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also replay the confidence scheduler on the rounds the --acceptance files recorded "
                         "(`bench acceptance --keep-rounds`): per-request lengths against the best uniform k, "
                         "same draws and costs (bench/scheduled_projection.py)")
-    p.add_argument("--scheduled-steps", type=int, default=200, help="replayed steps per batch and source")
+    p.add_argument("--scheduled-draws", type=int, default=4000,
+                   help="recorded rounds drawn per batch and source: ceil(draws / B) replayed steps of B requests")
     p.add_argument("--timings", type=Path, default=None,
                    help="a stored sps_projection.json: project from its verify and Markov-loop times instead of "
                         "measuring (--shape, --batches, --context, --gamma, --repeats are then its own)")
@@ -330,7 +331,7 @@ def measured_rounds(path: Path, setting: str) -> dict[int, float]:
 
 
 def scheduled(runs: list[dict], names: list[str], verify_s: dict[int, list[float]], draft_s: dict[int, float],
-              steps: int) -> dict:
+              draws: int) -> dict:
     """``scheduled_projection.scheduled_against_uniform`` for each source and for all their rounds pooled, at
     each batch ``draft_s`` prices."""
     from bench.scheduled_projection import recorded_rounds, scheduled_against_uniform
@@ -341,13 +342,13 @@ def scheduled(runs: list[dict], names: list[str], verify_s: dict[int, list[float
     sources = {n: recorded_rounds(r["round_records"]) for n, r in zip(names, runs)}
     if len(sources) > 1:
         sources["pooled"] = [x for rs in list(sources.values()) for x in rs]
-    return {"draft_ms": {str(b): 1e3 * t for b, t in draft_s.items()}, "steps": steps,
-            "by_source": {n: {str(b): scheduled_against_uniform(rs, verify_s[b], b, draft_s[b], steps)
+    return {"draft_ms": {str(b): 1e3 * t for b, t in draft_s.items()}, "draws": draws,
+            "by_source": {n: {str(b): scheduled_against_uniform(rs, verify_s[b], b, draft_s[b], -(-draws // b))
                               for b in draft_s} for n, rs in sources.items()}}
 
 
 def projection(result: dict, acceptance: list[Path] | Path | None, draft_fraction: list[float] | float | None,
-               rounds: dict[int, float] | None = None, rounds_source: str = "", replay_steps: int = 0
+               rounds: dict[int, float] | None = None, rounds_source: str = "", replay_draws: int = 0
                ) -> dict | None:
     """The labelled projection. The drafter's cost is either f × the verify step + the Markov loop (f from
     the acceptance runs or ``draft_fraction``), or, with ``rounds``, the measured drafter work of a step at
@@ -383,13 +384,13 @@ def projection(result: dict, acceptance: list[Path] | Path | None, draft_fractio
         out["by_draft_fraction"] = {str(f): project(verify_s, markov_s, alpha, f) for f in fractions}
     names = [p.stem for p in paths]
     names = names if len(set(names)) == len(names) else [str(p) for p in paths]
-    if replay_steps:
+    if replay_draws:
         # the draft a step pays before the scheduler decides: measured, else f × a full verify + the loop,
         # one table for each f given
         costs = [] if rounds is None else [("the measured round", {b: rounds[b] for b in verify_s if b in rounds})]
         if rounds is None or draft_fraction is not None:
             costs += [(f"f = {f}", {b: f * t[-1] + markov_s[b] for b, t in verify_s.items()}) for f in fractions]
-        out["scheduled"] = [{"basis": basis, **scheduled(runs, names, verify_s, draft_s, replay_steps)}
+        out["scheduled"] = [{"basis": basis, **scheduled(runs, names, verify_s, draft_s, replay_draws)}
                             for basis, draft_s in costs]
     if len(runs) > 1:
         out["by_source"] = {name: {"acceptance_by_position": r["acceptance_by_position"], "tau_measured": r.get("tau"),
@@ -457,7 +458,7 @@ def render_markdown(result: dict) -> str:
         for sch in proj.get("scheduled", []):
             bs = list(sch["draft_ms"])
             lines += ["", f"The confidence scheduler replayed on the recorded rounds, draft cost {sch['basis']} "
-                          f"(`bench/scheduled_projection.py`, {sch['steps']} steps a cell; draft " +
+                          f"(`bench/scheduled_projection.py`, {sch['draws']} rounds drawn a cell; draft " +
                           ", ".join(f"B = {b}: {ms:.2f} ms" for b, ms in sch["draft_ms"].items()) +
                       "). Each cell: scheduled speed-up (mean verified length) / best uniform k on the same draws. "
                       "The gate keeps a row at ≥ 1.00 by not drafting.", "",
@@ -477,7 +478,7 @@ def run(args: argparse.Namespace) -> int:
     rounds = None if args.draft_round is None else measured_rounds(args.draft_round, args.draft_setting)
     result["projection"] = projection(result, args.acceptance, args.draft_fraction, rounds,
                                       f"{args.draft_round} ({args.draft_setting})",
-                                      args.scheduled_steps if args.scheduled else 0)
+                                      args.scheduled_draws if args.scheduled else 0)
     del result["_seconds"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sps_projection.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -68,7 +68,7 @@ def test_sps_projection_replays_the_scheduler_on_recorded_rounds(tmp_path):
                                "draft_cost_fraction": 0.2, "round_records": records}))
     out = tmp_path / "o"
     assert bench_main(["sps-projection", "--timings", str(first / "sps_projection.json"), "--acceptance", str(acc),
-                       "--draft-fraction", "0.2", "--scheduled", "--scheduled-steps", "20", "--out", str(out)]) == 0
+                       "--draft-fraction", "0.2", "--scheduled", "--scheduled-draws", "40", "--out", str(out)]) == 0
     result = json.loads((out / "sps_projection.json").read_text())
     [sched] = result["projection"]["scheduled"]                # one table: the one fraction given
     assert sched["basis"] == "f = 0.2"
@@ -77,7 +77,7 @@ def test_sps_projection_replays_the_scheduler_on_recorded_rounds(tmp_path):
     for b in (1, 2):
         draft_s = 0.2 * verify[b][-1] + markov[b]            # f × a full verify + the loop
         assert sched["draft_ms"][str(b)] == pytest.approx(1e3 * draft_s)
-        want = scheduled_against_uniform(recorded_rounds(records), verify[b], b, draft_s, 20)
+        want = scheduled_against_uniform(recorded_rounds(records), verify[b], b, draft_s, 40 // b)   # 40 draws
         assert sched["by_source"]["w"][str(b)] == json.loads(json.dumps(want))     # the same seeded replay
     assert "The confidence scheduler replayed" in (out / "sps_projection.md").read_text()
     bare = tmp_path / "bare.json"
@@ -101,7 +101,7 @@ def test_a_measured_round_prices_the_replay_first(tmp_path):
     out = tmp_path / "o"
     assert bench_main(["sps-projection", "--timings", str(first / "sps_projection.json"), "--acceptance", str(acc),
                        "--draft-round", str(rounds), "--draft-fraction", "0.3", "--scheduled",
-                       "--scheduled-steps", "5", "--out", str(out)]) == 0
+                       "--scheduled-draws", "10", "--out", str(out)]) == 0
     measured, assumed = json.loads((out / "sps_projection.json").read_text())["projection"]["scheduled"]
     assert measured["basis"] == "the measured round" and measured["draft_ms"] == pytest.approx({"2": 0.3})
     assert assumed["basis"] == "f = 0.3" and set(assumed["draft_ms"]) == {"1", "2"}

@@ -10,7 +10,7 @@ set -e
 W=${W:-/work/s49}; OUT=${OUT:-docs/results/cpu/s49-acceptance}
 for wl in coding creative extraction knowledge support; do
   python -m bench acceptance --target "$W/q.gguf" --drafter "$W/dsp" --workload "$W/qs1000/$wl.eval.jsonl" \
-    --temperature 0 --gamma 7 --sessions 8 --threads 2 --out "$OUT/$wl-t0.json"
+    --temperature 0 --gamma 7 --sessions 8 --threads 2 --keep-rounds --out "$OUT/$wl-t0.json"
 done
 # each sampled workload at its own sampling (the eval sessions' temperature and top-p)
 for spec in coding:0.2:0.95 creative:0.88:0.95 knowledge:0.7:0.9 support:0.7:0.9; do
@@ -20,7 +20,7 @@ for spec in coding:0.2:0.95 creative:0.88:0.95 knowledge:0.7:0.9 support:0.7:0.9
 done
 python -m bench sps-projection --timings docs/results/gpu/s4/runC/sps_projection.json \
   $(for wl in coding creative extraction knowledge support; do echo --acceptance "$OUT/$wl-t0.json"; done) \
-  --draft-fraction 0.55,0.25,0.1 --out "$OUT/projection-runC"
+  --draft-fraction 0.55,0.25,0.1 --scheduled --out "$OUT/projection-runC"
 python -m bench sps-projection --timings docs/results/gpu/s4/runC/sps_projection.json \
   $(for f in coding-own creative-own extraction-t0 knowledge-own support-own; do echo --acceptance "$OUT/$f.json"; done) \
   --draft-fraction 0.55,0.25,0.1 --out "$OUT/projection-own-runC"
