@@ -24,3 +24,9 @@ python -m bench sps-projection --timings docs/results/gpu/s4/runC/sps_projection
 python -m bench sps-projection --timings docs/results/gpu/s4/runC/sps_projection.json \
   $(for f in coding-own creative-own extraction-t0 knowledge-own support-own; do echo --acceptance "$OUT/$f.json"; done) \
   --draft-fraction 0.55,0.25,0.1 --out "$OUT/projection-own-runC"
+# the same greedy runs with session 44's drafter (.carry/dsqa + .carry/dsqb, sha256 1bd266d4...; session 45's
+# warm-started from it): the same-input comparison of 1,895 steps against ~2,700
+for wl in coding creative extraction knowledge support; do
+  python -m bench acceptance --target "$W/q.gguf" --drafter "$W/d44/dsp" --workload "$W/qs1000/$wl.eval.jsonl" \
+    --temperature 0 --gamma 7 --sessions 8 --threads 2 --out "$OUT/s44-drafter/$wl-t0.json"
+done
