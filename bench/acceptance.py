@@ -294,9 +294,10 @@ def summarize(rec: ChainRecord, gamma: int, temperatures: Sequence[float] | None
     by_pos, reached_n, accepted_n = [], [], []
     for j in range(1, gamma + 1):
         reached = (accepted >= j - 1) & (drafted >= j)
-        by_pos.append(float((accepted[reached] >= j).float().mean()) if reached.any() else None)
+        survived = accepted[reached] >= j
+        by_pos.append(float(survived.float().mean()) if reached.any() else None)
         reached_n.append(int(reached.sum()))          # the counts behind by_pos: runs pool exactly
-        accepted_n.append(int((accepted[reached] >= j).sum()))
+        accepted_n.append(int(survived.sum()))
     out = {
         "rounds": len(rec.accepted),
         "tau": float((accepted + 1).float().mean()) if len(rec.accepted) else None,
@@ -478,7 +479,7 @@ def run(args: argparse.Namespace) -> int:
     result = {"command": " ".join(["python -m bench acceptance", *sys.argv[2:]]), "drafter": args.drafter,
               "target": str(args.target), "temperature": args.temperature, "gamma": args.gamma,
               "prompts": len(prompts), "wall_s": time.perf_counter() - t0, **summarize(rec, args.gamma, temps)}
-    if getattr(args, "keep_rounds", False):
+    if args.keep_rounds:
         result["round_records"] = round_records(rec, temps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

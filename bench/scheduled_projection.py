@@ -53,7 +53,7 @@ def replay(rounds: Sequence[Round], times_s: Sequence[float], b: int, draft_s: f
         lengths = pick([conf for conf, _ in drawn], profile)
         emitted += sum(1 + min(accepted, n) for (_, accepted), n in zip(drawn, lengths))
         verified += sum(lengths)
-        seconds += 1.0 / profile.forward_sps(b + sum(lengths)) + draft_s
+        seconds += 1.0 / profile.sps(b + sum(lengths))      # the forward at its tokens + the draft (overhead)
     plain = b / times_s[0]
     return {"speedup": emitted / seconds / plain, "mean_length": verified / (steps * b),
             "tokens_per_request_step": emitted / (steps * b)}

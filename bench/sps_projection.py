@@ -347,7 +347,7 @@ def scheduled(runs: list[dict], names: list[str], verify_s: dict[int, list[float
                               for b in draft_s} for n, rs in sources.items()}}
 
 
-def projection(result: dict, acceptance: list[Path] | Path | None, draft_fraction: list[float] | float | None,
+def projection(result: dict, acceptance: list[Path] | None, draft_fraction: list[float] | None,
                rounds: dict[int, float] | None = None, rounds_source: str = "", replay_draws: int = 0
                ) -> dict | None:
     """The labelled projection. The drafter's cost is either f × the verify step + the Markov loop (f from
@@ -355,7 +355,7 @@ def projection(result: dict, acceptance: list[Path] | Path | None, draft_fractio
     each batch (``measured_rounds``); then only the batches it measured are projected."""
     if not acceptance:
         return None
-    paths = [acceptance] if isinstance(acceptance, Path) else list(acceptance)
+    paths = list(acceptance)
     runs = []
     for path in paths:
         try:
@@ -367,16 +367,16 @@ def projection(result: dict, acceptance: list[Path] | Path | None, draft_fractio
         fractions = [sum(r.get("draft_cost_fraction", 0.0) * r.get("rounds", 1) for r in runs)
                      / sum(r.get("rounds", 1) for r in runs)]
     else:
-        fractions = [draft_fraction] if isinstance(draft_fraction, float) else list(draft_fraction)
+        fractions = list(draft_fraction)
     verify_s, markov_s = result["_seconds"]
     headline = lambda a: project(verify_s, markov_s, a, fractions[0])   # noqa: E731
     cost = {"draft_cost_fraction": fractions[0]}
-    if rounds is not None:
-        both = {b: t for b, t in verify_s.items() if b in rounds}
-        if not both:
+    measured = None if rounds is None else {b: rounds[b] for b in verify_s if b in rounds}   # the batches both timed
+    if measured is not None:
+        if not measured:
             raise SystemExit(f"--draft-round: none of its batches {sorted(rounds)} was timed here ({sorted(verify_s)})")
-        headline = lambda a: project(both, {b: rounds[b] for b in both}, a, 0.0)   # noqa: E731
-        cost = {"draft_cost_fraction": None, "draft_round_ms": {str(b): 1e3 * rounds[b] for b in both},
+        headline = lambda a: project({b: verify_s[b] for b in measured}, measured, a, 0.0)   # noqa: E731
+        cost = {"draft_cost_fraction": None, "draft_round_ms": {str(b): 1e3 * t for b, t in measured.items()},
                 "draft_round_source": rounds_source}
     out = {"label": PROJECTION_LABEL, "source": ", ".join(str(p) for p in paths), "acceptance_by_position": alpha,
            "tau_measured": tau, **cost, "by_batch": headline(alpha)}
@@ -387,7 +387,7 @@ def projection(result: dict, acceptance: list[Path] | Path | None, draft_fractio
     if replay_draws:
         # the draft a step pays before the scheduler decides: measured, else f × a full verify + the loop,
         # one table for each f given
-        costs = [] if rounds is None else [("the measured round", {b: rounds[b] for b in verify_s if b in rounds})]
+        costs = [] if measured is None else [("the measured round", measured)]
         if rounds is None or draft_fraction is not None:
             costs += [(f"f = {f}", {b: f * t[-1] + markov_s[b] for b, t in verify_s.items()}) for f in fractions]
         out["scheduled"] = [{"basis": basis, **scheduled(runs, names, verify_s, draft_s, replay_draws)}

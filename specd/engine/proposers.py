@@ -94,7 +94,8 @@ class FeatureProposer:
         A sequence with no room (its next token is its last under max_tokens or the context) drafts
         nothing: H100, session 47 (run FA), such rounds were the dspark-g7 rows' 'capture' steps, a full
         round (~1.1 ms of schedule phase at c = 1) whose drafts were cut to 0 tokens, 4 a run on coding
-        c = 1 and 7 on creative. Its features stay pending (absorbed at its finish or next round)."""
+        c = 1 and 7 on creative. It finishes this step; its features stay pending, for the draft cache to absorb
+        when it publishes the finished context (where kvd keeps drafter contexts)."""
         ready = [i for i, s in enumerate(seqs) if limits[i] > 0 and self._ready(s)]
         drafts = [Draft([]) for _ in seqs]
         if not ready:
