@@ -227,9 +227,11 @@ class GateSteps:
         projection graph, and in that step's sample)."""
         self._counters["spec_context_kept_steps_total"] += 1
         if any(s.seq.draft_feats is not None and len(s.seq.draft_feats) >= KEEP_ABSORB for s in members):
-            absorb = getattr(self._proposer(members[0].seq.method), "absorb_before_rest", None)
-            if absorb is not None:
-                absorb([s.seq for s in members])
+            # as a rest's absorb (``_absorb_pending``): no sample, its time charged to drafting. H100, session
+            # 50, run GA: counted as plain samples, the kept prompts' absorbs made knowledge's b8 cell explore
+            # plain steps of 8 at 4.4-5.9 ms (2.2 ms without), rate plain decoding at 1,764 tok/s, and draft
+            # as the winner for 162 steps; the row ran 0.77x `none` there (the default row 0.99x)
+            self._absorb_pending(members[0].seq.method, [s.seq for s in members])
 
     def _rests_whole_batch(self, batch: list[ScheduledSeq]) -> bool:
         """The leased steady rest of a chain whose group was the whole batch, taken before any walk over the
@@ -953,26 +955,30 @@ class GateSteps:
             if seq.draft_feats is not None and len(seq.draft_feats):
                 pending.setdefault(seq.method, []).append(seq)
         for method, group in pending.items():
-            absorb = getattr(self._proposer(method), "absorb_before_rest", None)
-            if absorb is not None:
-                # a drafter pass in a step the gate would report as plain: the step is no sample of
-                # either arm (``_observe_gate``). H200, session 13, run AP: the b16 cell's exploration
-                # sampled plain steps of 16 at 4.1, 10.3, 4.1, 7.8 and 7.6 ms (warm-up runs, where new
-                # requests with captured prompts rest from their first decode step: the likely cause,
-                # not isolated), rated plain decoding at 2,328 tok/s where its steps ran ~3,500, and
-                # coding drafted at c = 16 through three of four repeats at 0.86x `none`
-                if absorb(group):
-                    self._rest_absorbed = True
-                    # a prompt captured only by ``SpecGate.capture_prompts`` is absorbed whichever arm the
-                    # cell takes: that setting's cost, not drafting's. H100, session 47, run FD: charged to
-                    # drafting, the capture row's b4 cell on extraction read drafting at 1,522 tok/s (the
-                    # default row's: 3,300-4,300) and rested where drafting ran 1.68x `none`
-                    self._gate_capturing.update(q.gate_key for q in group if q.gate_key is not None
-                                                and not q.prompt_forced)
+            self._absorb_pending(method, group)
         for seq in seqs:
             self._resting.add(id(seq))
             seq.draft_feats = None
             seq.prompt_forced = False
+
+    def _absorb_pending(self, method: str, group: list[Sequence]) -> None:
+        """The pending features of resting requests (``_rest``) or kept ones (``_keep_context``) of one
+        method into their drafter contexts, where the drafter allows (``FeatureProposer.absorb_before_rest``).
+
+        A drafter pass in a step the gate would report as plain: the step is no sample of either arm
+        (``_observe_gate``), and its time is charged to drafting, which the contexts serve. H200, session 13,
+        run AP: the b16 cell's exploration sampled plain steps of 16 at 4.1, 10.3, 4.1, 7.8 and 7.6 ms (warm-up
+        runs, where new requests with captured prompts rest from their first decode step: the likely cause,
+        not isolated), rated plain decoding at 2,328 tok/s where its steps ran ~3,500, and coding drafted at
+        c = 16 through three of four repeats at 0.86x `none`. A prompt captured only by
+        ``SpecGate.capture_prompts`` is absorbed whichever arm the cell takes: that setting's cost, not
+        drafting's. H100, session 47, run FD: charged to drafting, the capture row's b4 cell on extraction
+        read drafting at 1,522 tok/s (the default row's: 3,300-4,300) and rested where drafting ran 1.68x
+        `none`."""
+        absorb = getattr(self._proposer(method), "absorb_before_rest", None)
+        if absorb is not None and absorb(group):
+            self._rest_absorbed = True
+            self._gate_capturing.update(q.gate_key for q in group if q.gate_key is not None and not q.prompt_forced)
 
     @staticmethod
     def _keeps(seq: Sequence) -> bool:

@@ -3149,3 +3149,49 @@ def test_kept_contexts_stay_whole_through_a_rest_and_stay_exact(keep):
         assert max(pending) <= KEEP_ABSORB and max(pending) >= KEEP_ABSORB - 1   # absorbed mid-rest, not after
     else:
         assert max(offsets) > 0 and kept == 0
+
+
+def test_a_kept_contexts_absorb_is_no_plain_sample_and_is_charged_to_drafting():
+    """A step where kept requests (``SpecGate.keep_context``) absorb their ``KEEP_ABSORB`` pending rows runs
+    the drafter in a plain step: like a rest's absorb, it is no sample of either arm and its time goes to
+    drafting (``charge``); the kept steps around it are plain samples. H100, session 50, run GA: counted as
+    plain samples, the absorbs of kept knowledge prompts rated plain decoding at ~1,950 tok/s where its
+    steps ran ~3,500, and the row drafted at 0.77x `none`. The script drafts at the first decode step,
+    then rests 40 steps with the contexts kept."""
+    from specd.engine.config import EngineConfig
+    from specd.engine.engine import SpecEngine
+    from specd.engine.gating import KEEP_ABSORB
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    class Keeps(ScriptedGate):
+        def __init__(self):
+            super().__init__([True] + [False] * 40)
+            self.seen = []
+
+        def keeps_context(self, method, sequences):
+            return True
+
+        def observe(self, method, sequences, drafted, tokens, seconds, drafters=None):
+            self.seen.append(drafted)
+
+    engine = SpecEngine.from_config(EngineConfig(max_num_seqs=4, num_local_blocks=256, drafter=DRAFTER,
+                                                 speculation="dspark"))
+    gate = engine.spec_gate = Keeps()
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    for i in range(4):
+        engine.add_request(Request(f"k{i}", engine.tokenizer.encode(PROMPTS[i]), params, speculation="dspark"))
+    seqs = list(engine._seqs.values())
+    steps = []          # per kept decode step: (its kept requests held KEEP_ABSORB rows, reports, charges, kind)
+    while engine.has_work():
+        full = any(s.draft_feats is not None and len(s.draft_feats) >= KEEP_ABSORB for s in seqs)
+        kept, seen, charged = engine.stats()["spec_context_kept_steps_total"], len(gate.seen), len(gate.charged)
+        kind = step_with_kind(engine)
+        if engine.stats()["spec_context_kept_steps_total"] > kept:
+            steps.append((full, gate.seen[seen:], gate.charged[charged:], kind))
+    absorbing = [s for s in steps if s[0]]
+    others = [s for s in steps if not s[0]]
+    assert len(steps) >= 40 and absorbing and len(others) > 2 * len(absorbing)
+    assert all(seen == [] and charged == [("dspark", 4)] and kind == "capture"
+               for _, seen, charged, kind in absorbing)
+    assert all(seen == [False] and charged == [] for _, seen, charged, _ in others)
