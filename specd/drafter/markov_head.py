@@ -28,8 +28,13 @@ class MarkovHead(nn.Module):
         return self.markov_w2(self.prev_embedding(prev_tokens)).float()
 
     def forward(self, base_logits: Tensor, prev_tokens: Tensor) -> Tensor:
-        """base_logits: [..., V] fp32; prev_tokens: [...] int64 -> corrected logits [..., V] fp32."""
-        return base_logits + self.bias(prev_tokens)
+        """base_logits: [..., V] fp32; prev_tokens: [...] int64 -> corrected logits [..., V] fp32.
+
+        The bias goes into the fp32 add in its own dtype: a bf16 bias is upcast inside the add, exactly,
+        so the sum is bit for bit ``base_logits + self.bias(prev_tokens)`` without the separate upcast's
+        kernel and its fp32 [B, V] pass (one of each a slot of the Markov loop)."""
+        bias = self.markov_w2(self.prev_embedding(prev_tokens))
+        return base_logits + (bias if base_logits.dtype == torch.float32 else bias.float())
 
 
 def sample_block(base_logits: Tensor, anchors: Tensor, head: MarkovHead | None,

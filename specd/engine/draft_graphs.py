@@ -122,8 +122,7 @@ def sample_slot(logits: Tensor, x, path: SamplingPath, k: int, probs_out: Tensor
     ``SlotSettings``: ``top_k``, ``kind``, ``temperature``, ``top_p``, ``uniforms``). Row for row ``SlotSampler``'s computation, on every row of
     the path (``static_probs``), chosen per row by ``where``; shared by the block drafters' Markov loop
     and EAGLE-3's sequential steps (specd/engine/eagle3_graphs.py)."""
-    probs, argmax = static_probs(logits, x.temperature, x.top_k, x.top_p, x.kind, path)
-    probs_out[:, k] = probs
+    probs, argmax = static_probs(logits, x.temperature, x.top_k, x.top_p, x.kind, path, out=probs_out[:, k])
     if not (path.plain or path.max_k or path.top_p):
         return argmax
     drawn = inverse_cdf(probs, x.uniforms[:, k])

@@ -64,17 +64,22 @@ def row_kind_codes(params: Sequence[SamplingParams], vocab: int) -> list[int]:
 
 
 def static_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                 kind: torch.Tensor, path: SamplingPath) -> tuple[torch.Tensor, torch.Tensor]:
+                 kind: torch.Tensor, path: SamplingPath,
+                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The per-row transform of ``sampling_probs(..., draft=True)`` (sampled rows; drafts only: the draft
     rounds of specd/engine/draft_graphs.py) and ``one_hot_argmax`` (greedy rows) with fixed shapes: every
     transform ``path`` names runs on every row and each row keeps its own by ``torch.where``, so no row
     list is needed and the call can be captured in a CUDA graph.
 
     logits: [B, V] fp32; temperature/top_p: [B] fp32 (1.0 on greedy rows); top_k: [B] int64;
-    kind: [B] int64 row kind codes. Returns (probs [B, V] fp32, argmax [B] int64)."""
-    argmax = logits.argmax(dim=1)
-    if not (path.plain or path.max_k or path.top_p):
-        return torch.zeros_like(logits).scatter_(1, argmax[:, None], 1.0), argmax
+    kind: [B] int64 row kind codes. Returns (probs [B, V] fp32, written into ``out`` when given, and argmax
+    [B] int64, or None where no row is greedy: the Markov loop's sampled slots then skip a pass over [B, V]).
+    A greedy-only path writes its one-hot straight into ``out`` (no [B, V] temporary, no copy)."""
+    greedy_only = not (path.plain or path.max_k or path.top_p)
+    argmax = logits.argmax(dim=1) if path.greedy or greedy_only else None
+    if greedy_only:
+        probs = torch.zeros_like(logits) if out is None else out.zero_()
+        return probs.scatter_(1, argmax[:, None], 1.0), argmax
     scaled = logits.float() / temperature.unsqueeze(1)
     probs = None
     for on, code, fn in ((path.plain, PLAIN_ROW, None), (path.max_k, TOP_K_ROW, _top_k_probs),
@@ -85,8 +90,10 @@ def static_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
         probs = these if probs is None else torch.where((kind == code)[:, None], these, probs)
     if path.greedy:
         one_hot = torch.zeros_like(probs).scatter_(1, argmax[:, None], 1.0)
-        probs = torch.where((kind == GREEDY_ROW)[:, None], one_hot, probs)
-    return probs, argmax
+        if out is None:
+            return torch.where((kind == GREEDY_ROW)[:, None], one_hot, probs), argmax
+        return torch.where((kind == GREEDY_ROW)[:, None], one_hot, probs, out=out), argmax
+    return (probs if out is None else out.copy_(probs)), argmax
 
 
 def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
