@@ -1097,6 +1097,23 @@ def step_with_kind(engine) -> str:
     return kind
 
 
+def four_dspark_requests(gate, prefix: str, max_tokens: int):
+    """A 4-sequence dspark engine run by ``gate``, with four greedy dspark requests (ids ``prefix``0-3) on
+    ``PROMPTS``: (engine, their sequences)."""
+    from specd.engine.config import EngineConfig
+    from specd.engine.engine import SpecEngine
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    engine = SpecEngine.from_config(EngineConfig(max_num_seqs=4, num_local_blocks=256, drafter=DRAFTER,
+                                                 speculation="dspark"))
+    engine.spec_gate = gate
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i in range(4):
+        engine.add_request(Request(f"{prefix}{i}", engine.tokenizer.encode(PROMPTS[i]), params, speculation="dspark"))
+    return engine, list(engine._seqs.values())
+
+
 class ScriptedGate:
     """Drafts or rests as scripted (then drafts): the engine's side of a rest, without timing."""
 
@@ -1438,11 +1455,7 @@ def test_a_forced_prompt_that_drafts_leaves_its_later_absorbs_charged_to_draftin
     """``Sequence.prompt_forced`` covers the forced prompt's own absorb only: once the request drafts, the
     prompt went into that draft, and features it absorbs at a later rest (its accepted tokens') are
     drafting's cost as for any request, charged to the next drafting sample."""
-    from specd.engine.config import EngineConfig
-    from specd.engine.engine import SpecEngine
-    from specd.engine.request import Request
     from specd.engine.spec_gate import SpecGate
-    from specd.sampling_params import SamplingParams
 
     class RestsPromptsThenDrafts(ScriptedGate):
         """Its prompts rest (so the setting forces them), its first decode step drafts, then it rests."""
@@ -1457,13 +1470,8 @@ def test_a_forced_prompt_that_drafts_leaves_its_later_absorbs_charged_to_draftin
         def captures_prompt(self, sequences):
             return SpecGate.captures_prompt(self, sequences)
 
-    engine = SpecEngine.from_config(EngineConfig(max_num_seqs=4, num_local_blocks=256, drafter=DRAFTER,
-                                                 speculation="dspark"))
-    gate = engine.spec_gate = RestsPromptsThenDrafts()
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    for i in range(4):
-        engine.add_request(Request(f"f{i}", engine.tokenizer.encode(PROMPTS[i]), params, speculation="dspark"))
-    seqs = list(engine._seqs.values())
+    gate = RestsPromptsThenDrafts()
+    engine, seqs = four_dspark_requests(gate, "f", 12)
     kinds = []
     while engine.has_work():
         kinds.append(step_with_kind(engine))
@@ -3158,11 +3166,7 @@ def test_a_kept_contexts_absorb_is_no_plain_sample_and_is_charged_to_drafting():
     plain samples, the absorbs of kept knowledge prompts rated plain decoding at ~1,950 tok/s where its
     steps ran ~3,500, and the row drafted at 0.77x `none`. The script drafts at the first decode step,
     then rests 40 steps with the contexts kept."""
-    from specd.engine.config import EngineConfig
-    from specd.engine.engine import SpecEngine
     from specd.engine.gating import KEEP_ABSORB
-    from specd.engine.request import Request
-    from specd.sampling_params import SamplingParams
 
     class Keeps(ScriptedGate):
         def __init__(self):
@@ -3175,13 +3179,8 @@ def test_a_kept_contexts_absorb_is_no_plain_sample_and_is_charged_to_drafting():
         def observe(self, method, sequences, drafted, tokens, seconds, drafters=None):
             self.seen.append(drafted)
 
-    engine = SpecEngine.from_config(EngineConfig(max_num_seqs=4, num_local_blocks=256, drafter=DRAFTER,
-                                                 speculation="dspark"))
-    gate = engine.spec_gate = Keeps()
-    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
-    for i in range(4):
-        engine.add_request(Request(f"k{i}", engine.tokenizer.encode(PROMPTS[i]), params, speculation="dspark"))
-    seqs = list(engine._seqs.values())
+    gate = Keeps()
+    engine, seqs = four_dspark_requests(gate, "k", 60)
     steps = []          # per kept decode step: (its kept requests held KEEP_ABSORB rows, reports, charges, kind)
     while engine.has_work():
         full = any(s.draft_feats is not None and len(s.draft_feats) >= KEEP_ABSORB for s in seqs)
