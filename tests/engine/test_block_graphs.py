@@ -22,7 +22,7 @@ from specd.drafter.context_cache import padded_layer
 from specd.engine.block_graphs import (BlockGraphKey, BlockGraphs, block_graph_key, block_warm_keys,
                                        context_buckets)
 from specd.engine.draft_graphs import DraftGraphs, bucket
-from tests.engine.test_draft_graphs import RowLinear
+from tests.engine.test_draft_graphs import row_linears
 from specd.loader import load_model
 from specd.sampling_params import SamplingParams
 from tests.greedy_runs import greedy_outputs
@@ -67,15 +67,13 @@ def at_bucket(drafter, contexts, anchors, s: int):
 
 
 @pytest.fixture
-def row_invariant(drafter, monkeypatch):
+def row_invariant(drafter):
     """The draft layer's linears one row at a time (BLAS may round a row differently at another row
     count: tests/engine/test_draft_graphs.py), so padding rows cannot change a real row's bits."""
-    for layer in drafter.layers:
-        for mod in (layer.self_attn, layer.mlp):
-            for name, child in list(mod.named_children()):
-                if isinstance(child, torch.nn.Linear):
-                    monkeypatch.setattr(mod, name, RowLinear(child))
-    return drafter
+    places = [(mod, name) for layer in drafter.layers for mod in (layer.self_attn, layer.mlp)
+              for name, child in mod.named_children() if isinstance(child, torch.nn.Linear)]
+    with row_linears(places):
+        yield drafter
 
 
 def test_static_block_forward_on_padded_buffers_matches_the_exact_batch(row_invariant):

@@ -8,6 +8,8 @@ by M: on this CPU rows of an M=3 and an M=4 F.linear differ in their last bits),
 test gives both paths row-by-row linears; a second test keeps the real ones and checks closeness."""
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 
 import pytest
@@ -62,11 +64,27 @@ def drafter():
     return make_drafter("cpu")
 
 
+@contextlib.contextmanager
+def row_linears(places):
+    """Each (module, child name) of ``places`` replaced by ``RowLinear`` of that child, and put back after.
+
+    Not ``monkeypatch.setattr``: from pytest 9.2 its undo deletes an attribute it did not find in the
+    object's ``__dict__``, and a torch module keeps its children in ``_modules``, so the undo removed the
+    module-scoped drafter's linears and every later test that used it failed."""
+    places = [(module, name, getattr(module, name)) for module, name in places]
+    for module, name, child in places:
+        setattr(module, name, RowLinear(child))
+    try:
+        yield
+    finally:
+        for module, name, child in places:
+            setattr(module, name, child)
+
+
 @pytest.fixture
-def row_invariant(drafter, monkeypatch):
-    monkeypatch.setattr(drafter.markov_head, "markov_w2", RowLinear(drafter.markov_head.markov_w2))
-    monkeypatch.setattr(drafter.confidence_head, "proj", RowLinear(drafter.confidence_head.proj))
-    return drafter
+def row_invariant(drafter):
+    with row_linears([(drafter.markov_head, "markov_w2"), (drafter.confidence_head, "proj")]):
+        yield drafter
 
 
 def batch(drafter, n: int, kind: str, seed: int = 0):
