@@ -228,9 +228,10 @@ class GateSteps:
         self._counters["spec_context_kept_steps_total"] += 1
         if any(s.seq.draft_feats is not None and len(s.seq.draft_feats) >= KEEP_ABSORB for s in members):
             # as a rest's absorb (``_absorb_pending``): no sample, its time charged to drafting. H100, session
-            # 50, run GA: counted as plain samples, the kept prompts' absorbs made knowledge's b8 cell explore
-            # plain steps of 8 at 4.4-5.9 ms (2.2 ms without), rate plain decoding at 1,764 tok/s, and draft
-            # as the winner for 162 steps; the row ran 0.77x `none` there (the default row 0.99x)
+            # 50, run GA: while such steps counted as plain samples, the kept row's b8 cell sampled plain steps
+            # of 8 at 4.4-5.9 ms (~2.2 ms elsewhere; the absorbs are the likely cause, not isolated), rated
+            # plain decoding at 1,764-1,952 tok/s, drafted as the winner, and ran knowledge at 0.77x `none`
+            # (the default row 0.99x)
             self._absorb_pending(members[0].seq.method, [s.seq for s in members])
 
     def _rests_whole_batch(self, batch: list[ScheduledSeq]) -> bool:
