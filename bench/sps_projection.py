@@ -330,11 +330,9 @@ def measured_rounds(path: Path, setting: str) -> dict[int, float]:
     return out
 
 
-def scheduled(runs: list[dict], names: list[str], verify_s: dict[int, list[float]], draft_s: dict[int, float],
-              draws: int) -> dict:
-    """``scheduled_projection.scheduled_against_uniform`` for each source and for all their rounds pooled, at
-    each batch ``draft_s`` prices."""
-    from bench.scheduled_projection import recorded_rounds, scheduled_against_uniform
+def replay_sources(runs: list[dict], names: list[str]) -> dict[str, list]:
+    """Each acceptance run's recorded rounds, calibrated, by source name, and all of them pooled."""
+    from bench.scheduled_projection import recorded_rounds
 
     missing = [n for n, r in zip(names, runs) if "round_records" not in r]
     if missing:
@@ -342,6 +340,15 @@ def scheduled(runs: list[dict], names: list[str], verify_s: dict[int, list[float
     sources = {n: recorded_rounds(r["round_records"]) for n, r in zip(names, runs)}
     if len(sources) > 1:
         sources["pooled"] = [x for rs in list(sources.values()) for x in rs]
+    return sources
+
+
+def scheduled(sources: dict[str, list], verify_s: dict[int, list[float]], draft_s: dict[int, float],
+              draws: int) -> dict:
+    """``scheduled_projection.scheduled_against_uniform`` for each source of ``replay_sources``, at each batch
+    ``draft_s`` prices."""
+    from bench.scheduled_projection import scheduled_against_uniform
+
     return {"draft_ms": {str(b): 1e3 * t for b, t in draft_s.items()}, "draws": draws,
             "by_source": {n: {str(b): scheduled_against_uniform(rs, verify_s[b], b, draft_s[b], -(-draws // b))
                               for b in draft_s} for n, rs in sources.items()}}
@@ -390,7 +397,8 @@ def projection(result: dict, acceptance: list[Path] | None, draft_fraction: list
         costs = [] if measured is None else [("the measured round", measured)]
         if rounds is None or draft_fraction is not None:
             costs += [(f"f = {f}", {b: f * t[-1] + markov_s[b] for b, t in verify_s.items()}) for f in fractions]
-        out["scheduled"] = [{"basis": basis, **scheduled(runs, names, verify_s, draft_s, replay_draws)}
+        sources = replay_sources(runs, names)      # calibrated once, replayed under each cost
+        out["scheduled"] = [{"basis": basis, **scheduled(sources, verify_s, draft_s, replay_draws)}
                             for basis, draft_s in costs]
     if len(runs) > 1:
         out["by_source"] = {name: {"acceptance_by_position": r["acceptance_by_position"], "tau_measured": r.get("tau"),

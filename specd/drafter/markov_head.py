@@ -24,16 +24,16 @@ class MarkovHead(nn.Module):
         return self.markov_w1(prev_tokens)
 
     def bias(self, prev_tokens: Tensor) -> Tensor:
-        """prev_tokens: [...] int64 -> W2·W1[x] [..., V] fp32."""
-        return self.markov_w2(self.prev_embedding(prev_tokens)).float()
+        """prev_tokens: [...] int64 -> W2·W1[x] [..., V] in the head's dtype."""
+        return self.markov_w2(self.prev_embedding(prev_tokens))
 
     def forward(self, base_logits: Tensor, prev_tokens: Tensor) -> Tensor:
         """base_logits: [..., V] fp32; prev_tokens: [...] int64 -> corrected logits [..., V] fp32.
 
         The bias goes into the fp32 add in its own dtype: a bf16 bias is upcast inside the add, exactly,
-        so the sum is bit for bit ``base_logits + self.bias(prev_tokens)`` without the separate upcast's
-        kernel and its fp32 [B, V] pass (one of each a slot of the Markov loop)."""
-        bias = self.markov_w2(self.prev_embedding(prev_tokens))
+        so the sum is bit for bit ``base_logits + bias.float()`` without the separate upcast's kernel and
+        its fp32 [B, V] pass (one of each a slot of the Markov loop)."""
+        bias = self.bias(prev_tokens)
         return base_logits + (bias if base_logits.dtype == torch.float32 else bias.float())
 
 

@@ -90,8 +90,6 @@ def static_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
         probs = these if probs is None else torch.where((kind == code)[:, None], these, probs)
     if path.greedy:
         one_hot = torch.zeros_like(probs).scatter_(1, argmax[:, None], 1.0)
-        if out is None:
-            return torch.where((kind == GREEDY_ROW)[:, None], one_hot, probs), argmax
         return torch.where((kind == GREEDY_ROW)[:, None], one_hot, probs, out=out), argmax
     return (probs if out is None else out.copy_(probs)), argmax
 
