@@ -265,7 +265,7 @@ def profile_draft_round(shape: str, batches: list[int], out: Path, gamma: int = 
                          pool=graphs.pool)
     absorbs = AbsorbGraphs(drafter, max(batches) * (gamma + 1), dev, replay_eagerly=dev.type != "cuda",
                            pool=graphs.pool)
-    settings = {"greedy": SamplingParams(temperature=0.0),
+    settings = {"greedy": SamplingParams(temperature=0.0), "T1": SamplingParams(temperature=1.0),
                 "T0.7-k20-p0.9": SamplingParams(temperature=0.7, top_k=20, top_p=0.9)}
     res: dict = {"shape": shape, "device": str(dev) if dev.type != "cuda" else torch.cuda.get_device_name(),
                  "gamma": gamma, "context": context, "markov_rank": rank, "graphs": dev.type == "cuda",

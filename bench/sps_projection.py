@@ -227,7 +227,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "shape: the headline then charges each B the measured round (block forward + Markov round + "
                         "context projection, from their graphs) instead of f × verify + Markov loop")
     p.add_argument("--draft-setting", default="greedy",
-                   help="which of the draft-round JSON's sampling settings to charge (greedy, T0.7-k20-p0.9)")
+                   help="which of the draft-round JSON's sampling settings to charge (greedy, T1, T0.7-k20-p0.9)")
     p.add_argument("--scheduled", action="store_true",
                    help="also replay the confidence scheduler on the rounds the --acceptance files recorded "
                         "(`bench acceptance --keep-rounds`): per-request lengths against the best uniform k, "

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from kvspec_kernels.markov_slot import plain_slot
 from specd.drafter.config import DrafterConfig
 from specd.engine.sampler import RowKinds, draw_uniforms, inverse_cdf, sampling_probs
 from specd.sampling_params import SamplingParams
@@ -108,8 +109,12 @@ class SlotSampler:
     the path each row takes through `sampling_probs` (decided here, on the host, so the loop never syncs),
     and the uniforms (gamma per sampled request, drawn up front from its generator, so a batched call
     consumes each generator exactly as a single call would). Greedy rows draw no uniforms, like the engine
-    sampler, and never go through `sampling_probs`: their distribution is the one-hot at the argmax, so an
-    all-greedy batch costs an argmax per slot, no sort and no softmax.
+    sampler: their distribution is the one-hot at the argmax.
+
+    A batch of greedy and unfiltered rows only (no top-k, no top-p) takes one fused call per slot
+    (kvspec_kernels/markov_slot.plain_slot: softmax or one-hot, written once, and the draw), the call the
+    draft graphs make for such a batch (specd/engine/draft_graphs.py), so both give the same bits. Any other
+    batch: an argmax and one-hot for the greedy rows, `sampling_probs` and the inverse CDF for the sampled.
     """
 
     def __init__(self, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
@@ -125,18 +130,25 @@ class SlotSampler:
         self.top_p = torch.tensor([p.top_p for p in sampled], dtype=torch.float32, device=device)
         self.top_k_list, self.top_p_list = [p.top_k for p in sampled], [p.top_p for p in sampled]
         self.uniforms = draw_uniforms([generators[i] for i in self.rows], gamma).to(device)   # [S, gamma]
+        # the whole batch's settings for the fused call (greedy rows: temperature 1, uniform 0)
+        self.plain_t = torch.ones(len(params), dtype=torch.float32, device=device)
+        self.plain_u = torch.zeros(len(params), gamma, dtype=torch.float32, device=device)
+        if self.rows:
+            self.plain_t[self.index], self.plain_u[self.index] = self.temperature, self.uniforms
+        self.greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool, device=device)
 
     def __call__(self, logits: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         """logits: [B, V] fp32 (Markov-corrected) -> (tokens [B] int64, probs [B, V] fp32)."""
+        kinds = self._kinds(logits)
+        if not (kinds.top_k or kinds.top_p):          # greedy and unfiltered rows only: the graphs' fused call
+            probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+            return plain_slot(logits, None, self.plain_t, self.plain_u[:, slot], self.greedy, probs), probs
         if self.all_rows:
-            probs = sampling_probs(logits, self.temperature, self.top_k, self.top_p, self._kinds(logits), draft=True)
+            probs = sampling_probs(logits, self.temperature, self.top_k, self.top_p, kinds, draft=True)
             return inverse_cdf(probs, self.uniforms[:, slot]), probs
         argmax = logits.argmax(dim=1)
         probs = torch.zeros_like(logits, dtype=torch.float32).scatter_(1, argmax[:, None], 1.0)
-        if not self.rows:
-            return argmax, probs
-        sampled = sampling_probs(logits[self.index], self.temperature, self.top_k, self.top_p, self._kinds(logits),
-                                 draft=True)
+        sampled = sampling_probs(logits[self.index], self.temperature, self.top_k, self.top_p, kinds, draft=True)
         probs[self.index] = sampled
         return argmax.index_copy(0, self.index, inverse_cdf(sampled, self.uniforms[:, slot])), probs
 

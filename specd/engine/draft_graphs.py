@@ -14,8 +14,11 @@ What runs where, per round of B requests:
 - host: the uniforms, drawn from each request's own generator exactly as ``SlotSampler`` draws them,
   and the per-row settings, packed into two host buffers and copied in two copies;
 - the graph (``markov_round`` on the static buffers): for each slot the Markov bias of the token drawn
-  at the slot before, ``sampler.static_probs`` (every transform the key's ``SamplingPath`` names, on
-  every row, chosen per row by ``where``), inverse CDF, and at the end the confidence head's logits;
+  at the slot before, then, where the path has only greedy and unfiltered rows, one fused call
+  (kvspec_kernels/markov_slot.py: the bf16 base logits and bias read twice, the fp32 probabilities written
+  once, the inverse-CDF draw), else the scaled logits (one launch) and ``sampler.static_probs`` (every
+  transform the key's ``SamplingPath`` names, on every row, chosen per row by ``where``) and the inverse
+  CDF; at the end the confidence head's logits;
 - eager, at the exact batch: the confidence's sigmoid (one launch: CPU vector kernels round the tail of
   a tensor differently from its body, so a sigmoid over 16 padded rows changed the confidences of 12
   real ones in the last bit).
@@ -36,6 +39,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from kvspec_kernels.markov_slot import plain_slot, slot_logits
 from specd.drafter.base import BlockOut, DraftOutput
 from specd.engine.keyed_graphs import KeyedGraphs
 from specd.engine.sampler import GREEDY_ROW, SamplingPath, draw_uniforms, inverse_cdf, row_kind_codes, static_probs
@@ -115,16 +119,23 @@ def pack_floats(host: Tensor, device: Tensor, params: Sequence[SamplingParams],
     device[: 2 * bm + bp * g].copy_(host[: 2 * bm + bp * g], non_blocking=True)
 
 
-def sample_slot(logits: Tensor, x, path: SamplingPath, k: int, probs_out: Tensor) -> Tensor:
-    """Slot ``k`` of a static round: each row's sampling distribution from its fp32 ``logits`` [Bp, V]
-    (written into ``probs_out[:, k]``) and its token [Bp]: a greedy row the argmax, a sampled row the
-    inverse CDF at its uniform for slot k. ``x``: the rows' settings (``RoundInputs``, or EAGLE-3's
-    ``SlotSettings``: ``top_k``, ``kind``, ``temperature``, ``top_p``, ``uniforms``). Row for row ``SlotSampler``'s computation, on every row of
-    the path (``static_probs``), chosen per row by ``where``; shared by the block drafters' Markov loop
-    and EAGLE-3's sequential steps (specd/engine/eagle3_graphs.py)."""
-    probs, argmax = static_probs(logits, x.temperature, x.top_k, x.top_p, x.kind, path, out=probs_out[:, k])
-    if not (path.plain or path.max_k or path.top_p):
-        return argmax
+def sample_slot(logits: Tensor, x, path: SamplingPath, k: int, probs_out: Tensor, bias: Tensor | None = None) -> Tensor:
+    """Slot ``k`` of a static round: each row's sampling distribution from ``logits`` [Bp, V] (any float
+    dtype; a DSpark slot's base logits, with its Markov ``bias`` [Bp, V] added in fp32) written into
+    ``probs_out[:, k]``, and its token [Bp]: a greedy row the argmax, a sampled row the inverse CDF at its
+    uniform for slot k. ``x``: the rows' settings (``RoundInputs``, or EAGLE-3's ``SlotSettings``: ``top_k``,
+    ``kind``, ``temperature``, ``top_p``, ``uniforms``). Shared by the block drafters' Markov loop and EAGLE-3's
+    sequential steps (specd/engine/eagle3_graphs.py).
+
+    A path of greedy and unfiltered rows only is one fused call (kvspec_kernels/markov_slot.py: the inputs
+    read twice, the probabilities written once), as ``SlotSampler`` samples them. Any other path scales the
+    logits in one launch (``slot_logits``, bit for bit the torch formula) and runs ``static_probs``: every
+    transform the path names on every row, chosen per row by ``where``."""
+    out = probs_out[:, k]
+    if not (path.max_k or path.top_p):
+        return plain_slot(logits, bias, x.temperature, x.uniforms[:, k], x.kind == GREEDY_ROW, out)
+    probs, argmax = static_probs(slot_logits(logits, bias, x.temperature), None, x.top_k, x.top_p, x.kind, path,
+                                 out=out)
     drawn = inverse_cdf(probs, x.uniforms[:, k])
     return torch.where(x.kind == GREEDY_ROW, argmax, drawn) if path.greedy else drawn
 
@@ -136,16 +147,17 @@ def markov_round(x: RoundInputs, path: SamplingPath, markov_head, confidence: Ca
     Row for row the same computation as ``BlockDrafter.sample_drafts`` (``sample_block`` with a
     ``SlotSampler``): slot k's logits get the bias of the token drawn at slot k-1 (slot 0: the anchor),
     a greedy row takes the argmax and a one-hot, a sampled row its own ``sampling_probs`` row and the
-    inverse CDF at its uniform for slot k. ``confidence(hidden, prev)`` returns pre-sigmoid logits.
-    Returns tokens [Bp, γ] int64, probs [Bp, γ, V] fp32 (written into ``probs_out`` when given),
-    pre-sigmoid confidence logits [Bp, γ] fp32 or None."""
-    base = x.logits.float()
-    gamma = base.shape[1]
-    probs_out = probs_out if probs_out is not None else torch.empty_like(base)
+    inverse CDF at its uniform for slot k. The base logits stay in the model dtype: each slot's kernels
+    read them and the bias and upcast inside (no fp32 copy of the block). ``confidence(hidden, prev)``
+    returns pre-sigmoid logits. Returns tokens [Bp, γ] int64, probs [Bp, γ, V] fp32 (written into
+    ``probs_out`` when given), pre-sigmoid confidence logits [Bp, γ] fp32 or None."""
+    gamma = x.logits.shape[1]
+    if probs_out is None:
+        probs_out = torch.empty(x.logits.shape, dtype=torch.float32, device=x.logits.device)
     prev, tokens = x.anchors, []
     for k in range(gamma):
-        logits = base[:, k] if markov_head is None else markov_head(base[:, k], prev)
-        prev = sample_slot(logits, x, path, k, probs_out)
+        bias = None if markov_head is None else markov_head.bias(prev)
+        prev = sample_slot(x.logits[:, k], x, path, k, probs_out, bias=bias)
         tokens.append(prev)
     tokens = torch.stack(tokens, dim=1)
     conf = None

@@ -63,7 +63,7 @@ def row_kind_codes(params: Sequence[SamplingParams], vocab: int) -> list[int]:
             else PLAIN_ROW for p in params]
 
 
-def static_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+def static_probs(logits: torch.Tensor, temperature: torch.Tensor | None, top_k: torch.Tensor, top_p: torch.Tensor,
                  kind: torch.Tensor, path: SamplingPath,
                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The per-row transform of ``sampling_probs(..., draft=True)`` (sampled rows; drafts only: the draft
@@ -71,7 +71,8 @@ def static_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     transform ``path`` names runs on every row and each row keeps its own by ``torch.where``, so no row
     list is needed and the call can be captured in a CUDA graph.
 
-    logits: [B, V] fp32; temperature/top_p: [B] fp32 (1.0 on greedy rows); top_k: [B] int64;
+    logits: [B, V] fp32; temperature/top_p: [B] fp32 (1.0 on greedy rows), temperature None where the logits
+    are scaled already (kvspec_kernels/markov_slot.slot_logits); top_k: [B] int64;
     kind: [B] int64 row kind codes. Returns (probs [B, V] fp32, written into ``out`` when given, and argmax
     [B] int64, or None where no row is greedy: the Markov loop's sampled slots then skip a pass over [B, V]).
     A greedy-only path writes its one-hot straight into ``out`` (no [B, V] temporary, no copy)."""
@@ -80,7 +81,7 @@ def static_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     if greedy_only:
         probs = torch.zeros_like(logits) if out is None else out.zero_()
         return probs.scatter_(1, argmax[:, None], 1.0), argmax
-    scaled = logits.float() / temperature.unsqueeze(1)
+    scaled = logits.float() if temperature is None else logits.float() / temperature.unsqueeze(1)
     probs = None
     for on, code, fn in ((path.plain, PLAIN_ROW, None), (path.max_k, TOP_K_ROW, _top_k_probs),
                          (path.top_p, TOP_P_ROW, _draft_top_p_probs)):

@@ -190,7 +190,7 @@ def test_the_draft_round_profile_runs_at_tiny_sizes(tmp_path):
 
     profile_draft_round("tiny", [1, 3], tmp_path)
     res = json.loads((tmp_path / "draft_round-tiny.json").read_text())
-    for name in ("b1_greedy", "b3_T0.7-k20-p0.9"):
+    for name in ("b1_greedy", "b3_T1", "b3_T0.7-k20-p0.9"):
         row = res[name]
         assert row["graph_tokens_equal_fraction"] >= 0.9 and row["graph_max_abs_probs_diff"] <= 1e-5
         assert all(row[k]["total_ms_p50"] > 0 for k in ("block_forward", "markov_eager", "markov_graph",
