@@ -194,3 +194,23 @@ def test_a_row_without_finite_logits_writes_no_nan():
     assert tokens.tolist() == [vocab - 1, 0]
     assert torch.equal(out, torch.zeros(2, vocab).index_put_((torch.tensor([1]), torch.tensor([0])),
                                                              torch.tensor(1.0)))
+
+
+def test_every_markov_slot_kernel_compiles_for_sm90_with_a_correctly_rounded_division():
+    """tests/kernels/markov_slot_cuda_compile.py compiles each kernel for sm_90 down to a cubin with Triton's
+    own ptxas, in a process without the interpreter, and checks the PTX divides with ``div.rn.f32`` (an
+    approximate division would break ``slot_logits``'s bit identity with torch on the GPU); no GPU needed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("this Triton has no CUDA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("markov_slot_cuda_compile.py")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["_logits", "_logits", "_stats", "_write"]
