@@ -14,6 +14,9 @@ concurrencies (runs AT and AU, the same commit, back to back). The outputs match
 the rounding of an fp32 sum order (bench/kernels_gpu.py). ``KVSPEC_REJECTION_SPLITS=1`` runs the rejection
 sampler's vocabulary passes in one program a row, its layout until session 46 (default: split into parts,
 kvspec_kernels/rejection_sample.py), so a serving run can measure the split against it on the same machine.
+``KVSPEC_MARKOV_SLOT=0`` runs the draft rounds' Markov slots through the torch references of
+kvspec_kernels/markov_slot.py on CUDA too (the torch passes the fused kernels replaced, session 51), so one
+run can time both and a Triton that refuses the kernels has a way back.
 This is the only place that reads these variables.
 """
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 INTERPRET_ENV = "KVSPEC_TRITON_INTERPRET"
 FUSED_ENV = "KVSPEC_FUSED"
 SPLITS_ENV = "KVSPEC_REJECTION_SPLITS"
+MARKOV_SLOT_ENV = "KVSPEC_MARKOV_SLOT"
 
 
 def use_triton(device: torch.device | str) -> bool:
@@ -38,6 +42,12 @@ def fused_elementwise(device: torch.device | str) -> bool:
     """True when the model's RMSNorm and rotary embedding should run as one-launch Triton kernels
     (kvspec_kernels/rms_norm.py, kvspec_kernels/rotary.py): wherever Triton runs, unless ``KVSPEC_FUSED=0``."""
     return os.environ.get(FUSED_ENV, "1") != "0" and use_triton(device)
+
+
+def markov_slot_kernels(device: torch.device | str) -> bool:
+    """True when a draft slot's logits, distribution and draw should run as kvspec_kernels/markov_slot.py's
+    Triton kernels: wherever Triton runs, unless ``KVSPEC_MARKOV_SLOT=0``."""
+    return os.environ.get(MARKOV_SLOT_ENV, "1") != "0" and use_triton(device)
 
 
 def rejection_splits() -> int | None:

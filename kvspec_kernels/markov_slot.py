@@ -20,6 +20,12 @@ formula. ``x`` is never stored by ``plain_slot``: each pass recomputes it.
   draws from the written row with those sums, by the shared inverse-CDF rule. A greedy row's one-hot has
   exactly one chunk sum of 1 and a CDF of 0 before the argmax and 1 from it on, so the rule yields the
   argmax for any uniform in [0, 1]: its token comes from the same pick, no separate write.
+
+The draft graphs (specd/engine/draft_graphs.py) and the eager ``SlotSampler`` (specd/drafter/base.py) both call
+these, so a captured round and its eager reference give the same bits on either device. ``KVSPEC_MARKOV_SLOT=0``
+sends CUDA tensors to the torch references (kvspec_kernels/dispatch.py). Written without a GPU (session 51):
+interpreted against the references, compiled for sm_90 ahead of time with the division checked in the PTX
+(tests/kernels/markov_slot_cuda_compile.py); ``bash bench/gpu/session.sh markov`` checks and times them on one.
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ import triton
 import triton.language as tl
 
 from kvspec_kernels.alignment import aligned
-from kvspec_kernels.dispatch import use_triton
+from kvspec_kernels.dispatch import markov_slot_kernels
 from kvspec_kernels.errors import KernelArgumentError
 from kvspec_kernels.inverse_cdf import CHUNK, _pick, draw_ref
 
@@ -41,19 +47,24 @@ def slot_logits(base: torch.Tensor, bias: torch.Tensor | None, temperature: torc
     ``logits[:, k]``); bias: [R, V] float (vocabulary contiguous) or None; temperature: [R] fp32 > 0;
     out: [R, V] fp32 (vocabulary contiguous) or None (allocated). Returns ``out`` holding
     ``(base.float() + bias.float()) / temperature[:, None]``, bit for bit."""
-    fn = slot_logits_triton if use_triton(base.device) else slot_logits_ref
+    fn = slot_logits_triton if markov_slot_kernels(base.device) else slot_logits_ref
     return fn(base, bias, temperature, out)
 
 
 def plain_slot(base: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor, uniforms: torch.Tensor,
-               greedy: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+               greedy: torch.Tensor, out: torch.Tensor, any_sampled: bool = True, any_greedy: bool = True
+               ) -> torch.Tensor:
     """A slot of unfiltered and greedy rows. base/bias/temperature as ``slot_logits``; uniforms: [R] fp32 in
     [0, 1), any stride (a column ``u[:, k]``); greedy: [R] bool; out: [R, V] fp32, vocabulary contiguous, any
     row stride (a slot's view ``probs[:, k]``). Writes ``softmax(x)`` into a sampled row of ``out`` and the
     one-hot at ``argmax(x)`` (its first index) into a greedy row; returns tokens [R] int64: a sampled row's
-    inverse-CDF draw at its uniform (kvspec_kernels/inverse_cdf.py's rule), a greedy row's argmax."""
-    fn = plain_slot_triton if use_triton(base.device) else plain_slot_ref
-    return fn(base, bias, temperature, uniforms, greedy, out)
+    inverse-CDF draw at its uniform (kvspec_kernels/inverse_cdf.py's rule), a greedy row's argmax.
+    ``any_sampled`` / ``any_greedy``: False when the caller knows on the host that no row is sampled / greedy;
+    the reference then skips the softmax and the draw / the one-hot (the CPU's drafts), the kernels ignore
+    them (their passes serve both)."""
+    if markov_slot_kernels(base.device):
+        return plain_slot_triton(base, bias, temperature, uniforms, greedy, out)
+    return plain_slot_ref(base, bias, temperature, uniforms, greedy, out, any_sampled, any_greedy)
 
 
 def slot_logits_ref(base: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor,
@@ -65,14 +76,23 @@ def slot_logits_ref(base: torch.Tensor, bias: torch.Tensor | None, temperature: 
 
 
 def plain_slot_ref(base: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor, uniforms: torch.Tensor,
-                   greedy: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+                   greedy: torch.Tensor, out: torch.Tensor, any_sampled: bool = True, any_greedy: bool = True
+                   ) -> torch.Tensor:
     _check_plain_args(base, bias, temperature, uniforms, greedy, out)
     x = slot_logits_ref(base, bias, temperature)
+    if not any_sampled:                       # every row greedy (the caller's host knowledge): no softmax, no draw
+        argmax = x.argmax(dim=1)
+        out.zero_().scatter_(1, argmax[:, None], 1.0)
+        return argmax
     probs = torch.softmax(x, dim=1)
+    drawn = draw_ref(probs, uniforms)
+    if not any_greedy:                        # every row sampled: no argmax, no one-hot
+        out.copy_(probs)
+        return drawn
     argmax = x.argmax(dim=1)
     one_hot = torch.zeros_like(probs).scatter_(1, argmax[:, None], 1.0)
     out.copy_(torch.where(greedy[:, None], one_hot, probs))
-    return torch.where(greedy, argmax, draw_ref(probs, uniforms))
+    return torch.where(greedy, argmax, drawn)
 
 
 def slot_logits_triton(base: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor,

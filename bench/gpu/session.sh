@@ -39,6 +39,10 @@
 #                                          #   loss the 48-token cap's lockstep?); turn.tgz and fixed48.tgz
 #   bash bench/gpu/session.sh projection   # one GPU, no GGUF: the draft-round profile and sps-projection at the
 #                                          #   Qwen3-8B shape, with the CPU machine's acceptance JSONs (session 49)
+#   bash bench/gpu/session.sh markov       # one GPU, no GGUF: bench.markov_slot_cost (the fused Markov slot against
+#                                          #   the torch passes it replaced, with its checks), then `projection`; with
+#                                          #   MARKOV_AGAINST=<an export of an older commit, e.g. .carry/base>
+#                                          #   `projection` from that tree too, in the same lease (session 51)
 #   bash bench/gpu/session.sh graphs-check # one GPU, no GGUF: the drafter graphs' CUDA tests and the draft-round
 #                                          #   profile (absorb_eager vs absorb_graph: the context projection,
 #                                          #   built in session 29 without a GPU run)
@@ -622,6 +626,28 @@ PY
       --out "$RES/graphs-check" > /tmp/logs/draft-round.log 2>&1
     echo "draft-round rc=$?"; tail -n 4 /tmp/logs/draft-round.log
     pack graphs-check
+    ;;
+  markov)
+    # session 51, one GPU, no GGUF, no stash: the fused Markov slot (kvspec_kernels/markov_slot.py, never run on a
+    # GPU when written) checked and timed on random inputs against the round the engine ran before it
+    # (bench.markov_slot_cost), then the projection phase on this tree (the Markov loop's share of a round at the
+    # 8B shape) and, with MARKOV_AGAINST, on an older export (`git archive C | tar -x -C DIR`, COMMIT in it, and
+    # carry DIR): the same measurement before the kernels, in the same lease
+    mkdir -p "$RES/markov"
+    CUDA_VISIBLE_DEVICES=0 timeout "${MARKOV_TIMEOUT:-240}" python -m bench.markov_slot_cost \
+      --out "$RES/markov/markov_slot.json" > /tmp/logs/markov.log 2>&1
+    echo "markov_slot_cost rc=$?"; grep -v Warn /tmp/logs/markov.log | tail -n 14
+    pack markov
+    bash "$0" projection > /tmp/logs/projection-this.out 2>&1; echo "projection (this tree) rc=$?"
+    grep -E "^\| (1|8|32|128) \| [0-9.]+ \| [0-9]+ \|" /tmp/logs/projection-this.out | head -4
+    mv "$OUT/projection.tgz" "$OUT/projection-this.tgz"
+    if [ -n "${MARKOV_AGAINST:-}" ]; then
+      here=$PWD
+      (cd "$MARKOV_AGAINST" && ln -sfn "$here/.whl" .whl && bash bench/gpu/session.sh projection) \
+        > /tmp/logs/projection-against.out 2>&1; echo "projection ($MARKOV_AGAINST) rc=$?"
+      grep -E "^\| (1|8|32|128) \| [0-9.]+ \| [0-9]+ \|" /tmp/logs/projection-against.out | head -4
+      mv "$OUT/projection.tgz" "$OUT/projection-against.tgz"
+    fi
     ;;
   projection)
     # session 49, one GPU, no GGUF, no stash (a session's first call can be this one): issue 6's timing at real

@@ -142,7 +142,9 @@ class SlotSampler:
         kinds = self._kinds(logits)
         if not (kinds.top_k or kinds.top_p):          # greedy and unfiltered rows only: the graphs' fused call
             probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-            return plain_slot(logits, None, self.plain_t, self.plain_u[:, slot], self.greedy, probs), probs
+            tokens = plain_slot(logits, None, self.plain_t, self.plain_u[:, slot], self.greedy, probs, bool(self.rows),
+                                not self.all_rows)
+            return tokens, probs
         if self.all_rows:
             probs = sampling_probs(logits, self.temperature, self.top_k, self.top_p, kinds, draft=True)
             return inverse_cdf(probs, self.uniforms[:, slot]), probs

@@ -133,7 +133,8 @@ def sample_slot(logits: Tensor, x, path: SamplingPath, k: int, probs_out: Tensor
     transform the path names on every row, chosen per row by ``where``."""
     out = probs_out[:, k]
     if not (path.max_k or path.top_p):
-        return plain_slot(logits, bias, x.temperature, x.uniforms[:, k], x.kind == GREEDY_ROW, out)
+        return plain_slot(logits, bias, x.temperature, x.uniforms[:, k], x.kind == GREEDY_ROW, out, path.plain,
+                          path.greedy)
     probs, argmax = static_probs(slot_logits(logits, bias, x.temperature), None, x.top_k, x.top_p, x.kind, path,
                                  out=out)
     drawn = inverse_cdf(probs, x.uniforms[:, k])
