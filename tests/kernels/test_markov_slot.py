@@ -10,6 +10,7 @@ import torch
 from kvspec_kernels.errors import KernelArgumentError
 from kvspec_kernels.inverse_cdf import CHUNK, draw_ref
 from kvspec_kernels.markov_slot import plain_slot_ref, plain_slot_triton, slot_logits_triton
+from kernel_checks import assert_draws_follow, compiled_kernels
 
 ALPHA = 1e-3
 GAMMA, K = 3, 1                                  # slot K of a [R, GAMMA, V] buffer: row stride GAMMA·V
@@ -148,18 +149,7 @@ def test_fused_draws_follow_the_distribution():
     tokens = plain_slot_triton(base, None, torch.ones(draws), torch.rand(draws, generator=g),
                                torch.zeros(draws, dtype=torch.bool), out)
     torch.testing.assert_close(out[0], p, rtol=1e-6, atol=0.0)
-    counts = torch.bincount(tokens, minlength=p.numel()).double()
-    assert counts[p == 0].sum() == 0
-    keep = p > 0
-    expected = p[keep].double() * draws
-    statistic = ((counts[keep] - expected) ** 2 / expected).sum()
-    dof = int(keep.sum()) - 1
-    p_value = torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), statistic / 2.0)
-    assert p_value > ALPHA, f"chi-square {statistic:.2f} with {dof} dof, p={p_value:.2e}"
-    # the test has power: the same draws against a shifted distribution fail it
-    shifted = torch.tensor([0.10, 0.0, 0.25, 0.15, 0.0, 0.25, 0.25]).double()[keep] * draws
-    wrong = ((counts[keep] - shifted) ** 2 / shifted).sum()
-    assert torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), wrong / 2.0) < ALPHA
+    assert_draws_follow(tokens, p, torch.tensor([0.10, 0.0, 0.25, 0.15, 0.0, 0.25, 0.25]), ALPHA)
 
 
 def test_bad_arguments_are_typed_errors():
@@ -200,43 +190,4 @@ def test_every_markov_slot_kernel_compiles_for_sm90_with_a_correctly_rounded_div
     """tests/kernels/markov_slot_cuda_compile.py compiles each kernel for sm_90 down to a cubin with Triton's
     own ptxas, in a process without the interpreter, and checks the PTX divides with ``div.rn.f32`` (an
     approximate division would break ``slot_logits``'s bit identity with torch on the GPU); no GPU needed."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from triton.backends import backends
-
-    if "nvidia" not in backends:
-        pytest.skip("this Triton has no CUDA backend")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(__file__).with_name("markov_slot_cuda_compile.py")
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["_logits", "_logits", "_stats", "_write"]
-
-
-@pytest.mark.parametrize("greedy_rows", [(True, True, True), (False, False, False)])
-def test_the_references_host_hints_change_nothing(greedy_rows):
-    """``any_sampled=False`` (every row greedy) and ``any_greedy=False`` (every row sampled) only skip work in the
-    reference: the probabilities and tokens are those of the full reference."""
-    g = torch.Generator().manual_seed(5)
-    rows, vocab = 3, 700
-    base = _slot(rows, vocab, torch.float32, g)
-    temperature, u = torch.tensor([0.7, 1.0, 1.3]), torch.tensor([0.2, 0.5, 0.9])
-    greedy = torch.tensor(greedy_rows)
-    full_out, hinted_out = torch.empty(rows, vocab), torch.empty(rows, vocab)
-    want = plain_slot_ref(base, None, temperature, u, greedy, full_out)
-    hints = dict(any_sampled=False) if greedy.all() else dict(any_greedy=False)
-    got = plain_slot_ref(base, None, temperature, u, greedy, hinted_out, **hints)
-    assert torch.equal(got, want) and torch.equal(hinted_out, full_out)
-
-
-def test_kvspec_markov_slot_0_sends_cuda_tensors_to_the_references(monkeypatch):
-    from kvspec_kernels.dispatch import MARKOV_SLOT_ENV, markov_slot_kernels
-
-    monkeypatch.delenv("KVSPEC_TRITON_INTERPRET", raising=False)
-    monkeypatch.delenv(MARKOV_SLOT_ENV, raising=False)
-    assert markov_slot_kernels("cuda") and not markov_slot_kernels("cpu")
-    monkeypatch.setenv(MARKOV_SLOT_ENV, "0")
-    assert not markov_slot_kernels("cuda")
+    assert compiled_kernels("markov_slot_cuda_compile.py") == ["_logits", "_logits", "_stats", "_write"]

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bench.sampling_cost import zipf_logits
+from kernel_checks import compiled_kernels
 from kvspec_kernels.errors import KernelArgumentError
 from kvspec_kernels.nucleus import (CHUNK, FINE, NB, SEARCH_BLOCK, STEP, bucket_nucleus_probs_ref,
                                     bucket_nucleus_probs_triton, nucleus_probs_ref, nucleus_probs_triton)
@@ -171,18 +172,5 @@ def test_every_nucleus_kernel_compiles_for_the_h200():
     it would not promote, shapes it cannot lay out). tests/kernels/nucleus_cuda_compile.py compiles each
     kernel for sm_90 (the H200) ahead of time, down to a cubin with Triton's own ptxas, in a process of its
     own (this one runs Triton interpreted); it needs no GPU."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from triton.backends import backends
-
-    if "nvidia" not in backends:
-        pytest.skip("this Triton has no CUDA backend")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(__file__).with_name("nucleus_cuda_compile.py")
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["_coarse_ladder", "_fine_ladder", "_fine_ladder", "_rounded_write", "_compact",
-                                   "_search", "_write"]
+    assert compiled_kernels("nucleus_cuda_compile.py") == ["_coarse_ladder", "_fine_ladder", "_fine_ladder",
+                                                           "_rounded_write", "_compact", "_search", "_write"]
