@@ -130,20 +130,27 @@ class SlotSampler:
         self.top_p = torch.tensor([p.top_p for p in sampled], dtype=torch.float32, device=device)
         self.top_k_list, self.top_p_list = [p.top_k for p in sampled], [p.top_p for p in sampled]
         self.uniforms = draw_uniforms([generators[i] for i in self.rows], gamma).to(device)   # [S, gamma]
-        # the whole batch's settings for the fused call (greedy rows: temperature 1, uniform 0)
-        self.plain_t = torch.ones(len(params), dtype=torch.float32, device=device)
-        self.plain_u = torch.zeros(len(params), gamma, dtype=torch.float32, device=device)
-        if self.rows:
-            self.plain_t[self.index], self.plain_u[self.index] = self.temperature, self.uniforms
-        self.greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool, device=device)
+        self.greedy_rows = [p.greedy for p in params]
+        self._plain: tuple[Tensor, Tensor, Tensor] | None = None     # built on the first fused slot
+
+    def _plain_settings(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """The whole batch's temperature [B], uniforms [B, gamma] (greedy rows: 1 and 0) and greedy mask [B]
+        for the fused call, built once per draft call."""
+        if self._plain is None:
+            t = torch.ones(len(self.greedy_rows), dtype=torch.float32, device=device)
+            u = torch.zeros(len(self.greedy_rows), self.uniforms.shape[1], dtype=torch.float32, device=device)
+            if self.rows:
+                t[self.index], u[self.index] = self.temperature, self.uniforms
+            self._plain = t, u, torch.tensor(self.greedy_rows, dtype=torch.bool, device=device)
+        return self._plain
 
     def __call__(self, logits: Tensor, slot: int) -> tuple[Tensor, Tensor]:
         """logits: [B, V] fp32 (Markov-corrected) -> (tokens [B] int64, probs [B, V] fp32)."""
         kinds = self._kinds(logits)
         if not (kinds.top_k or kinds.top_p):          # greedy and unfiltered rows only: the graphs' fused call
+            t, u, greedy = self._plain_settings(logits.device)
             probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-            tokens = plain_slot(logits, None, self.plain_t, self.plain_u[:, slot], self.greedy, probs, bool(self.rows),
-                                not self.all_rows)
+            tokens = plain_slot(logits, None, t, u[:, slot], greedy, probs, bool(self.rows), not self.all_rows)
             return tokens, probs
         if self.all_rows:
             probs = sampling_probs(logits, self.temperature, self.top_k, self.top_p, kinds, draft=True)
