@@ -75,7 +75,9 @@ def static_probs(logits: torch.Tensor, temperature: torch.Tensor | None, top_k: 
     are scaled already (kvspec_kernels/markov_slot.slot_logits); top_k: [B] int64;
     kind: [B] int64 row kind codes. Returns (probs [B, V] fp32, written into ``out`` when given, and argmax
     [B] int64, or None where no row is greedy: the Markov loop's sampled slots then skip a pass over [B, V]).
-    A greedy-only path writes its one-hot straight into ``out`` (no [B, V] temporary, no copy)."""
+    A greedy-only path writes its one-hot straight into ``out`` (no [B, V] temporary, no copy). Since session
+    51 the draft rounds send greedy and unfiltered paths to kvspec_kernels/markov_slot.plain_slot instead;
+    those paths stay here for bench.markov_slot_cost's former round, the baseline it times."""
     greedy_only = not (path.plain or path.max_k or path.top_p)
     argmax = logits.argmax(dim=1) if path.greedy or greedy_only else None
     if greedy_only:
