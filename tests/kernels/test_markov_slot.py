@@ -191,3 +191,29 @@ def test_every_markov_slot_kernel_compiles_for_sm90_with_a_correctly_rounded_div
     own ptxas, in a process without the interpreter, and checks the PTX divides with ``div.rn.f32`` (an
     approximate division would break ``slot_logits``'s bit identity with torch on the GPU); no GPU needed."""
     assert compiled_kernels("markov_slot_cuda_compile.py") == ["_logits", "_logits", "_stats", "_write"]
+
+
+@pytest.mark.parametrize("greedy_rows", [(True, True, True), (False, False, False)])
+def test_the_references_host_hints_change_nothing(greedy_rows):
+    """``any_sampled=False`` (every row greedy) and ``any_greedy=False`` (every row sampled) only skip work in the
+    reference: the probabilities and tokens are those of the full reference."""
+    g = torch.Generator().manual_seed(5)
+    rows, vocab = 3, 700
+    base = _slot(rows, vocab, torch.float32, g)
+    temperature, u = torch.tensor([0.7, 1.0, 1.3]), torch.tensor([0.2, 0.5, 0.9])
+    greedy = torch.tensor(greedy_rows)
+    full_out, hinted_out = torch.empty(rows, vocab), torch.empty(rows, vocab)
+    want = plain_slot_ref(base, None, temperature, u, greedy, full_out)
+    hints = dict(any_sampled=False) if greedy.all() else dict(any_greedy=False)
+    got = plain_slot_ref(base, None, temperature, u, greedy, hinted_out, **hints)
+    assert torch.equal(got, want) and torch.equal(hinted_out, full_out)
+
+
+def test_kvspec_markov_slot_0_sends_cuda_tensors_to_the_references(monkeypatch):
+    from kvspec_kernels.dispatch import MARKOV_SLOT_ENV, markov_slot_kernels
+
+    monkeypatch.delenv("KVSPEC_TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv(MARKOV_SLOT_ENV, raising=False)
+    assert markov_slot_kernels("cuda") and not markov_slot_kernels("cpu")
+    monkeypatch.setenv(MARKOV_SLOT_ENV, "0")
+    assert not markov_slot_kernels("cuda")
