@@ -12,7 +12,7 @@ the slot before:
 - ``fused``: ``draft_graphs.markov_round``, the engine's round (the fused kernels);
 - ``refs``: the same with ``KVSPEC_MARKOV_SLOT=0`` (the kernels' torch references on CUDA too);
 - ``former``: the round as the engine ran it until session 51 (``_former_round``: the block's logits upcast
-  once, per slot the fp32 add, ``static_probs`` with the temperature, the inverse-CDF draw).
+  once, per slot the fp32 add, the temperature division, the transform, the inverse-CDF draw).
 Settings: ``greedy`` (every row greedy), ``T1`` (every row sampled at temperature 1: the plain softmax),
 ``T0.7-p0.9`` (top-p rows: ``slot_logits`` then the nucleus kernels). Random bf16 inputs, no model.
 """
@@ -40,17 +40,21 @@ SETTINGS = {"greedy": (SamplingPath(greedy=True), GREEDY_ROW, 1.0, 1.0),      # 
 
 
 def _former_round(x: RoundInputs, path: SamplingPath, head: MarkovHead, probs_out: torch.Tensor) -> torch.Tensor:
-    """The round's Markov loop as the engine ran it before the fused slots (commit 520c224): the baseline."""
+    """The round's Markov loop as the engine ran it before the fused slots (commit 520c224): the baseline. The
+    block's logits upcast once; per slot the fp32 add, then a greedy-only slot's argmax and one-hot written
+    into the output, or the temperature division, ``static_probs`` and the inverse-CDF draw."""
     base = x.logits.float()
     prev, tokens = x.anchors, []
     for k in range(base.shape[1]):
         logits = head(base[:, k], prev)
-        probs, argmax = static_probs(logits, x.temperature, x.top_k, x.top_p, x.kind, path, out=probs_out[:, k])
-        if path.plain or path.max_k or path.top_p:
+        out = probs_out[:, k]
+        if not (path.plain or path.max_k or path.top_p):
+            prev = logits.argmax(dim=1)
+            out.zero_().scatter_(1, prev[:, None], 1.0)
+        else:
+            probs, argmax = static_probs(logits / x.temperature.unsqueeze(1), x.top_k, x.top_p, x.kind, path, out=out)
             drawn = inverse_cdf(probs, x.uniforms[:, k])
             prev = torch.where(x.kind == GREEDY_ROW, argmax, drawn) if path.greedy else drawn
-        else:
-            prev = argmax
         tokens.append(prev)
     return torch.stack(tokens, dim=1)
 

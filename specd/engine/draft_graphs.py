@@ -135,8 +135,7 @@ def sample_slot(logits: Tensor, x, path: SamplingPath, k: int, probs_out: Tensor
     if not (path.max_k or path.top_p):
         return plain_slot(logits, bias, x.temperature, x.uniforms[:, k], x.kind == GREEDY_ROW, out, path.plain,
                           path.greedy)
-    probs, argmax = static_probs(slot_logits(logits, bias, x.temperature), None, x.top_k, x.top_p, x.kind, path,
-                                 out=out)
+    probs, argmax = static_probs(slot_logits(logits, bias, x.temperature), x.top_k, x.top_p, x.kind, path, out=out)
     drawn = inverse_cdf(probs, x.uniforms[:, k])
     return torch.where(x.kind == GREEDY_ROW, argmax, drawn) if path.greedy else drawn
 

@@ -63,33 +63,28 @@ def row_kind_codes(params: Sequence[SamplingParams], vocab: int) -> list[int]:
             else PLAIN_ROW for p in params]
 
 
-def static_probs(logits: torch.Tensor, temperature: torch.Tensor | None, top_k: torch.Tensor, top_p: torch.Tensor,
-                 kind: torch.Tensor, path: SamplingPath,
-                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def static_probs(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, kind: torch.Tensor,
+                 path: SamplingPath, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The per-row transform of ``sampling_probs(..., draft=True)`` (sampled rows; drafts only: the draft
     rounds of specd/engine/draft_graphs.py) and ``one_hot_argmax`` (greedy rows) with fixed shapes: every
     transform ``path`` names runs on every row and each row keeps its own by ``torch.where``, so no row
-    list is needed and the call can be captured in a CUDA graph.
+    list is needed and the call can be captured in a CUDA graph. ``path`` has sampled rows (a greedy-only
+    slot is an argmax and a one-hot: kvspec_kernels/markov_slot.plain_slot); the draft rounds send paths of
+    greedy and unfiltered rows only to plain_slot too, so here they come with top-k or top-p rows.
 
-    logits: [B, V] fp32; temperature/top_p: [B] fp32 (1.0 on greedy rows), temperature None where the logits
-    are scaled already (kvspec_kernels/markov_slot.slot_logits); top_k: [B] int64;
-    kind: [B] int64 row kind codes. Returns (probs [B, V] fp32, written into ``out`` when given, and argmax
-    [B] int64, or None where no row is greedy: the Markov loop's sampled slots then skip a pass over [B, V]).
-    A greedy-only path writes its one-hot straight into ``out`` (no [B, V] temporary, no copy). Since session
-    51 the draft rounds send greedy and unfiltered paths to kvspec_kernels/markov_slot.plain_slot instead;
-    those paths stay here for bench.markov_slot_cost's former round, the baseline it times."""
-    greedy_only = not (path.plain or path.max_k or path.top_p)
-    argmax = logits.argmax(dim=1) if path.greedy or greedy_only else None
-    if greedy_only:
-        probs = torch.zeros_like(logits) if out is None else out.zero_()
-        return probs.scatter_(1, argmax[:, None], 1.0), argmax
-    scaled = logits.float() if temperature is None else logits.float() / temperature.unsqueeze(1)
+    logits: [B, V] fp32, scaled by each row's temperature already (kvspec_kernels/markov_slot.slot_logits;
+    greedy rows: 1); top_p: [B] fp32; top_k: [B] int64; kind: [B] int64 row kind codes. Returns (probs
+    [B, V] fp32, written into ``out`` when given, and argmax [B] int64, or None where no row is greedy: the
+    Markov loop's sampled slots then skip a pass over [B, V])."""
+    if not (path.plain or path.max_k or path.top_p):
+        raise ValueError(f"static_probs needs a path with sampled rows, got {path}")
+    argmax = logits.argmax(dim=1) if path.greedy else None
     probs = None
     for on, code, fn in ((path.plain, PLAIN_ROW, None), (path.max_k, TOP_K_ROW, _top_k_probs),
                          (path.top_p, TOP_P_ROW, _draft_top_p_probs)):
         if not on:
             continue
-        these = torch.softmax(scaled, dim=1) if fn is None else fn(scaled, top_k, top_p, path.max_k)
+        these = torch.softmax(logits, dim=1) if fn is None else fn(logits, top_k, top_p, path.max_k)
         probs = these if probs is None else torch.where((kind == code)[:, None], these, probs)
     if path.greedy:
         one_hot = torch.zeros_like(probs).scatter_(1, argmax[:, None], 1.0)

@@ -194,3 +194,13 @@ def test_a_plan_made_before_the_forward_samples_exactly_what_sampling_after_it_d
     assert every.every_row_samples and every.settings.sampled == (0, 1)    # every row samples: no gather
     greedy = SamplePlan.of([1], params[:1], [None], logits.shape[1], logits.device)
     assert not greedy.every_row_samples and greedy.settings.sampled == () and torch.equal(sample_planned(logits, greedy), logits[[1]].argmax(1))
+
+
+def test_static_probs_refuses_a_path_without_sampled_rows():
+    """A greedy-only slot is kvspec_kernels/markov_slot.plain_slot's (an argmax and a one-hot); static_probs
+    has no transform to run for it and says so rather than return nothing."""
+    from specd.engine.sampler import GREEDY_ROW, SamplingPath, static_probs
+
+    logits, rows = torch.zeros(2, 5), torch.full((2,), GREEDY_ROW)
+    with pytest.raises(ValueError, match="sampled rows"):
+        static_probs(logits, torch.zeros(2, dtype=torch.int64), torch.ones(2), rows, SamplingPath(greedy=True))
