@@ -39,6 +39,7 @@ import os
 import statistics
 import sys
 import time
+import weakref
 from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -142,11 +143,18 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # session 41 the `eagle3` row ran this way (0.13-0.18x `none` on the H100, run DN). A diagnostic, not a
     # default row
     "eagle3-eager": {"method": "eagle3", "schedule": "fixed", "gamma": 7, "graphs": "eager"},
+    # scheduled dspark with each draft slot's logits, distribution and draw run by the torch references
+    # instead of kvspec_kernels/markov_slot.py's fused kernels (``KVSPEC_MARKOV_SLOT=0`` while the row runs,
+    # and draft-round graphs of its own captured that way, sharing the block and projection graphs), through
+    # a gate of its own: what the fused slot saves in serving, in the same run (session 52). A diagnostic,
+    # not a default row
+    "dspark-markov-ref": {"method": "dspark", "schedule": "confidence", "gamma": None, "markov": "ref"},
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
                    "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager",
-                   "dspark-capture-prompts", "dspark-fuse-late", "dspark-g7-fuse-late", "dspark-keep-context")
+                   "dspark-capture-prompts", "dspark-fuse-late", "dspark-g7-fuse-late", "dspark-keep-context",
+                   "dspark-markov-ref")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -392,7 +400,7 @@ def gc_split(d: dict) -> dict[str, list[float]]:
 
 # ROWS keys for the row's own gate (SpecGate settings, or its verify, draft or projection path), not request fields
 GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "charge_steps", "plain_clip", "gate",
-                 "verify", "graphs", "absorb", "spans", "capture_prompts", "fuse", "keep_context")
+                 "verify", "graphs", "absorb", "spans", "capture_prompts", "fuse", "keep_context", "markov")
 
 
 @contextmanager
@@ -421,6 +429,14 @@ def row_gate(engine, row: str, own: dict):
         rounds = getattr(engine._proposer(ROWS[row]["method"]), "rounds", None)
         if rounds is not None:
             swaps.append((rounds, "absorbs", None))
+    env = {}          # environment variables set while the row runs, each put back after it
+    if settings.pop("markov", None) == "ref":     # the slot's torch references (``markov_slot_kernels``)
+        from kvspec_kernels.dispatch import MARKOV_SLOT_ENV
+
+        env[MARKOV_SLOT_ENV] = "0"
+        proposer = engine._proposer(ROWS[row]["method"])
+        if getattr(proposer, "rounds", None) is not None:
+            swaps.append((proposer, "rounds", reference_rounds(proposer)))
     if row not in own:
         # the records kept as the engine's gate keeps them (``--gate-trace-steps``)
         settings["trace_steps"] = getattr(gate, "trace_steps", TRACE_STEPS)
@@ -434,16 +450,42 @@ def row_gate(engine, row: str, own: dict):
     engine.greedy_chain = not rejection
     engine.rest_spans = spans
     saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in swaps]
+    saved_env = {k: os.environ.get(k) for k in env}
     for obj, attr, value in swaps:
         setattr(obj, attr, value)
+    os.environ.update(env)
     try:
         yield
     finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         engine.spec_gate = gate
         engine.greedy_chain = True
         engine.rest_spans = True
         for obj, attr, value in reversed(saved):
             setattr(obj, attr, value)
+
+
+def reference_rounds(proposer):
+    """A second DraftGraphs for ``proposer``'s drafter, sharing its block-forward and projection graphs:
+    its rounds are captured on first use, so under ``KVSPEC_MARKOV_SLOT=0`` (the dspark-markov-ref row)
+    they hold the slot's torch references where the engine's hold the fused kernels. Why a second set:
+    a captured graph keeps the kernels it was captured with, so the variable alone would not reach the
+    engine's rounds."""
+    from specd.engine.draft_graphs import DraftGraphs
+
+    if proposer not in _REFERENCE_ROUNDS:       # one set a proposer, kept across the row's cells
+        rounds = proposer.rounds
+        ref = DraftGraphs(proposer.drafter, rounds.max_batch, rounds.device, replay_eagerly=rounds.replay_eagerly)
+        ref.blocks, ref.absorbs = rounds.blocks, rounds.absorbs
+        _REFERENCE_ROUNDS[proposer] = ref
+    return _REFERENCE_ROUNDS[proposer]
+
+
+_REFERENCE_ROUNDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # proposer -> reference_rounds
 
 
 def repeat_order(rows: list[str], rep: int) -> list[str]:

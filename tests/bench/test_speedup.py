@@ -625,3 +625,54 @@ def test_gate_trace_steps_reach_the_engines_gate_and_the_rows_own(tmp_path):
         bench_main(["speedup", "--model", str(MODEL), "--drafters", f"dspark={DRAFTER}", "--workloads", str(greedy),
                     "--concurrency", "2", "--rows", "dspark", "--requests", "2", "--max-tokens", "4",
                     "--repeats", "1", "--gate-trace-steps", "0", "--out", str(tmp_path / "bad")])
+
+
+def test_the_markov_ref_row_runs_the_slot_references_in_rounds_of_its_own(monkeypatch):
+    """dspark-markov-ref: while the row runs, ``KVSPEC_MARKOV_SLOT=0`` is set (the slot's torch references)
+    and the proposer drafts through a second DraftGraphs that shares the block and projection graphs (a
+    captured graph keeps its kernels, so the variable alone would not reach the engine's rounds); the same
+    second set comes back in the next cell. After the row, also when it fails, the engine's rounds, gate and
+    environment are back. Not a default row."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from bench.speedup import DEFAULT_ROWS, row_gate
+    from kvspec_kernels.dispatch import MARKOV_SLOT_ENV, markov_slot_kernels
+    from specd.engine.draft_graphs import DraftGraphs
+    from specd.engine.spec_gate import SpecGate
+
+    assert "dspark-markov-ref" not in DEFAULT_ROWS
+    monkeypatch.delenv(MARKOV_SLOT_ENV, raising=False)
+    cfg = SimpleNamespace(gamma=3, vocab_size=32, hidden_size=8)
+    drafter = SimpleNamespace(config=cfg, fc=SimpleNamespace(weight=torch.zeros(1, dtype=torch.bfloat16)))
+    rounds = DraftGraphs(drafter, 4, torch.device("cpu"), replay_eagerly=True)
+    rounds.blocks, rounds.absorbs = object(), object()
+    class Proposer:               # (the bench keeps the second set by proposer, weakly)
+        pass
+
+    proposer = Proposer()
+    proposer.drafter, proposer.rounds = drafter, rounds
+    gate = SpecGate()
+    engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: proposer)
+    own: dict = {}
+    with row_gate(engine, "dspark-markov-ref", own):
+        ref = proposer.rounds
+        assert isinstance(ref, DraftGraphs) and ref is not rounds
+        assert (ref.blocks, ref.absorbs, ref.max_batch, ref.replay_eagerly) == (rounds.blocks, rounds.absorbs, 4, True)
+        assert os.environ[MARKOV_SLOT_ENV] == "0"
+        monkeypatch.setattr("kvspec_kernels.dispatch.use_triton", lambda device: True)   # as on a GPU
+        assert not markov_slot_kernels("cuda")
+        assert engine.spec_gate is own["dspark-markov-ref"]
+    assert proposer.rounds is rounds and engine.spec_gate is gate and MARKOV_SLOT_ENV not in os.environ
+    assert markov_slot_kernels("cuda")
+    with pytest.raises(RuntimeError), row_gate(engine, "dspark-markov-ref", own):
+        assert proposer.rounds is ref                       # kept across cells
+        raise RuntimeError("a failed run")
+    assert proposer.rounds is rounds and MARKOV_SLOT_ENV not in os.environ
+    monkeypatch.setenv(MARKOV_SLOT_ENV, "1")                # a value set before the row comes back as it was
+    with row_gate(engine, "dspark-markov-ref", own):
+        assert os.environ[MARKOV_SLOT_ENV] == "0"
+    assert os.environ[MARKOV_SLOT_ENV] == "1"
+    with row_gate(engine, "dspark", own):
+        assert proposer.rounds is rounds and os.environ[MARKOV_SLOT_ENV] == "1"
