@@ -29,7 +29,7 @@ from bench.sampling_cost import _graphed, _time
 from kvspec_kernels.dispatch import MARKOV_SLOT_ENV
 from kvspec_kernels.markov_slot import slot_logits
 from specd.drafter.markov_head import MarkovHead
-from specd.engine.draft_graphs import RoundInputs, markov_round
+from specd.engine.draft_graphs import RoundInputs, markov_round, sample_slot
 from specd.engine.sampler import GREEDY_ROW, PLAIN_ROW, TOP_P_ROW, SamplingPath, inverse_cdf, static_probs
 
 VOCAB = 151936
@@ -69,6 +69,40 @@ def _inputs(b: int, gamma: int, vocab: int, setting: str, device: str, dtype: to
                        rows(0, torch.int64), rows(kind, torch.int64), rows(t), rows(p), uniforms)
 
 
+def _forced_round(x: RoundInputs, path: SamplingPath, head: MarkovHead, prev_tokens: torch.Tensor,
+                  probs_out: torch.Tensor) -> torch.Tensor:
+    """``markov_round`` with slot k's Markov bias from ``prev_tokens[:, k - 1]`` (slot 0: the anchor) instead of
+    the token this round drew at slot k - 1. Fed the references' tokens, each fused slot samples the very
+    distribution its reference slot sampled, so the two compare slot by slot: left to itself the loop carries
+    a draw that rounding sent to a neighbouring token into the bias of every later slot of the row."""
+    prev = torch.cat([x.anchors[:, None], prev_tokens[:, :-1]], dim=1)
+    return torch.stack([sample_slot(x.logits[:, k], x, path, k, probs_out, bias=head.bias(prev[:, k]))
+                        for k in range(x.logits.shape[1])], dim=1)
+
+
+def _draw_slack(probs: torch.Tensor, uniforms: torch.Tensor, tokens: torch.Tensor, sampled: torch.Tensor,
+                want: torch.Tensor) -> float:
+    """The largest distance from a draw's uniform to its token's CDF step, in the fp64 running sums of
+    ``probs`` [B, γ, V] normalised (0 where u lies on the step). Why not the tokens' equality: at T = 1 the
+    151,936 steps are mostly narrower than an fp32 CDF's rounding (mean width 6.6e-6, ulp 6e-8 below 1,
+    running-sum errors above it), so two correct draws with other summation orders differ on ~1% of
+    uniforms, at a neighbouring step; a wrong draw lands far from u. A greedy row (one-hot) must take
+    ``want``'s token exactly: 1 where it does not."""
+    worst = 0.0
+    for k in range(probs.shape[1]):
+        p = probs[:, k].double()
+        cdf = p.cumsum(dim=1)
+        total = cdf[:, -1]
+        t = tokens[:, k, None]
+        through = cdf.gather(1, t)[:, 0] / total
+        before = through - p.gather(1, t)[:, 0] / total
+        u = uniforms[:, k].double()
+        slack = torch.maximum(torch.maximum(before - u, u - through), torch.zeros_like(u))
+        slack = torch.where(sampled, slack, (tokens[:, k] != want[:, k]).double())
+        worst = max(worst, slack.max().item())
+    return worst
+
+
 def _with_kernels(on: bool, fn):
     """fn() with KVSPEC_MARKOV_SLOT set to 1 (the kernels) or 0 (their torch references), restored after."""
     old = os.environ.get(MARKOV_SLOT_ENV)
@@ -101,6 +135,17 @@ def measure(batches: list[int], vocab: int, gamma: int, device: str, repeats: in
                    "fused_max_abs_probs_diff_refs": (outs["fused"] - outs["refs"]).abs().max().item(),
                    "refs_tokens_equal_former": (tokens["refs"] == tokens["former"]).float().mean().item(),
                    "refs_max_abs_probs_diff_former": (outs["refs"] - outs["former"]).abs().max().item()}
+            # slot by slot: the fused slots fed the references' tokens (see _forced_round, _draw_slack)
+            forced = torch.empty_like(outs["fused"])
+            forced_tokens = _with_kernels(True, lambda: _forced_round(x, path, head, tokens["refs"], forced))
+            sampled = x.kind != GREEDY_ROW
+            rec.update({"fused_slot_tokens_equal_refs": (forced_tokens == tokens["refs"]).float().mean().item(),
+                        "fused_slot_max_abs_probs_diff_refs": (forced - outs["refs"]).abs().max().item(),
+                        "fused_slot_draw_max_slack": _draw_slack(outs["refs"], x.uniforms, forced_tokens, sampled,
+                                                                 tokens["refs"]),
+                        "refs_draw_max_slack": _draw_slack(outs["refs"], x.uniforms, tokens["refs"], sampled,
+                                                           tokens["refs"])})
+            del forced
             if setting == "T0.7-p0.9":      # slot_logits against the torch formula, bit for bit
                 bias = head.bias(x.anchors)
                 want = (x.logits[:, 0].float() + bias.float()) / x.temperature[:, None]
@@ -115,8 +160,11 @@ def measure(batches: list[int], vocab: int, gamma: int, device: str, repeats: in
             records.append(rec)
             print(f"B {b:4d} {setting:10s} former {rec['former' + key]['ms_p50']:.3f} ms  refs "
                   f"{rec['refs' + key]['ms_p50']:.3f}  fused {rec['fused' + key]['ms_p50']:.3f} "
-                  f"({rec['fused_over_former']:.2f}x){' in a graph' if cuda else ''}  |  fused vs refs: tokens "
-                  f"{rec['fused_tokens_equal_refs']:.3f} equal, probs within {rec['fused_max_abs_probs_diff_refs']:.1e}"
+                  f"({rec['fused_over_former']:.2f}x){' in a graph' if cuda else ''}  |  fused vs refs, slot by slot: "
+                  f"probs within {rec['fused_slot_max_abs_probs_diff_refs']:.1e}, tokens "
+                  f"{rec['fused_slot_tokens_equal_refs']:.3f} equal, draws within {rec['fused_slot_draw_max_slack']:.1e} "
+                  f"of u (refs {rec['refs_draw_max_slack']:.1e}); whole rounds: tokens "
+                  f"{rec['fused_tokens_equal_refs']:.3f} equal"
                   + (f"  |  slot_logits bit-identical {rec['slot_logits_bit_identical']}"
                      if "slot_logits_bit_identical" in rec else ""), flush=True)
     return records
