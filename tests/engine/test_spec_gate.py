@@ -2217,12 +2217,9 @@ def draft_samples(stats: dict) -> int:
     return sum(v for k, v in stats.items() if k.startswith("spec_gate_dspark_b") and k.endswith("_draft_samples"))
 
 
-def test_a_batch_resting_on_its_prediction_is_probed_within_the_budget_of_its_own_loss():
-    """The cell's drafting arm was measured on requests that draft well (4 tokens a step, 2x plain
-    decoding's rate); a batch of requests that draft badly (1 token a step) rests on its prediction
-    (500 against 1,000 tok/s). Its probes are budgeted by that predicted loss (a 2-step probe of steps
-    twice as long, losing half: 2 x 2 x 0.5 / 1% = 200 steps), not by the cell's rates, whose loss is
-    below zero and made the wait the shortest one (10 steps) before session 12."""
+def explored_on_good_drafters() -> SpecGate:
+    """A gate whose b4 cell explored drafting on requests that draft well (4 tokens a step at 2,000 tok/s)
+    and plain decoding (1,000 tok/s): 2-step probes, budget 1%, no prior weight on the cell's acceptance."""
     gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=2, probe_max=1000, prior_steps=0.0,
                     probe_budget=0.01)
     for _ in range(3):
@@ -2231,6 +2228,16 @@ def test_a_batch_resting_on_its_prediction_is_probed_within_the_budget_of_its_ow
     for _ in range(3):
         assert not gate.should_draft("dspark", 4)
         gate.observe("dspark", 4, False, 4, 4 / 1000.0)
+    return gate
+
+
+def test_a_batch_resting_on_its_prediction_is_probed_within_the_budget_of_its_own_loss():
+    """The cell's drafting arm was measured on requests that draft well (4 tokens a step, 2x plain
+    decoding's rate); a batch of requests that draft badly (1 token a step) rests on its prediction
+    (500 against 1,000 tok/s). Its probes are budgeted by that predicted loss (a 2-step probe of steps
+    twice as long, losing half: 2 x 2 x 0.5 / 1% = 200 steps), not by the cell's rates, whose loss is
+    below zero and made the wait the shortest one (10 steps) before session 12."""
+    gate = explored_on_good_drafters()
     poor = records(4, tokens=1, steps=5)
     arms = []
     for _ in range(260):
@@ -2250,14 +2257,7 @@ def test_a_resting_cells_wait_is_repriced_at_each_batchs_prediction_and_only_sho
     through it at 1.01x `none` where drafting ran 1.40x)."""
     from specd.engine.spec_gate import Acceptance
 
-    gate = SpecGate(warmup=0, min_samples=3, probe_every=10, probe_steps=2, probe_max=1000, prior_steps=0.0,
-                    probe_budget=0.01)
-    for _ in range(3):
-        assert gate.should_draft("dspark", 4)
-        gate.observe("dspark", 4, True, 16, 16 / 2000.0)
-    for _ in range(3):
-        assert not gate.should_draft("dspark", 4)
-        gate.observe("dspark", 4, False, 4, 4 / 1000.0)
+    gate = explored_on_good_drafters()
     poor = records(4, tokens=1, steps=5)
     near = []
     for _ in range(4):
