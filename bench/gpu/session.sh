@@ -80,7 +80,9 @@
 # the last 16,400,064), and stash the drafter in three calls (.carry/dsq10a/dsq.00, .carry/dsq10a/dsq.01,
 # .carry/dsq10b); a refused call costs no device time. Session 17: the tracked tree is 38.2 MB, so a call
 # carries one 15 MB drafter piece at a time (four stash calls, .carry/dsq17a/dsq.00 ... .carry/dsq17b/dsq.03);
-# and at most 8 files come back: each phase packs its results into one tarball under $OUT.
+# and at most 8 files come back: each phase packs its results into one tarball under $OUT. Lately (session 52) the
+# raw results (docs/results/gpu, ~80 MB) are moved out of the tree before device calls, which leaves ~17 MB:
+# the eleven 45 MB pieces of .carry/q45 (bootstrap.sh), `PIECES=.carry/q45 bash bench/gpu/session.sh piece N`.
 # Run it from a clean export of a commit, so the results name the code that made them: `bash bench/gpu/export.sh`
 # here (writes .carry/clean and its COMMIT file, read by bench/provenance.py), carry .carry/clean, and on the
 # device: ln -sfn $PWD/.carry .carry/clean/.carry; ln -sfn $PWD/.whl .carry/clean/.whl; cd .carry/clean
