@@ -289,13 +289,15 @@ class Eagle3Drafter(BorrowsTargetHeads, nn.Module):
         (eagle3_graphs.SlotSettings), path: the transforms they need. Each step's probabilities go into
         probs_out [B, γ, V] fp32; returns the tokens [B, γ] int64."""
         from specd.engine.draft_graphs import sample_slot     # the engine imports this module's package
+        from specd.engine.sampler import GREEDY_ROW
 
         s = ctx[0].shape[1]
         ctx_mask = torch.arange(s, device=lens.device)[None, :] < lens[:, None]
         hidden, tok, own, tokens = tails, anchors, [], []
+        greedy = settings.kind == GREEDY_ROW          # once for the γ steps (sample_slot's ``greedy``)
         for k in range(self.config.gamma):
             hidden = self.step(hidden, tok, lens + k, ctx, ctx_mask, own)
-            tok = sample_slot(self.logits(hidden), settings, path, k, probs_out)
+            tok = sample_slot(self.logits(hidden), settings, path, k, probs_out, greedy=greedy)
             tokens.append(tok)
         return torch.stack(tokens, dim=1)
 

@@ -119,7 +119,8 @@ def pack_floats(host: Tensor, device: Tensor, params: Sequence[SamplingParams],
     device[: 2 * bm + bp * g].copy_(host[: 2 * bm + bp * g], non_blocking=True)
 
 
-def sample_slot(logits: Tensor, x, path: SamplingPath, k: int, probs_out: Tensor, bias: Tensor | None = None) -> Tensor:
+def sample_slot(logits: Tensor, x, path: SamplingPath, k: int, probs_out: Tensor, bias: Tensor | None = None,
+                greedy: Tensor | None = None) -> Tensor:
     """Slot ``k`` of a static round: each row's sampling distribution from ``logits`` [Bp, V] (any float
     dtype; a DSpark slot's base logits, with its Markov ``bias`` [Bp, V] added in fp32) written into
     ``probs_out[:, k]``, and its token [Bp]: a greedy row the argmax, a sampled row the inverse CDF at its
@@ -130,14 +131,16 @@ def sample_slot(logits: Tensor, x, path: SamplingPath, k: int, probs_out: Tensor
     A path of greedy and unfiltered rows only is one fused call (kvspec_kernels/markov_slot.py: the inputs
     read twice, the probabilities written once), as ``SlotSampler`` samples them. Any other path scales the
     logits in one launch (``slot_logits``, bit for bit the torch formula) and runs ``static_probs``: every
-    transform the path names on every row, chosen per row by ``where``."""
+    transform the path names on every row, chosen per row by ``where``. ``greedy``: ``x.kind == GREEDY_ROW``,
+    when the caller computed it once for its γ slots (one comparison a round, not one a slot)."""
     out = probs_out[:, k]
+    if greedy is None:
+        greedy = x.kind == GREEDY_ROW
     if not (path.max_k or path.top_p):
-        return plain_slot(logits, bias, x.temperature, x.uniforms[:, k], x.kind == GREEDY_ROW, out, path.plain,
-                          path.greedy)
+        return plain_slot(logits, bias, x.temperature, x.uniforms[:, k], greedy, out, path.plain, path.greedy)
     probs, argmax = static_probs(slot_logits(logits, bias, x.temperature), x.top_k, x.top_p, x.kind, path, out=out)
     drawn = inverse_cdf(probs, x.uniforms[:, k])
-    return torch.where(x.kind == GREEDY_ROW, argmax, drawn) if path.greedy else drawn
+    return torch.where(greedy, argmax, drawn) if path.greedy else drawn
 
 
 def markov_round(x: RoundInputs, path: SamplingPath, markov_head, confidence: Callable | None,
@@ -154,10 +157,10 @@ def markov_round(x: RoundInputs, path: SamplingPath, markov_head, confidence: Ca
     gamma = x.logits.shape[1]
     if probs_out is None:
         probs_out = torch.empty(x.logits.shape, dtype=torch.float32, device=x.logits.device)
-    prev, tokens = x.anchors, []
+    prev, tokens, greedy = x.anchors, [], x.kind == GREEDY_ROW
     for k in range(gamma):
         bias = None if markov_head is None else markov_head.bias(prev)
-        prev = sample_slot(x.logits[:, k], x, path, k, probs_out, bias=bias)
+        prev = sample_slot(x.logits[:, k], x, path, k, probs_out, bias=bias, greedy=greedy)
         tokens.append(prev)
     tokens = torch.stack(tokens, dim=1)
     conf = None
