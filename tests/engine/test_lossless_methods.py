@@ -128,8 +128,8 @@ def test_a_planted_bug_in_eagle3s_draft_probabilities_is_caught(engine, drafters
 
     real = draft_graphs.sample_slot
 
-    def told_the_raw_softmax(logits, x, path, k, probs_out):
-        token = real(logits, x, path, k, probs_out)
+    def told_the_raw_softmax(logits, x, path, k, probs_out, **kw):
+        token = real(logits, x, path, k, probs_out, **kw)
         probs_out[:, k] = torch.softmax(logits, dim=-1)
         return token
 
