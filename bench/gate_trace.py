@@ -4,6 +4,7 @@ predictions imply.
     python -m bench.gate_trace docs/results/gpu/s45/runDV/speedup/speedup.json.gz --cell dspark_b4
     python -m bench.gate_trace RESULT --cell dspark_b4 --at extraction.eval:4 [--row ngram-gated]
     python -m bench.gate_trace RESULT --prices [--against dspark-g7] [--row dspark-capture-prompts]
+    python -m bench.gate_trace RESULT --calibration [--row dspark-markov-ref]
 
 Why: every `bench speedup` result keeps each gate cell's first reports (``gate_trace``, the run's whole
 start) and, after each (workload, concurrency) cell, its latest ones (``gate_recent``; a row behind a gate of
@@ -110,6 +111,60 @@ def prices(result: dict, against: str = "dspark-g7", row: str | None = None, key
     return out
 
 
+def new_reports(previous: list[list], current: list[list]) -> list[list]:
+    """The reports of ``current`` (a cell's latest reports, a window of at most the gate's ``trace_steps``)
+    that ``previous`` (the same cell's window after the cell run before) does not hold: the window slid by
+    the smallest shift that lines the two up. All of ``current`` when nothing lines up (a window slid past
+    everything ``previous`` held)."""
+    for shift in range(len(previous) + 1):
+        kept = previous[shift:]
+        if current[:len(kept)] == kept:
+            return current[len(kept):]
+    return current
+
+
+def calibration(result: dict, row: str | None = None, key: str = "dspark") -> list[dict]:
+    """For every (workload, concurrency) cell of a run: the drafting steps that the gate cell at that load
+    (the engine's gate; ``row``: that row's own) decided on a prediction in that cell, as predicted tokens a
+    sequence against the tokens a sequence each step emitted (all the batch's sequences, as the prediction
+    counts them); means, and their ratio (at c = 1 a step emits a whole number of tokens, so a median
+    says little). Probes count: they are the steps a resting
+    cell's prediction is measured by. Only the reports new since the cell run before (``new_reports``).
+
+    Why: the gate drafts where its predicted acceptance times its drafting price beats plain decoding, and
+    in session 52's run JB support at c = 32 drafted 21 steps a run predicted at 2.8-3.6 tokens a sequence
+    that emitted 1.0-2.5, 0.96x `none`: the requests' records carried the acceptance of lighter loads. This
+    says, cell by cell, how far off the predictions of the steps that drafted were. Reads records only."""
+    from specd.engine.spec_gate import load_bucket
+
+    out, seen = [], {}
+    for workload, levels in result.get("workloads", {}).items():
+        for level, cell in levels.items():
+            traces = cell.get("gate_recent") if row is None else cell.get("gate_recent_by_row", {}).get(row)
+            name = f"{key}_b{load_bucket(int(level))}"
+            window = (traces or {}).get(name, [])
+            fresh, seen[name] = new_reports(seen.get(name, []), window), window
+            steps = [(r[ACCEPTANCE], r[TOKENS] / r[SEQUENCES]) for r in fresh
+                     if r[DRAFTED] and r[USED] and r[ACCEPTANCE] is not None and r[SEQUENCES]]
+            if not steps:
+                continue
+            predicted, emitted = sum(p for p, _ in steps), sum(e for _, e in steps)
+            out.append({"workload": workload, "concurrency": int(level), "drafted": len(steps),
+                        "predicted": predicted / len(steps), "emitted": emitted / len(steps),
+                        "emitted_over_predicted": emitted / predicted if predicted > 0 else None})
+    return out
+
+
+def calibration_table(entries: list[dict]) -> str:
+    lines = ["| workload | c | drafting steps decided there | predicted tokens a sequence (mean) | emitted (mean) | "
+             "emitted / predicted |", "|---" * 6 + "|"]
+    for e in entries:
+        ratio = "-" if e["emitted_over_predicted"] is None else f"{e['emitted_over_predicted']:.2f}"
+        lines.append(f"| {e['workload']} | {e['concurrency']} | {e['drafted']} | {e['predicted']:.2f} | "
+                     f"{e['emitted']:.2f} | {ratio} |")
+    return "\n".join(lines)
+
+
 def prices_table(entries: list[dict], against: str) -> str:
     def num(v, fmt):
         return "-" if v is None else format(v, fmt)
@@ -133,16 +188,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead of one cell: every (workload, concurrency) cell's latest reports at its load "
                    "(median predicted tokens and implied drafting step) against the --against row's measured "
                    "drafting step and τ (prices())")
+    p.add_argument("--calibration", action="store_true",
+                   help="instead of one cell: per (workload, concurrency) cell, the drafting steps decided on a "
+                   "prediction there, predicted against emitted tokens a sequence (calibration())")
     p.add_argument("--against", default="dspark-g7", help="with --prices: the fixed-γ row to compare with")
     p.add_argument("--at", default=None, help="workload:concurrency, e.g. extraction.eval:4: that cell's latest "
                                               "reports (default: the run's first reports)")
-    p.add_argument("--row", default=None, help="with --at: the reports of this row's own gate (rows such as "
-                                               "ngram-gated or dspark-probe-uncut run behind one)")
+    p.add_argument("--row", default=None, help="with --at, --prices or --calibration: the reports of this row's "
+                                               "own gate (rows such as ngram-gated or dspark-probe-uncut run behind one)")
     args = p.parse_args(argv)
-    if args.prices == (args.cell is not None):
-        p.error("give --cell CELL or --prices")
+    if args.prices + args.calibration + (args.cell is not None) != 1:
+        p.error("give one of --cell CELL, --prices or --calibration")
     try:
-        if args.prices:
+        if args.calibration:
+            entries = calibration(load(args.result), args.row)
+            if not entries:
+                raise PoolError("no drafting step decided on a prediction in any cell")
+            print(calibration_table(entries))
+        elif args.prices:
             entries = prices(load(args.result), args.against, args.row)
             if not entries:
                 raise PoolError(f"no cell with both a gate decision and the row {args.against!r}")

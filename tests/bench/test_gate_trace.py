@@ -83,3 +83,42 @@ def test_prices_put_each_cells_last_decision_beside_the_fixed_rows_drafting_step
         main([str(path)])                                  # neither --cell nor --prices
     with pytest.raises(SystemExit):
         main([str(path), "--prices", "--against", "eagle3"])   # no cell has that row
+
+
+def test_new_reports_are_what_a_window_holds_beyond_the_cell_run_before():
+    from bench.gate_trace import new_reports
+
+    a, b, c, d = ([i] for i in range(4))
+    assert new_reports([], [a, b]) == [a, b]
+    assert new_reports([a, b], [a, b, c]) == [c]                 # the window grew
+    assert new_reports([a, b, c], [b, c, d]) == [d]              # it slid by one (its length is the limit)
+    assert new_reports([a, b], [c, d]) == [c, d]                 # it slid past everything held before
+    assert new_reports([a, b], [a, b]) == []
+
+
+def test_calibration_puts_each_cells_predictions_beside_what_its_drafting_steps_emitted(tmp_path, capsys):
+    """Per (workload, concurrency): the drafting steps decided on a prediction among the reports new in that
+    cell (the window of the cell before left out), predicted against emitted tokens a sequence, as means and
+    their ratio; exploring steps (no prediction), warm-ups and resting steps left out."""
+    from bench.gate_trace import calibration
+
+    first = [EXPLORE, [1, 12, 5.0, 4, 1, "winner", 3.0, 2000.0, 1900.0],   # emitted 3.0 of 3.0 predicted
+             [1, 8, 5.0, 4, 0, "winner", 3.0, 2000.0, 1900.0]]            # a warm-up: no sample
+    later = first + [[1, 6, 6.0, 4, 1, "probe", 3.0, 1500.0, 1900.0],     # 1.5 of 3.0
+                     [1, 10, 6.0, 4, 1, "winner", 2.0, 1500.0, 1900.0],   # 2.5 of 2.0
+                     REST]
+    result = {"workloads": {"coding.eval": {"4": {"gate_recent": {"dspark_b4": first}}},
+                            "support.eval": {"4": {"gate_recent": {"dspark_b4": later}},
+                                             "1": {"gate_recent": {"dspark_b1": [EXPLORE]}}}}}
+    got = calibration(result)
+    assert [(e["workload"], e["concurrency"], e["drafted"]) for e in got] == [("coding.eval", 4, 1),
+                                                                               ("support.eval", 4, 2)]
+    assert got[0]["emitted_over_predicted"] == pytest.approx(1.0)
+    assert (got[1]["predicted"], got[1]["emitted"]) == (pytest.approx(2.5), pytest.approx(2.0))
+    assert got[1]["emitted_over_predicted"] == pytest.approx(4.0 / 5.0)
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result))
+    assert main([str(path), "--calibration"]) == 0
+    assert capsys.readouterr().out.splitlines()[3] == "| support.eval | 4 | 2 | 2.50 | 2.00 | 0.80 |"
+    with pytest.raises(SystemExit):
+        main([str(path), "--calibration", "--prices"])
