@@ -28,9 +28,7 @@ Recovery: the losing arm is probed for ``probe_steps`` steps, as often as a prob
 before the next probe is the probe's expected cost (its steps × their length in winner's steps × the
 fraction of its rate the loser loses) over ``PROBE_BUDGET`` (0.5% of the cell's time), between
 ``probe_every`` and ``probe_max`` steps. A
-near-tie is probed often (it is cheap and likely to flip), a clear loser rarely. The wait is priced at each
-step's prediction and only ever shortens (``_wait``): new requests that move a resting cell toward a tie
-bring its next probe nearer. (Until session 4 the wait
+near-tie is probed often (it is cheap and likely to flip), a clear loser rarely. (Until session 4 the wait
 doubled after each confirming probe; after two workloads where drafting lost, it had grown to hundreds of
 steps, and the third workload, where drafting won, ran out before the next probe.) Measurements age by
 steps of the cell, not by samples of an arm (both arms' sums shrink by ``decay`` at every measured step):
@@ -573,8 +571,6 @@ class SpecGate:
             self.probes_cut += 1
         if cell.clock == 0:      # the first step after a probe or the exploration: both rates are fresh
             cell.wait = 1 if cell.draft.samples == 0 else self._wait(cell, winner, predicted)
-        elif cell.draft.samples:     # re-priced at this batch's prediction: a wait only ever shortens
-            cell.wait = min(cell.wait, self._wait(cell, winner, predicted))
         cell.clock += 1
         if cell.clock < cell.wait:
             if not winner and verify is None:    # the bound ``rests_again`` keeps for the same requests
@@ -641,15 +637,11 @@ class SpecGate:
 
     def _rests_at(self, cell: Cell, acceptance: float, sequences: int) -> bool:
         """The rest ``rests_again`` and ``carries_rest`` answer once sure of the requests' bound: False where
-        drafting at ``acceptance`` would beat plain decoding, or where the wait priced at it would be shorter
-        than the cell's (the full question re-prices the wait at its own prediction, ``_wait``: the
-        bound's is the shortest it can come to); else the step's basis and clock, as ``should_draft``'s
-        winner would take them, and True."""
+        drafting at ``acceptance`` would beat plain decoding; else the step's basis and clock, as
+        ``should_draft``'s winner would take them, and True."""
         predicted = cell.draft_rate(acceptance)
         if cell.beats_plain(predicted, self.margin):
             return False
-        if cell.draft.samples and self._wait(cell, False, predicted) < cell.wait:
-            return False      # the full question may re-price the wait shorter (``_wait``): let it ask
         cell.basis = (acceptance, predicted * sequences, cell.plain.per_seq_s * sequences)
         cell.clock += 1
         return not self._drafts(cell, "winner", False)
@@ -948,17 +940,7 @@ class SpecGate:
         ``loss`` of the winner's rate over that time, while the wait's steps last ``win.step_s``. So the
         wait is probe_steps × (lose.step_s / win.step_s) × loss / budget steps of the winner. (Until
         session 6 the step-length ratio was left out; on the H200 a drafting step at c ≥ 8 lasts 3-5 plain
-        steps, so a probe of drafting cost 3-5× its budget: ~3-5% of a resting cell, not 1%.)
-
-        Re-priced: ``should_draft`` prices the wait after each probe and again at every later step it answers,
-        at that step's prediction, and keeps the shorter, so the wait shrinks when the batch's requests move the
-        loser toward a tie and never grows (the shortcuts, ``_rests_at``, step aside where it would shrink).
-        Until session 52 the wait kept the price set at the probe. H100, session 52, run JB: at extraction
-        c = 16 the b16 cell came from creative writing at 1.3 predicted tokens a sequence, cut its probe of
-        drafting after one 10.7 ms step and set a wait of ~1,000 steps; extraction's records then raised the
-        prediction to 4.7 tokens, 0.96 of plain decoding's rate at that probe's step price, a near tie whose
-        wait is ~130 steps, but the old wait stood and the cell rested through the workload (1.01× `none`;
-        the reference row, whose gate drafted there, 1.40×)."""
+        steps, so a probe of drafting cost 3-5× its budget: ~3-5% of a resting cell, not 1%.)"""
         draft = cell.draft.per_seq_s if predicted is None else predicted
         plain = cell.plain.per_seq_s
         win, lose = (cell.draft, cell.plain) if winner else (cell.plain, cell.draft)

@@ -2248,34 +2248,6 @@ def test_a_batch_resting_on_its_prediction_is_probed_within_the_budget_of_its_ow
     assert arms.index(True) == 199          # the 200th step of the wait starts the probe
 
 
-def test_a_resting_cells_wait_is_repriced_at_each_batchs_prediction_and_only_shortens():
-    """The wait set after the exploration prices a poor batch's loss (1 token a step: 500 against 1,000
-    tok/s, 200 steps, as above). Twenty steps in, requests that draft nearly well enough take over (1.8
-    tokens a step: 900 tok/s, still a rest): the wait is priced again at their loss (2 x 2 x 0.1 / 1% = 40
-    steps), and when the poor batch comes back it does not grow again, so the probe starts at the 40th step,
-    not the 200th (H100, session 52, run JB: a cell that came to extraction from creative writing rested
-    through it at 1.01x `none` where drafting ran 1.40x)."""
-    from specd.engine.spec_gate import Acceptance
-
-    gate = explored_on_good_drafters()
-    poor = records(4, tokens=1, steps=5)
-    near = []
-    for _ in range(4):
-        r = Acceptance()
-        r.tokens, r.steps = 9.0, 5.0
-        near.append(r)
-    arms, waits = [], []
-    for i in range(60):
-        batch = near if 20 <= i < 30 else poor
-        drafted = gate.should_draft("dspark", 4, requests=batch)
-        gate.observe("dspark", 4, drafted, 4, 4 / (500.0 if drafted else 1000.0))
-        arms.append(drafted)
-        waits.append(gate.cells[("dspark", 4)].wait)
-    assert gate.acceptance("dspark", 4, near) == pytest.approx(1.8)
-    assert waits[19] == 200 and waits[20] == 40 and waits[35] == 40    # shortened, and not grown back
-    assert arms.index(True) == 39           # the 40th step of the wait starts the probe
-
-
 def test_arms_sampled_at_different_batch_sizes_of_one_bucket_are_compared_per_sequence():
     """Bucket 2 holds batches of 2 and 3. Plain decoding was sampled on 2 sequences (2 tokens in 4 ms:
     500 tok/s, 250 a sequence), drafting on 3 (6 tokens in 10 ms: 600 tok/s, 200 a sequence). In tokens
