@@ -315,7 +315,9 @@ def validate_op(obj: Any, req_id: Optional[int], allowed: Optional[frozenset[str
         raise ProtocolError(ErrorCode.BAD_REQUEST, "an op must be a map", req_id)
     kind = obj.get("type")
     if not isinstance(kind, str) or kind not in OP_MODELS:
-        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind!r:.64}", req_id)
+        # a batch item's type is one of the batch's fields: the request is known, its fields are bad
+        code = ErrorCode.UNKNOWN_TYPE if allowed is None else ErrorCode.BAD_REQUEST
+        raise ProtocolError(code, f"unknown message type {kind!r:.64}", req_id)
     if allowed is not None and kind not in allowed:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"{kind!r} is not allowed here", req_id)
     try:

@@ -99,3 +99,12 @@ def test_random_fields_of_known_types_never_crash(kind, fields):
         assert err.code == "bad_request" and err.req_id == 1
     else:
         assert req.op.type == kind
+
+
+def test_a_batch_item_without_a_known_type_is_a_bad_request_of_the_batch():
+    """Found by test_random_fields_of_known_types_never_crash (a batch of one empty op gave unknown_type): the
+    batch is a known request whose ``ops`` field is bad, as a batch item of a type not allowed there is."""
+    for op in ({}, {"type": "drop_tables"}):
+        with pytest.raises(P.ProtocolError) as err:
+            P.decode_request(P.encode_request(1, "batch", ops=[op]))
+        assert err.value.code == "bad_request" and err.value.req_id == 1
