@@ -149,12 +149,18 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # a gate of its own: what the fused slot saves in serving, in the same run (session 52). A diagnostic,
     # not a default row
     "dspark-markov-ref": {"method": "dspark", "schedule": "confidence", "gamma": None, "markov": "ref"},
+    # scheduled dspark behind a gate that takes its requests' records as they are, as until session 53
+    # (``SpecGate.calibrate`` off: no ``Cell.calibration``), through a gate of its own: in session 52's runs
+    # the cells that drafted after rests emitted 0.66-0.80 of the tokens their records predicted, and
+    # support at c = 32 ran 0.96x `none`; this row measures the calibration against the old rule in the
+    # same run. A diagnostic, not a default row
+    "dspark-uncalibrated": {"method": "dspark", "schedule": "confidence", "gamma": None, "calibrate": False},
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
                    "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager",
                    "dspark-capture-prompts", "dspark-fuse-late", "dspark-g7-fuse-late", "dspark-keep-context",
-                   "dspark-markov-ref")
+                   "dspark-markov-ref", "dspark-uncalibrated")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -400,7 +406,8 @@ def gc_split(d: dict) -> dict[str, list[float]]:
 
 # ROWS keys for the row's own gate (SpecGate settings, or its verify, draft or projection path), not request fields
 GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "charge_steps", "plain_clip", "gate",
-                 "verify", "graphs", "absorb", "spans", "capture_prompts", "fuse", "keep_context", "markov")
+                 "verify", "graphs", "absorb", "spans", "capture_prompts", "fuse", "keep_context", "markov",
+                 "calibrate")
 
 
 @contextmanager

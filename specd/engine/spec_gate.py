@@ -64,6 +64,11 @@ at c = 8 (session 10, run AA: the scheduled row's whole 1.6% gap there). ``rests
 without the walk when the answer is sure: the same requests (or some of them) rested on the prediction at
 the last step, and drafting at the most their aging records can reach (``Cell.rest_bound``) still loses.
 
+Calibration: a cell scales the acceptance its requests' records predict by what its own drafting steps
+emitted against their predictions (``Cell.calibration``, shrunk toward 1). The records are learnt where
+each request drafted; at a heavier load, or after a rest that left its drafter context gapped, the same
+requests emit less (session 52, run JB: support at c = 32, 0.66 of the prediction, 0.96x `none`).
+
 Lossless: whether a step drafts depends only on the wall time and token counts of earlier, finished
 steps, never on the drafts of this step; verification is untouched.
 """
@@ -112,6 +117,10 @@ PLAIN_WINDOW = 8     # steps (warm-ups included): one stalled step must not make
                      # ~2.9 ms ones rated plain decoding at 2,160 tok/s in coding's b16 cell, drafting
                      # (~3,000) ran as the winner for ~100 steps a run at ~3.2 tok/ms against plain's ~6, and
                      # scheduled dspark ran 0.62x `none` there (0.67x at c = 4, the same way)
+CALIBRATION_STEPS = 3.0  # weight, in drafting steps, of "predictions are right" (a factor of 1) in a cell's
+                         # calibration (``Cell.calibration``): one probe's steps cannot halve a prediction
+CALIBRATION_DECAY = 0.95 # weight of a cell's older calibrated drafting steps (~20 steps of memory, by drafting
+                         # step: a resting cell's probes, hundreds of steps apart, still add up)
 DRAFT_REASONS = ("explore", "probe", "winner")   # a new cell's exploration, a probe of the losing arm, the winner
 
 
@@ -339,6 +348,35 @@ class Cell:
     lease_basis: tuple = ()   # ``basis`` of the answer that granted the current rest lease (``rest_lease``)
     near: bool = True         # the last measured prediction put drafting at ``keep_near`` of plain or more
                               # (``SpecGate.keeps_context``; True until a prediction is made)
+    cal_emitted: float = 0.0     # decayed sums over the cell's drafting samples decided on a prediction: tokens
+    cal_predicted: float = 0.0   # emitted a sequence, the acceptance predicted for them, and the steps
+    cal_steps: float = 0.0       # (``calibration``; SpecGate.calibrate)
+
+    @property
+    def calibration(self) -> float:
+        """Emitted over predicted tokens a sequence in this cell's drafting steps, shrunk toward 1 by
+        ``CALIBRATION_STEPS``: what ``draft_rate`` scales a prediction from the requests' records by.
+
+        Why: a request's record, and its class's, are learnt where it drafted, and the load and the
+        context it drafts from here can make the same request emit less. H100, session 52, run JB: support
+        at c = 32 rested and drafted after rests, from gapped contexts and at the short verify lengths of
+        a full batch; its b32 cell predicted 2.8-3.6 tokens a sequence from records learnt at lighter
+        loads, the steps gave 1.0-2.5 (emitted / predicted 0.66 over 37 steps; HB's 0.70), so it drafted
+        21 steps a run at 6.5 tokens a ms against plain decoding's 9.1, 0.96x `none` (``python -m
+        bench.gate_trace RESULT --calibration``). Where cells draft steadily the ratio was 0.97-1.04, so
+        the factor stays near 1 there. Per cell (method, load), because the load is what the records do
+        not see; it moves only on a drafting sample, as the drafting arm does, so the steady-rest bounds
+        (``SpecGate.rests_again``) stay sure between drafting samples."""
+        if self.cal_predicted <= 0:
+            return 1.0
+        ratio = self.cal_emitted / self.cal_predicted
+        return (ratio * self.cal_steps + CALIBRATION_STEPS) / (self.cal_steps + CALIBRATION_STEPS)
+
+    def calibrate(self, emitted: float, predicted: float) -> None:
+        """One drafting sample decided on a prediction: ``emitted`` and ``predicted`` tokens a sequence."""
+        self.cal_emitted = self.cal_emitted * CALIBRATION_DECAY + emitted
+        self.cal_predicted = self.cal_predicted * CALIBRATION_DECAY + predicted
+        self.cal_steps = self.cal_steps * CALIBRATION_DECAY + 1.0
 
     def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:
         """The drafting rate per sequence (``Rate.per_seq_s``) predicted for a batch whose drafting step
@@ -358,7 +396,7 @@ class Cell:
         rate = self.draft.per_seq_s
         measured = self.draft.per_seq_step
         if acceptance is not None and measured > 0:
-            rate *= acceptance / measured
+            rate *= acceptance * self.calibration / measured
         if verify is not None:
             rate *= self._time_scale(verify)
         return rate
@@ -393,7 +431,7 @@ class SpecGate:
                  warmup: int = WARMUP, beside_prompts: bool = False, probe_cut: float | None = PROBE_CUT,
                  charge_steps: float | None = CHARGE_STEPS, plain_clip: float | None = PLAIN_CLIP,
                  capture_prompts: int | None = None, trace_steps: int = TRACE_STEPS,
-                 keep_context: int | None = None, keep_near: float = KEEP_NEAR):
+                 keep_context: int | None = None, keep_near: float = KEEP_NEAR, calibrate: bool = True):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
                 or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
                 or warmup < 0 or probe_cut is not None and not probe_cut >= 1
@@ -435,6 +473,10 @@ class SpecGate:
         # while the cell is near a tie (``keeps_context``; None: a rest captures nothing). Off by default:
         # ``bench speedup``'s dspark-keep-context row measures it (session 48)
         self.keep_context, self.keep_near = keep_context, keep_near
+        # each cell scales the acceptance its requests' records predict by what its drafting steps emitted
+        # against their predictions (``Cell.calibration``; False: records taken as they are, the rule until
+        # session 53; ``bench speedup``'s dspark-uncalibrated row)
+        self.calibrate = calibrate
         # reports each cell keeps for the records, its first ones and its latest ones (``trace``). More than
         # the default only for a diagnosis: session 47's question (why a resting b4 cell priced drafting at
         # 8.8 ms) needed a cell's whole history, and 16 reports held two probes. ``bench speedup
@@ -997,6 +1039,9 @@ class SpecGate:
         cell.plain.age(self.decay)
         if drafted:
             cell.rest_bound = None
+            predicted = report[6][0] if report[6] else None
+            if self.calibrate and predicted is not None and predicted > 0:
+                cell.calibrate(tokens / sequences, predicted)
             held = min(cell.capture_s, self._sample_charge(cell))   # the captures this drafting took,
             seconds, cell.capture_s = seconds + held, cell.capture_s - held   # a plain step a sample
             cell.draft.add(tokens, seconds, sequences, drafters)
@@ -1115,4 +1160,5 @@ class SpecGate:
             explored = self._exploring(cell) is None
             out[f"{name}_drafting"] = int(cell.drafting_wins(self.margin) if explored else not cell.resting_prior)
             out[f"{name}_probe_wait_steps"] = cell.wait
+            out[f"{name}_calibration"] = cell.calibration
         return out

@@ -473,6 +473,22 @@ def test_the_old_rule_rows_run_behind_a_gate_of_their_own(row, setting, default)
     assert engine.spec_gate is gate and getattr(gate, setting) == getattr(spec_gate, setting.upper()) == default
 
 
+def test_the_uncalibrated_row_runs_behind_a_gate_that_takes_records_as_they_are():
+    """dspark-uncalibrated: a gate of its own with ``calibrate`` False (no ``Cell.calibration``, as until
+    session 53); the engine's gate calibrates, and is back after the row. Not a default row."""
+    from types import SimpleNamespace
+
+    from bench.speedup import DEFAULT_ROWS, row_gate
+    from specd.engine.spec_gate import SpecGate
+
+    assert "dspark-uncalibrated" not in DEFAULT_ROWS
+    gate = SpecGate()
+    engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: SimpleNamespace(rounds=None))
+    with row_gate(engine, "dspark-uncalibrated", {}):
+        assert engine.spec_gate is not gate and engine.spec_gate.calibrate is False
+    assert engine.spec_gate is gate and gate.calibrate is True
+
+
 def test_collector_passes_are_split_by_generation_and_summed_over_runs():
     d = {"gc_gen0_passes_total": 3, "gc_gen0_seconds_total": 0.0006, "gc_gen1_passes_total": 0,
          "gc_gen1_seconds_total": 0.0, "gc_gen2_passes_total": 1, "gc_gen2_seconds_total": 0.15}

@@ -241,6 +241,54 @@ def test_a_request_near_its_end_is_predicted_at_most_the_tokens_it_may_still_emi
     assert not gate.should_draft("dspark", 4, requests=good, caps=[1, 1, 1, 1])          # a measured step too
     assert gate.should_draft("dspark", 4, requests=good, caps=[4, 4, 4, 4])
 
+def drafts_on_records(gate: SpecGate, good: list, emits: float | None, steps: int = 20) -> list[bool]:
+    """``steps`` measured steps of a batch of ``good``'s requests whose records stay as they are (a rest
+    drifts them back to their class between drafting phases): each drafting step emits ``emits`` tokens a
+    sequence (None: what the gate predicts for the step) and takes twice a plain step."""
+    n, arms = len(good), []
+    for _ in range(steps):
+        emitted = gate.acceptance("dspark", n, good) if emits is None else emits
+        drafted = gate.should_draft("dspark", n, requests=good)
+        tokens, seconds = (emitted * n, n * 2 / PLAIN_TOK_S) if drafted else (n, n / PLAIN_TOK_S)
+        gate.observe("dspark", n, drafted, tokens, seconds)
+        arms.append(drafted)
+    return arms
+
+
+def test_a_cell_whose_drafting_steps_emit_less_than_predicted_scales_its_predictions_down():
+    """Regression (H100, session 52, run JB): support at c = 32 drafted after rests on records learnt at
+    lighter loads, predicted 2.8-3.6 tokens a sequence, emitted 1.0-2.5, and ran 0.96x `none`. The cell's
+    calibration (emitted over predicted, shrunk toward 1) now scales the records' prediction: after a few
+    such drafting steps the cell rests, where the records alone keep drafting every step; where the steps
+    emit what the records say, the factor stays 1 and the cell drafts on."""
+    runs = {}
+    for calibrate in (True, False):
+        gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0, calibrate=calibrate)
+        learned_to_rest(gate)                    # the cell's own drafting: 1.2 tokens a sequence, 2x a plain step
+        good = records(4, 3, 6)                  # records that say ~2.4: drafting wins by them
+        predicted = gate.acceptance("dspark", 4, good)
+        assert gate.should_draft("dspark", 4, measured=False, requests=good)
+        runs[calibrate] = (drafts_on_records(gate, good, 1.2), gate.stats()["spec_gate_dspark_b4_calibration"])
+    (calibrated, factor), (uncalibrated, one) = runs[True], runs[False]
+    assert all(uncalibrated) and one == 1.0
+    assert 1 <= sum(calibrated) <= 3 and not any(calibrated[3:])
+    ratio = 1.2 / predicted                      # each drafting step: 1.2 emitted against the prediction
+    n = sum(0.95 ** i for i in range(sum(calibrated)))
+    assert factor == pytest.approx((ratio * n + 3.0) / (n + 3.0))
+    gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0)
+    learned_to_rest(gate)
+    arms = drafts_on_records(gate, good, None)                          # the records were right
+    assert all(arms) and gate.stats()["spec_gate_dspark_b4_calibration"] == pytest.approx(1.0)
+
+
+def test_a_cell_is_calibrated_only_by_drafting_steps_decided_on_a_prediction():
+    """Exploring steps (no prediction) and plain steps leave the factor at 1."""
+    gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0)
+    drive(gate, 10, 500.0)                       # exploration and rests, no request records: no prediction
+    cell = gate.cells[("dspark", 4)]
+    assert cell.cal_steps == 0 and cell.calibration == 1.0
+
+
 def learned_to_rest(gate: SpecGate, acceptance: float = 1.2, sequences: int = 4) -> None:
     """Drive ``gate`` until its (dspark, bucket of ``sequences``) cell rests: drafting steps emit
     ``acceptance`` tokens per request and take twice a plain step."""
