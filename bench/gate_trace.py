@@ -5,6 +5,7 @@ predictions imply.
     python -m bench.gate_trace RESULT --cell dspark_b4 --at extraction.eval:4 [--row ngram-gated]
     python -m bench.gate_trace RESULT --prices [--against dspark-g7] [--row dspark-capture-prompts]
     python -m bench.gate_trace RESULT --calibration [--row dspark-markov-ref]
+    python -m bench.gate_trace RESULT --replay-calibration [--row dspark-uncalibrated]
 
 Why: every `bench speedup` result keeps each gate cell's first reports (``gate_trace``, the run's whole
 start) and, after each (workload, concurrency) cell, its latest ones (``gate_recent``; a row behind a gate of
@@ -24,6 +25,13 @@ from bench.probe_cut import ACCEPTANCE, DRAFTED, MS, PLAIN, PREDICTED, REASON, S
 from bench.speedup_pool import PoolError, load
 
 
+def latest(cell: dict, row: str | None = None) -> dict:
+    """A (workload, concurrency) cell's latest reports by gate cell: the engine's gate's (``gate_recent``), or
+    with ``row`` that row's own gate's (``gate_recent_by_row``); {} when the result has none."""
+    traces = cell.get("gate_recent") if row is None else cell.get("gate_recent_by_row", {}).get(row)
+    return traces or {}
+
+
 def reports(result: dict, cell: str, at: str | None = None, row: str | None = None) -> list[list]:
     """``cell``'s reports (e.g. ``dspark_b4``): the run's first ones, or with ``at`` ("workload:concurrency")
     the latest ones after that cell; ``row``: that row's own gate (``gate_recent_by_row``), which has no
@@ -38,7 +46,7 @@ def reports(result: dict, cell: str, at: str | None = None, row: str | None = No
         got = result.get("workloads", {}).get(workload, {}).get(level)
         if got is None:
             raise PoolError(f"no cell {at!r}: workload:concurrency, e.g. extraction.eval:4")
-        traces = got.get("gate_recent") if row is None else got.get("gate_recent_by_row", {}).get(row)
+        traces = latest(got, row)
         where = f"{at}'s latest reports" + (f" of row {row}" if row else "")
     if not traces:
         raise PoolError(f"no gate reports in {where}")
@@ -91,8 +99,7 @@ def prices(result: dict, against: str = "dspark-g7", row: str | None = None, key
     out = []
     for workload, levels in result.get("workloads", {}).items():
         for level, cell in levels.items():
-            traces = cell.get("gate_recent") if row is None else cell.get("gate_recent_by_row", {}).get(row)
-            decided = [(r, ms) for r in (traces or {}).get(f"{key}_b{load_bucket(int(level))}", [])
+            decided = [(r, ms) for r in latest(cell, row).get(f"{key}_b{load_bucket(int(level))}", [])
                        if (ms := implied_step_ms(r)) is not None]
             rows = cell.get("rows", {})
             if not decided or against not in rows:
@@ -140,9 +147,8 @@ def calibration(result: dict, row: str | None = None, key: str = "dspark") -> li
     out, seen = [], {}
     for workload, levels in result.get("workloads", {}).items():
         for level, cell in levels.items():
-            traces = cell.get("gate_recent") if row is None else cell.get("gate_recent_by_row", {}).get(row)
             name = f"{key}_b{load_bucket(int(level))}"
-            window = (traces or {}).get(name, [])
+            window = latest(cell, row).get(name, [])
             fresh, seen[name] = new_reports(seen.get(name, []), window), window
             steps = [(r[ACCEPTANCE], r[TOKENS] / r[SEQUENCES]) for r in fresh
                      if r[DRAFTED] and r[USED] and r[ACCEPTANCE] is not None and r[SEQUENCES]]
@@ -153,6 +159,53 @@ def calibration(result: dict, row: str | None = None, key: str = "dspark") -> li
                         "predicted": predicted / len(steps), "emitted": emitted / len(steps),
                         "emitted_over_predicted": emitted / predicted if predicted > 0 else None})
     return out
+
+
+def replay_calibration(result: dict, row: str | None = None, key: str = "dspark") -> list[dict]:
+    """What a calibrated gate (``Cell.calibration``, session 53) would have made of the drafting steps in a
+    run's records that an uncalibrated gate drafted as the winner: per (workload, concurrency) cell, those
+    steps, and how many of them the calibration factor (from the same gate cell's earlier drafting steps
+    decided on a prediction, in record order) would have turned to rests (their predicted drafting rate
+    times the factor no longer beats plain decoding by ``MARGIN``); and the factor after the cell.
+
+    A counterfactual from the records, not a replay of the gate: a step turned to a rest would not have
+    drafted, so the later factor, rates and records would all differ. Why have it: it says before a GPU
+    run where the calibration would bite (session 52's JB: 25 of support c = 32's 28 winner drafting steps)
+    and where it would cost drafting that paid. Probes are counted apart: they draft whatever the factor."""
+    from specd.engine.spec_gate import MARGIN, Cell, load_bucket
+
+    out, seen, cells = [], {}, {}
+    for workload, levels in result.get("workloads", {}).items():
+        for level, entry in levels.items():
+            name = f"{key}_b{load_bucket(int(level))}"
+            window = latest(entry, row).get(name, [])
+            fresh, seen[name] = new_reports(seen.get(name, []), window), window
+            gate_cell = cells.setdefault(name, Cell())
+            kept = rested = other = 0
+            for r in fresh:
+                if not (r[DRAFTED] and r[USED]) or r[ACCEPTANCE] is None or not r[SEQUENCES]:
+                    continue
+                if r[REASON] == "winner":
+                    if r[PREDICTED] * gate_cell.calibration > r[PLAIN] * (1.0 + MARGIN):
+                        kept += 1
+                    else:
+                        rested += 1
+                else:
+                    other += 1
+                gate_cell.calibrate(r[TOKENS] / r[SEQUENCES], r[ACCEPTANCE])
+            if kept or rested or other:
+                out.append({"workload": workload, "concurrency": int(level), "winner_steps": kept + rested,
+                            "would_rest": rested, "probes": other, "factor": gate_cell.calibration})
+    return out
+
+
+def replay_table(entries: list[dict]) -> str:
+    lines = ["| workload | c | drafted as the winner | would rest, calibrated | probes | factor after |",
+             "|---" * 6 + "|"]
+    for e in entries:
+        lines.append(f"| {e['workload']} | {e['concurrency']} | {e['winner_steps']} | {e['would_rest']} | "
+                     f"{e['probes']} | {e['factor']:.2f} |")
+    return "\n".join(lines)
 
 
 def calibration_table(entries: list[dict]) -> str:
@@ -191,16 +244,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration", action="store_true",
                    help="instead of one cell: per (workload, concurrency) cell, the drafting steps decided on a "
                    "prediction there, predicted against emitted tokens a sequence (calibration())")
+    p.add_argument("--replay-calibration", action="store_true",
+                   help="instead of one cell: per (workload, concurrency) cell, the drafting steps the gate took "
+                   "as the winner and how many a calibrated gate (Cell.calibration) would have rested, from the "
+                   "records (a counterfactual, replay_calibration())")
     p.add_argument("--against", default="dspark-g7", help="with --prices: the fixed-γ row to compare with")
     p.add_argument("--at", default=None, help="workload:concurrency, e.g. extraction.eval:4: that cell's latest "
                                               "reports (default: the run's first reports)")
     p.add_argument("--row", default=None, help="with --at, --prices or --calibration: the reports of this row's "
                                                "own gate (rows such as ngram-gated or dspark-probe-uncut run behind one)")
     args = p.parse_args(argv)
-    if args.prices + args.calibration + (args.cell is not None) != 1:
-        p.error("give one of --cell CELL, --prices or --calibration")
+    if args.prices + args.calibration + args.replay_calibration + (args.cell is not None) != 1:
+        p.error("give one of --cell CELL, --prices, --calibration or --replay-calibration")
     try:
-        if args.calibration:
+        if args.replay_calibration:
+            entries = replay_calibration(load(args.result), args.row)
+            if not entries:
+                raise PoolError("no drafting step decided on a prediction in any cell")
+            print(replay_table(entries))
+        elif args.calibration:
             entries = calibration(load(args.result), args.row)
             if not entries:
                 raise PoolError("no drafting step decided on a prediction in any cell")

@@ -122,3 +122,25 @@ def test_calibration_puts_each_cells_predictions_beside_what_its_drafting_steps_
     assert capsys.readouterr().out.splitlines()[3] == "| support.eval | 4 | 2 | 2.50 | 2.00 | 0.80 |"
     with pytest.raises(SystemExit):
         main([str(path), "--calibration", "--prices"])
+
+
+def test_the_calibration_replay_rests_the_winner_steps_whose_predictions_ran_high(tmp_path, capsys):
+    """Three drafting steps taken as the winner at 1.1x plain decoding's predicted rate, each emitting half
+    the 3 tokens a sequence predicted: the first is drafted at the factor 1; after it the factor is
+    (0.5 + 3) / (1 + 3) = 0.875 and 1.1 × 0.875 < 1.03, so a calibrated gate would rest the other two. A probe
+    drafts whatever the factor and is counted apart (it calibrates the factor as any drafting step does); steps that emit what they predict keep the factor at 1."""
+    from bench.gate_trace import replay_calibration
+
+    high = [1, 6, 5.0, 4, 1, "winner", 3.0, 1100.0, 1000.0]
+    probe = [1, 6, 5.0, 4, 1, "probe", 3.0, 1100.0, 1000.0]
+    right = [1, 12, 5.0, 4, 1, "winner", 3.0, 1100.0, 1000.0]
+    result = {"workloads": {"support.eval": {"32": {"gate_recent": {"dspark_b32": [high, high, high, probe]}}},
+                            "extraction.eval": {"4": {"gate_recent": {"dspark_b4": [right, right, right]}}}}}
+    support, extraction = replay_calibration(result)
+    assert (support["winner_steps"], support["would_rest"], support["probes"]) == (3, 2, 1)
+    assert support["factor"] < 0.875
+    assert (extraction["winner_steps"], extraction["would_rest"], extraction["factor"]) == (3, 0, pytest.approx(1.0))
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result))
+    assert main([str(path), "--replay-calibration"]) == 0
+    assert "| support.eval | 32 | 3 | 2 | 1 |" in capsys.readouterr().out
