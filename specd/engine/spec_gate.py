@@ -117,10 +117,15 @@ PLAIN_WINDOW = 8     # steps (warm-ups included): one stalled step must not make
                      # ~2.9 ms ones rated plain decoding at 2,160 tok/s in coding's b16 cell, drafting
                      # (~3,000) ran as the winner for ~100 steps a run at ~3.2 tok/ms against plain's ~6, and
                      # scheduled dspark ran 0.62x `none` there (0.67x at c = 4, the same way)
-CALIBRATION_STEPS = 3.0  # weight, in drafting steps, of "predictions are right" (a factor of 1) in a cell's
+CALIBRATION_STEPS = 5.0  # weight, in drafting steps, of "predictions are right" (a factor of 1) in a cell's
                          # calibration (``Cell.calibration``): one probe's steps cannot halve a prediction
-CALIBRATION_DECAY = 0.95 # weight of a cell's older calibrated drafting steps (~20 steps of memory, by drafting
-                         # step: a resting cell's probes, hundreds of steps apart, still add up)
+CALIBRATION_DECAY = 0.98 # weight of a cell's older calibrated drafting steps (~50 steps of memory, by drafting
+                         # step: a resting cell's probes, hundreds of steps apart, still add up). Chosen on
+                         # session 51-52's records (``python -m bench.gate_trace RESULT --replay-calibration``):
+                         # against 0.95 and 3 steps it turns about half as many near-tie winner steps at c <= 8 to
+                         # rests (157 against 278 of 3,208 in JA; a step at c = 1 emits whole tokens, so a short
+                         # memory swings the factor 0.88-1.21) and nearly as many of support c = 32's (23 against 25
+                         # of 28 in JB)
 DRAFT_REASONS = ("explore", "probe", "winner")   # a new cell's exploration, a probe of the losing arm, the winner
 
 

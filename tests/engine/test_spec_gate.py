@@ -261,6 +261,8 @@ def test_a_cell_whose_drafting_steps_emit_less_than_predicted_scales_its_predict
     calibration (emitted over predicted, shrunk toward 1) now scales the records' prediction: after a few
     such drafting steps the cell rests, where the records alone keep drafting every step; where the steps
     emit what the records say, the factor stays 1 and the cell drafts on."""
+    from specd.engine.spec_gate import CALIBRATION_DECAY, CALIBRATION_STEPS
+
     runs = {}
     for calibrate in (True, False):
         gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0, calibrate=calibrate)
@@ -273,8 +275,8 @@ def test_a_cell_whose_drafting_steps_emit_less_than_predicted_scales_its_predict
     assert all(uncalibrated) and one == 1.0
     assert 1 <= sum(calibrated) <= 3 and not any(calibrated[3:])
     ratio = 1.2 / predicted                      # each drafting step: 1.2 emitted against the prediction
-    n = sum(0.95 ** i for i in range(sum(calibrated)))
-    assert factor == pytest.approx((ratio * n + 3.0) / (n + 3.0))
+    n = sum(CALIBRATION_DECAY ** i for i in range(sum(calibrated)))
+    assert factor == pytest.approx((ratio * n + CALIBRATION_STEPS) / (n + CALIBRATION_STEPS))
     gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0)
     learned_to_rest(gate)
     arms = drafts_on_records(gate, good, None)                          # the records were right
