@@ -5,7 +5,7 @@ predictions imply.
     python -m bench.gate_trace RESULT --cell dspark_b4 --at extraction.eval:4 [--row ngram-gated]
     python -m bench.gate_trace RESULT --prices [--against dspark-g7] [--row dspark-capture-prompts]
     python -m bench.gate_trace RESULT --calibration [--row dspark-markov-ref]
-    python -m bench.gate_trace RESULT --replay-calibration [--row dspark-uncalibrated]
+    python -m bench.gate_trace RESULT --replay-calibration [--row R]
 
 Why: every `bench speedup` result keeps each gate cell's first reports (``gate_trace``, the run's whole
 start) and, after each (workload, concurrency) cell, its latest ones (``gate_recent``; a row behind a gate of

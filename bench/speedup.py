@@ -149,18 +149,19 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # a gate of its own: what the fused slot saves in serving, in the same run (session 52). A diagnostic,
     # not a default row
     "dspark-markov-ref": {"method": "dspark", "schedule": "confidence", "gamma": None, "markov": "ref"},
-    # scheduled dspark behind a gate that takes its requests' records as they are, as until session 53
-    # (``SpecGate.calibrate`` off: no ``Cell.calibration``), through a gate of its own: in session 52's runs
-    # the cells that drafted after rests emitted 0.66-0.80 of the tokens their records predicted, and
-    # support at c = 32 ran 0.96x `none`; this row measures the calibration against the old rule in the
-    # same run. A diagnostic, not a default row
-    "dspark-uncalibrated": {"method": "dspark", "schedule": "confidence", "gamma": None, "calibrate": False},
+    # scheduled dspark behind a gate whose cells scale their requests' predicted acceptance by what their
+    # own drafting steps emitted against the predictions (``SpecGate.calibrate``: ``Cell.calibration``),
+    # through a gate of its own: in session 52's runs the cells that drafted after rests emitted 0.66-0.80
+    # of the tokens their records predicted, and support at c = 32 ran 0.96x `none`. Session 53 ran it as
+    # the default against the records as they are (runs KA-KC, tree eb1d7f8, where this row was
+    # `dspark-uncalibrated`): it lost at c = 4, so it is off. A diagnostic, not a default row
+    "dspark-calibrated": {"method": "dspark", "schedule": "confidence", "gamma": None, "calibrate": True},
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
                    "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager",
                    "dspark-capture-prompts", "dspark-fuse-late", "dspark-g7-fuse-late", "dspark-keep-context",
-                   "dspark-markov-ref", "dspark-uncalibrated")
+                   "dspark-markov-ref", "dspark-calibrated")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline

@@ -64,10 +64,11 @@ at c = 8 (session 10, run AA: the scheduled row's whole 1.6% gap there). ``rests
 without the walk when the answer is sure: the same requests (or some of them) rested on the prediction at
 the last step, and drafting at the most their aging records can reach (``Cell.rest_bound``) still loses.
 
-Calibration: a cell scales the acceptance its requests' records predict by what its own drafting steps
-emitted against their predictions (``Cell.calibration``, shrunk toward 1). The records are learnt where
-each request drafted; at a heavier load, or after a rest that left its drafter context gapped, the same
-requests emit less (session 52, run JB: support at c = 32, 0.66 of the prediction, 0.96x `none`).
+Calibration (``calibrate``, off by default): a cell scales the acceptance its requests' records predict by
+what its own drafting steps emitted against their predictions (``Cell.calibration``, shrunk toward 1). The
+records are learnt where each request drafted; at a heavier load, or after a rest that left its drafter
+context gapped, the same requests emit less (session 52, run JB: support at c = 32, 0.66 of the prediction,
+0.96x `none`). Measured in session 53 it did not pay (``SpecGate.__init__`` says where it lost).
 
 Lossless: whether a step drafts depends only on the wall time and token counts of earlier, finished
 steps, never on the drafts of this step; verification is untouched.
@@ -436,7 +437,7 @@ class SpecGate:
                  warmup: int = WARMUP, beside_prompts: bool = False, probe_cut: float | None = PROBE_CUT,
                  charge_steps: float | None = CHARGE_STEPS, plain_clip: float | None = PLAIN_CLIP,
                  capture_prompts: int | None = None, trace_steps: int = TRACE_STEPS,
-                 keep_context: int | None = None, keep_near: float = KEEP_NEAR, calibrate: bool = True):
+                 keep_context: int | None = None, keep_near: float = KEEP_NEAR, calibrate: bool = False):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
                 or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
                 or warmup < 0 or probe_cut is not None and not probe_cut >= 1
@@ -479,8 +480,12 @@ class SpecGate:
         # ``bench speedup``'s dspark-keep-context row measures it (session 48)
         self.keep_context, self.keep_near = keep_context, keep_near
         # each cell scales the acceptance its requests' records predict by what its drafting steps emitted
-        # against their predictions (``Cell.calibration``; False: records taken as they are, the rule until
-        # session 53; ``bench speedup``'s dspark-uncalibrated row)
+        # against their predictions (``Cell.calibration``; False: records taken as they are). Off by default:
+        # on the H100 in session 53 (runs KA-KC, against the records as they are in the same runs) it lost
+        # at c = 4 in two runs (geometric means 1.02 and 1.12 against 1.16 and 1.17; coding 0.92x `none` in
+        # KC), where a factor a little under 1 carried from one workload's cell into the next turned near
+        # ties to rests that a probe's wait then held; at c = 16 / 32 1.00 / 1.00 against 0.99 / 0.99.
+        # ``bench speedup``'s dspark-calibrated row measures it
         self.calibrate = calibrate
         # reports each cell keeps for the records, its first ones and its latest ones (``trace``). More than
         # the default only for a diagnosis: session 47's question (why a resting b4 cell priced drafting at

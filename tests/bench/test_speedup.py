@@ -473,20 +473,21 @@ def test_the_old_rule_rows_run_behind_a_gate_of_their_own(row, setting, default)
     assert engine.spec_gate is gate and getattr(gate, setting) == getattr(spec_gate, setting.upper()) == default
 
 
-def test_the_uncalibrated_row_runs_behind_a_gate_that_takes_records_as_they_are():
-    """dspark-uncalibrated: a gate of its own with ``calibrate`` False (no ``Cell.calibration``, as until
-    session 53); the engine's gate calibrates, and is back after the row. Not a default row."""
+def test_the_calibrated_row_runs_behind_a_gate_of_its_own():
+    """dspark-calibrated: a gate of its own with ``calibrate`` True (``Cell.calibration``; off by default since
+    session 53's runs); the engine's gate takes the records as they are, and is back after the row. Not a
+    default row."""
     from types import SimpleNamespace
 
     from bench.speedup import DEFAULT_ROWS, row_gate
     from specd.engine.spec_gate import SpecGate
 
-    assert "dspark-uncalibrated" not in DEFAULT_ROWS
+    assert "dspark-calibrated" not in DEFAULT_ROWS
     gate = SpecGate()
     engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: SimpleNamespace(rounds=None))
-    with row_gate(engine, "dspark-uncalibrated", {}):
-        assert engine.spec_gate is not gate and engine.spec_gate.calibrate is False
-    assert engine.spec_gate is gate and gate.calibrate is True
+    with row_gate(engine, "dspark-calibrated", {}):
+        assert engine.spec_gate is not gate and engine.spec_gate.calibrate is True
+    assert engine.spec_gate is gate and gate.calibrate is False
 
 
 def test_collector_passes_are_split_by_generation_and_summed_over_runs():
