@@ -70,16 +70,21 @@ def plain_slot(base: torch.Tensor, bias: torch.Tensor | None, temperature: torch
 def slot_logits_ref(base: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     _check_logits_args(base, bias, temperature, out)
-    x = base.float() if bias is None else base.float() + bias.float()
-    x = x / temperature[:, None]
+    x = _logits_ref(base, bias, temperature)
     return x if out is None else out.copy_(x)
+
+
+def _logits_ref(base: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor) -> torch.Tensor:
+    """``slot_logits_ref``'s formula on checked arguments (``plain_slot_ref`` checks its own once)."""
+    x = base.float() if bias is None else base.float() + bias.float()
+    return x / temperature[:, None]
 
 
 def plain_slot_ref(base: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor, uniforms: torch.Tensor,
                    greedy: torch.Tensor, out: torch.Tensor, any_sampled: bool = True, any_greedy: bool = True
                    ) -> torch.Tensor:
     _check_plain_args(base, bias, temperature, uniforms, greedy, out)
-    x = slot_logits_ref(base, bias, temperature)
+    x = _logits_ref(base, bias, temperature)
     if not any_sampled:                       # every row greedy (the caller's host knowledge): no softmax, no draw
         argmax = x.argmax(dim=1)
         out.zero_().scatter_(1, argmax[:, None], 1.0)
