@@ -6,6 +6,7 @@ predictions imply.
     python -m bench.gate_trace RESULT --prices [--against dspark-g7] [--row dspark-capture-prompts]
     python -m bench.gate_trace RESULT --calibration [--row dspark-markov-ref]
     python -m bench.gate_trace RESULT --replay-calibration [--row R]
+    python -m bench.gate_trace RESULT --phase-steps [--row R]
 
 Why: every `bench speedup` result keeps each gate cell's first reports (``gate_trace``, the run's whole
 start) and, after each (workload, concurrency) cell, its latest ones (``gate_recent``; a row behind a gate of
@@ -199,6 +200,53 @@ def replay_calibration(result: dict, row: str | None = None, key: str = "dspark"
     return out
 
 
+def phase_steps(result: dict, row: str | None = None, key: str = "dspark", longest: int = 4) -> list[dict]:
+    """Each gate cell's drafting steps in a run's records by where they stand in their drafting phase (the
+    steps drafted since the last rest: 1st, 2nd, ..., ``longest``-th and later), over the (workload,
+    concurrency) cells in record order: the median ms of a step and how many; samples of a full batch only
+    (the cell's concurrency, at least 90% of it: a draining batch's steps are shorter).
+
+    Why: a resting cell's drafting arm is essentially its latest probe, so the price at which it keeps
+    resting is what a phase's first steps cost (with the capture time held for them, ``SpecGate.charge``,
+    which the records do not show). H100, session 53, run KC (coding c = 4): the calibrated gate's rests
+    priced a drafting step at 5.96 ms where the other gate drafted on at 3.92; by this table the b4 cells'
+    phases open at 4.0-4.7 ms a step and settle at 3.6-3.9 (KA, KC), so most of the rest of that price is
+    presumably the held capture time (up to a plain step a sample, ~2 ms there), which the records do not
+    show per step. Reads records only."""
+    from statistics import median
+
+    from specd.engine.spec_gate import load_bucket
+
+    seen, cells = {}, {}
+    for levels in result.get("workloads", {}).values():
+        for level, entry in levels.items():
+            name = f"{key}_b{load_bucket(int(level))}"
+            window = latest(entry, row).get(name, [])
+            fresh, seen[name] = new_reports(seen.get(name, []), window), window
+            at = 0
+            for r in fresh:
+                if not r[DRAFTED]:
+                    at = 0
+                    continue
+                at += 1
+                if r[USED] and r[SEQUENCES] >= 0.9 * int(level):
+                    cells.setdefault(name, {}).setdefault(min(at, longest), []).append(r[MS])
+    out = []
+    for name, by in sorted(cells.items(), key=lambda kv: int(kv[0].rpartition("_b")[2])):
+        out.append({"cell": name, "steps": {at: (median(ms), len(ms)) for at, ms in sorted(by.items())}})
+    return out
+
+
+def phase_table(entries: list[dict], longest: int = 4) -> str:
+    heads = [f"{i}{'st' if i == 1 else 'nd' if i == 2 else 'rd' if i == 3 else 'th'}" for i in range(1, longest)]
+    lines = ["| gate cell | " + " | ".join(f"{h} step ms (n)" for h in heads) + f" | {longest}th and later ms (n) |",
+             "|---" * (longest + 1) + "|"]
+    for e in entries:
+        cols = [f"{e['steps'][i][0]:.2f} ({e['steps'][i][1]})" if i in e["steps"] else "-" for i in range(1, longest + 1)]
+        lines.append(f"| {e['cell']} | " + " | ".join(cols) + " |")
+    return "\n".join(lines)
+
+
 def replay_table(entries: list[dict]) -> str:
     lines = ["| workload | c | drafted as the winner | would rest, calibrated | probes | factor after |",
              "|---" * 6 + "|"]
@@ -248,16 +296,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead of one cell: per (workload, concurrency) cell, the drafting steps the gate took "
                    "as the winner and how many a calibrated gate (Cell.calibration) would have rested, from the "
                    "records (a counterfactual, replay_calibration())")
+    p.add_argument("--phase-steps", action="store_true",
+                   help="instead of one cell: each gate cell's drafting steps by their place in a drafting phase "
+                   "(1st, 2nd, 3rd, later after a rest), median ms at a full batch (phase_steps())")
     p.add_argument("--against", default="dspark-g7", help="with --prices: the fixed-γ row to compare with")
     p.add_argument("--at", default=None, help="workload:concurrency, e.g. extraction.eval:4: that cell's latest "
                                               "reports (default: the run's first reports)")
     p.add_argument("--row", default=None, help="with --at, --prices or --calibration: the reports of this row's "
                                                "own gate (rows such as ngram-gated or dspark-probe-uncut run behind one)")
     args = p.parse_args(argv)
-    if args.prices + args.calibration + args.replay_calibration + (args.cell is not None) != 1:
-        p.error("give one of --cell CELL, --prices, --calibration or --replay-calibration")
+    if args.prices + args.calibration + args.replay_calibration + args.phase_steps + (args.cell is not None) != 1:
+        p.error("give one of --cell CELL, --prices, --calibration, --replay-calibration or --phase-steps")
     try:
-        if args.replay_calibration:
+        if args.phase_steps:
+            entries = phase_steps(load(args.result), args.row)
+            if not entries:
+                raise PoolError("no drafting step of a full batch in any cell")
+            print(phase_table(entries))
+        elif args.replay_calibration:
             entries = replay_calibration(load(args.result), args.row)
             if not entries:
                 raise PoolError("no drafting step decided on a prediction in any cell")

@@ -144,3 +144,24 @@ def test_the_calibration_replay_rests_the_winner_steps_whose_predictions_ran_hig
     path.write_text(json.dumps(result))
     assert main([str(path), "--replay-calibration"]) == 0
     assert "| support.eval | 32 | 3 | 2 | 1 |" in capsys.readouterr().out
+
+
+def test_phase_steps_place_each_drafting_step_in_its_phase_at_a_full_batch(tmp_path, capsys):
+    """A rest ends a phase; steps of a draining batch (fewer than 90% of the cell's concurrency) and warm-ups
+    are left out; the 4th step of a phase and later ones pool; the cells come in bucket order."""
+    from bench.gate_trace import phase_steps
+
+    def d(ms, n=4, used=1):
+        return [1, 2 * n, ms, n, used, "winner", 2.0, 1000.0, 900.0]
+
+    rest = [0, 4, 2.0, 4, 1, "winner", 2.0, 800.0, 900.0]
+    window = [d(5.0), d(4.0), d(3.5), d(3.0), d(3.2), rest, d(6.0, used=0), d(4.4), d(9.0, n=2), rest, d(5.2)]
+    result = {"workloads": {"coding.eval": {"4": {"gate_recent": {"dspark_b4": window}},
+                                            "1": {"gate_recent": {"dspark_b1": [d(2.0, n=1)]}}}}}
+    b1, b4 = phase_steps(result)
+    assert b1 == {"cell": "dspark_b1", "steps": {1: (2.0, 1)}}
+    assert b4["steps"] == {1: (5.1, 2), 2: (4.2, 2), 3: (3.5, 1), 4: (3.1, 2)}
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result))
+    assert main([str(path), "--phase-steps"]) == 0
+    assert "| dspark_b4 | 5.10 (2) | 4.20 (2) | 3.50 (1) | 3.10 (2) |" in capsys.readouterr().out
