@@ -156,21 +156,12 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # the default against the records as they are (runs KA-KC, tree eb1d7f8, where this row was
     # `dspark-uncalibrated`): it lost at c = 4, so it is off. A diagnostic, not a default row
     "dspark-calibrated": {"method": "dspark", "schedule": "confidence", "gamma": None, "calibrate": True},
-    # scheduled dspark behind a gate whose drafting samples carry at most a quarter of a plain step of held
-    # capture time each (``SpecGate.charge_steps`` 0.25 against 1), through a gate of its own: in session 53's
-    # runs a resting b4 cell priced a drafting step at 5.96 ms where drafting phases ran 4.0-4.7 ms a step at
-    # their start and 3.6-3.9 later (``python -m bench.gate_trace RESULT --phase-steps``), the rest
-    # presumably the charge, which a resting cell's few probe samples carry in full; this row measures a
-    # smaller charge against the default in the same run (the risk: session 18's switching near ties). A
-    # diagnostic, not a default row; not GPU-run yet
-    "dspark-charge-quarter": {"method": "dspark", "schedule": "confidence", "gamma": None, "charge_steps": 0.25},
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
                    "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager",
                    "dspark-capture-prompts", "dspark-fuse-late", "dspark-g7-fuse-late", "dspark-keep-context",
-                   "dspark-markov-ref", "dspark-calibrated",
-                   "dspark-charge-quarter")
+                   "dspark-markov-ref", "dspark-calibrated")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline

@@ -490,22 +490,6 @@ def test_the_calibrated_row_runs_behind_a_gate_of_its_own():
     assert engine.spec_gate is gate and gate.calibrate is False
 
 
-def test_the_charge_quarter_row_runs_behind_a_gate_with_a_smaller_charge_cap():
-    """dspark-charge-quarter: a gate of its own whose drafting samples carry at most a quarter of a plain step
-    of held capture time (``charge_steps`` 0.25); the engine's gate keeps ``CHARGE_STEPS``. Not a default row."""
-    from types import SimpleNamespace
-
-    from bench.speedup import DEFAULT_ROWS, row_gate
-    from specd.engine.spec_gate import CHARGE_STEPS, SpecGate
-
-    assert "dspark-charge-quarter" not in DEFAULT_ROWS
-    gate = SpecGate()
-    engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: SimpleNamespace(rounds=None))
-    with row_gate(engine, "dspark-charge-quarter", {}):
-        assert engine.spec_gate is not gate and engine.spec_gate.charge_steps == 0.25
-    assert engine.spec_gate is gate and gate.charge_steps == CHARGE_STEPS == 1.0
-
-
 def test_collector_passes_are_split_by_generation_and_summed_over_runs():
     d = {"gc_gen0_passes_total": 3, "gc_gen0_seconds_total": 0.0006, "gc_gen1_passes_total": 0,
          "gc_gen1_seconds_total": 0.0, "gc_gen2_passes_total": 1, "gc_gen2_seconds_total": 0.15}
