@@ -208,11 +208,10 @@ def phase_steps(result: dict, row: str | None = None, key: str = "dspark", longe
 
     Why: a resting cell's drafting arm is essentially its latest probe, so the price at which it keeps
     resting is what a phase's first steps cost (with the capture time held for them, ``SpecGate.charge``,
-    which the records do not show). H100, session 53, run KC (coding c = 4): the calibrated gate's rests
-    priced a drafting step at 5.96 ms where the other gate drafted on at 3.92; by this table the b4 cells'
-    phases open at 4.0-4.7 ms a step and settle at 3.6-3.9 (KA, KC), so most of the rest of that price is
-    presumably the held capture time (up to a plain step a sample, ~2 ms there), which the records do not
-    show per step. Reads records only."""
+    which the reports do not show; the result's ``gate`` stats do, in all). H100, session 53, run KC
+    (coding c = 4): the calibrated gate's rests priced a drafting step at 5.96 ms where the other gate
+    drafted on at 3.92; by this table the b4 cells' phases open at 4.0-4.7 ms a step and settle at 3.6-3.9
+    (KA, KC), and that gate's factor (``Cell.calibration``) lowered the rate further. Reads records only."""
     from statistics import median
 
     from specd.engine.spec_gate import load_bucket
