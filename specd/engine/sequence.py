@@ -9,8 +9,8 @@ import torch
 
 from kvd.types import BlockHash, BlockId, LeaseId
 from specd.engine.detokenizer import Detokenizer
+from specd.engine.gate_records import Acceptance
 from specd.engine.request import Request, Usage
-from specd.engine.spec_gate import Acceptance
 
 
 class SeqStatus(enum.Enum):
