@@ -301,34 +301,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--against", default="dspark-g7", help="with --prices: the fixed-γ row to compare with")
     p.add_argument("--at", default=None, help="workload:concurrency, e.g. extraction.eval:4: that cell's latest "
                                               "reports (default: the run's first reports)")
-    p.add_argument("--row", default=None, help="with --at, --prices or --calibration: the reports of this row's "
+    p.add_argument("--row", default=None, help="with --at or any view but --cell alone: the reports of this row's "
                                                "own gate (rows such as ngram-gated or dspark-probe-uncut run behind one)")
     args = p.parse_args(argv)
-    if args.prices + args.calibration + args.replay_calibration + args.phase_steps + (args.cell is not None) != 1:
+    undecided = "no drafting step decided on a prediction in any cell"
+    views = {   # flag: (the run's entries, their table, what an empty run lacks)
+        "phase_steps": (lambda r: phase_steps(r, args.row), phase_table,
+                        "no drafting step of a full batch in any cell"),
+        "replay_calibration": (lambda r: replay_calibration(r, args.row), replay_table, undecided),
+        "calibration": (lambda r: calibration(r, args.row), calibration_table, undecided),
+        "prices": (lambda r: prices(r, args.against, args.row), lambda e: prices_table(e, args.against),
+                   f"no cell with both a gate decision and the row {args.against!r}"),
+    }
+    chosen = [flag for flag in views if getattr(args, flag)]
+    if len(chosen) + (args.cell is not None) != 1:
         p.error("give one of --cell CELL, --prices, --calibration, --replay-calibration or --phase-steps")
     try:
-        if args.phase_steps:
-            entries = phase_steps(load(args.result), args.row)
-            if not entries:
-                raise PoolError("no drafting step of a full batch in any cell")
-            print(phase_table(entries))
-        elif args.replay_calibration:
-            entries = replay_calibration(load(args.result), args.row)
-            if not entries:
-                raise PoolError("no drafting step decided on a prediction in any cell")
-            print(replay_table(entries))
-        elif args.calibration:
-            entries = calibration(load(args.result), args.row)
-            if not entries:
-                raise PoolError("no drafting step decided on a prediction in any cell")
-            print(calibration_table(entries))
-        elif args.prices:
-            entries = prices(load(args.result), args.against, args.row)
-            if not entries:
-                raise PoolError(f"no cell with both a gate decision and the row {args.against!r}")
-            print(prices_table(entries, args.against))
-        else:
+        if args.cell is not None:
             print(table(reports(load(args.result), args.cell, args.at, args.row)))
+        else:
+            entries_of, table_of, empty = views[chosen[0]]
+            entries = entries_of(load(args.result))
+            if not entries:
+                raise PoolError(empty)
+            print(table_of(entries))
     except PoolError as e:
         p.error(str(e))
     return 0
