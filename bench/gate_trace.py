@@ -92,16 +92,21 @@ def prices(result: dict, against: str = "dspark-g7", row: str | None = None, key
     Why: a cell rests when its predicted acceptance times its drafting price loses to plain decoding, and in a
     resting cell the price comes from its probes (with held capture charges). Read cell by cell beside what
     fixed γ measured, it shows which of the two kept a cell resting where drafting won (session 47: the
-    acceptance in 13 of 14 such cells of runs DV-FA, the price in the capture row). Reads records only."""
+    acceptance in 13 of 14 such cells of runs DV-FA, the price in the capture row). Only the reports new
+    since the cell run before (``new_reports``): with ``--gate-trace-steps 4096`` (session 50 on) a cell's
+    window holds the workloads before it too, whose medians it reported until session 53. Reads records
+    only."""
     from statistics import median
 
     from specd.engine.spec_gate import load_bucket
 
-    out = []
+    out, seen = [], {}
     for workload, levels in result.get("workloads", {}).items():
         for level, cell in levels.items():
-            decided = [(r, ms) for r in latest(cell, row).get(f"{key}_b{load_bucket(int(level))}", [])
-                       if (ms := implied_step_ms(r)) is not None]
+            name = f"{key}_b{load_bucket(int(level))}"
+            window = latest(cell, row).get(name, [])
+            fresh, seen[name] = new_reports(seen.get(name, []), window), window
+            decided = [(r, ms) for r in fresh if (ms := implied_step_ms(r)) is not None]
             rows = cell.get("rows", {})
             if not decided or against not in rows:
                 continue

@@ -79,6 +79,10 @@ def test_prices_put_each_cells_last_decision_beside_the_fixed_rows_drafting_step
     assert main([str(path), "--prices"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[2] == "| extraction.eval | 4 | 0 of 3 | 3.10 | 6.54 | 4.00 | 1.64 | 2.30 | 1.00 | 1.40 |"
+    # a window that still holds the cell run before (a long --gate-trace-steps) is read from the new reports on
+    later = {"workloads": {"extraction.eval": {"4": _cell([PROBE, REST], [(8, 4.0)])},
+                           "support.eval": {"4": _cell([PROBE, REST, REST, TAIL], [(8, 4.0)])}}}
+    assert [(e["drafted"], e["reports"]) for e in prices(later)] == [(0, 1), (0, 2)]   # not 3: REST, TAIL only
     with pytest.raises(SystemExit):
         main([str(path)])                                  # neither --cell nor --prices
     with pytest.raises(SystemExit):
