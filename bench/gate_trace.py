@@ -98,29 +98,23 @@ def prices(result: dict, against: str = "dspark-g7", row: str | None = None, key
     only."""
     from statistics import median
 
-    from specd.engine.spec_gate import load_bucket
-
-    out, seen = [], {}
-    for workload, levels in result.get("workloads", {}).items():
-        for level, cell in levels.items():
-            name = f"{key}_b{load_bucket(int(level))}"
-            window = latest(cell, row).get(name, [])
-            fresh, seen[name] = new_reports(seen.get(name, []), window), window
-            decided = [(r, ms) for r in fresh if (ms := implied_step_ms(r)) is not None]
-            rows = cell.get("rows", {})
-            if not decided or against not in rows:
-                continue
-            steps = [run["step_kinds"]["draft"]["ms"] / run["step_kinds"]["draft"]["steps"]
-                     for run in rows[against]["runs"] if run.get("step_kinds", {}).get("draft", {}).get("steps")]
-            measured = median(steps) if steps else None
-            implied = median(ms for _, ms in decided)
-            scheduled = rows.get(row or key, {}).get("throughput_ratio", {})
-            out.append({"workload": workload, "concurrency": int(level),
-                        "drafted": sum(bool(r[DRAFTED]) for r, _ in decided), "reports": len(decided),
-                        "predicted_tokens": median(r[ACCEPTANCE] for r, _ in decided), "implied_ms": implied,
-                        "against_ms": measured, "over": None if not measured else implied / measured,
-                        "against_tau": rows[against].get("tau"),
-                        "ratio": scheduled.get("p50"), "against_ratio": rows[against].get("throughput_ratio", {}).get("p50")})
+    out = []
+    for workload, level, cell, _, fresh in fresh_cells(result, row, key):
+        decided = [(r, ms) for r in fresh if (ms := implied_step_ms(r)) is not None]
+        rows = cell.get("rows", {})
+        if not decided or against not in rows:
+            continue
+        steps = [run["step_kinds"]["draft"]["ms"] / run["step_kinds"]["draft"]["steps"]
+                 for run in rows[against]["runs"] if run.get("step_kinds", {}).get("draft", {}).get("steps")]
+        measured = median(steps) if steps else None
+        implied = median(ms for _, ms in decided)
+        scheduled = rows.get(row or key, {}).get("throughput_ratio", {})
+        out.append({"workload": workload, "concurrency": level,
+                    "drafted": sum(bool(r[DRAFTED]) for r, _ in decided), "reports": len(decided),
+                    "predicted_tokens": median(r[ACCEPTANCE] for r, _ in decided), "implied_ms": implied,
+                    "against_ms": measured, "over": None if not measured else implied / measured,
+                    "against_tau": rows[against].get("tau"),
+                    "ratio": scheduled.get("p50"), "against_ratio": rows[against].get("throughput_ratio", {}).get("p50")})
     return out
 
 
@@ -136,6 +130,22 @@ def new_reports(previous: list[list], current: list[list]) -> list[list]:
     return current
 
 
+def fresh_cells(result: dict, row: str | None = None, key: str = "dspark"):
+    """Every (workload, concurrency) cell of a run in record order, as (workload, concurrency, the cell's
+    entry, the gate cell's name at that load, its reports new since the cell run before, ``new_reports``):
+    with ``--gate-trace-steps 4096`` a cell's window holds the workloads run before it too. The views below
+    (``prices``, ``calibration``, ``replay_calibration``, ``phase_steps``) each read a run this way."""
+    from specd.engine.spec_gate import load_bucket
+
+    seen: dict[str, list] = {}
+    for workload, levels in result.get("workloads", {}).items():
+        for level, entry in levels.items():
+            name = f"{key}_b{load_bucket(int(level))}"
+            window = latest(entry, row).get(name, [])
+            fresh, seen[name] = new_reports(seen.get(name, []), window), window
+            yield workload, int(level), entry, name, fresh
+
+
 def calibration(result: dict, row: str | None = None, key: str = "dspark") -> list[dict]:
     """For every (workload, concurrency) cell of a run: the drafting steps that the gate cell at that load
     (the engine's gate; ``row``: that row's own) decided on a prediction in that cell, as predicted tokens a
@@ -148,22 +158,16 @@ def calibration(result: dict, row: str | None = None, key: str = "dspark") -> li
     in session 52's run JB support at c = 32 drafted 21 steps a run predicted at 2.8-3.6 tokens a sequence
     that emitted 1.0-2.5, 0.96x `none`: the requests' records carried the acceptance of lighter loads. This
     says, cell by cell, how far off the predictions of the steps that drafted were. Reads records only."""
-    from specd.engine.spec_gate import load_bucket
-
-    out, seen = [], {}
-    for workload, levels in result.get("workloads", {}).items():
-        for level, cell in levels.items():
-            name = f"{key}_b{load_bucket(int(level))}"
-            window = latest(cell, row).get(name, [])
-            fresh, seen[name] = new_reports(seen.get(name, []), window), window
-            steps = [(r[ACCEPTANCE], r[TOKENS] / r[SEQUENCES]) for r in fresh
-                     if r[DRAFTED] and r[USED] and r[ACCEPTANCE] is not None and r[SEQUENCES]]
-            if not steps:
-                continue
-            predicted, emitted = sum(p for p, _ in steps), sum(e for _, e in steps)
-            out.append({"workload": workload, "concurrency": int(level), "drafted": len(steps),
-                        "predicted": predicted / len(steps), "emitted": emitted / len(steps),
-                        "emitted_over_predicted": emitted / predicted if predicted > 0 else None})
+    out = []
+    for workload, level, _, _, fresh in fresh_cells(result, row, key):
+        steps = [(r[ACCEPTANCE], r[TOKENS] / r[SEQUENCES]) for r in fresh
+                 if r[DRAFTED] and r[USED] and r[ACCEPTANCE] is not None and r[SEQUENCES]]
+        if not steps:
+            continue
+        predicted, emitted = sum(p for p, _ in steps), sum(e for _, e in steps)
+        out.append({"workload": workload, "concurrency": level, "drafted": len(steps),
+                    "predicted": predicted / len(steps), "emitted": emitted / len(steps),
+                    "emitted_over_predicted": emitted / predicted if predicted > 0 else None})
     return out
 
 
@@ -176,32 +180,28 @@ def replay_calibration(result: dict, row: str | None = None, key: str = "dspark"
 
     A counterfactual from the records, not a replay of the gate: a step turned to a rest would not have
     drafted, so the later factor, rates and records would all differ. Why have it: it says before a GPU
-    run where the calibration would bite (session 52's JB: 25 of support c = 32's 28 winner drafting steps)
+    run where the calibration would bite (session 52's JB: 23 of support c = 32's 28 winner drafting steps)
     and where it would cost drafting that paid. Probes are counted apart: they draft whatever the factor."""
-    from specd.engine.spec_gate import MARGIN, Cell, load_bucket
+    from specd.engine.spec_gate import MARGIN, Cell
 
-    out, seen, cells = [], {}, {}
-    for workload, levels in result.get("workloads", {}).items():
-        for level, entry in levels.items():
-            name = f"{key}_b{load_bucket(int(level))}"
-            window = latest(entry, row).get(name, [])
-            fresh, seen[name] = new_reports(seen.get(name, []), window), window
-            gate_cell = cells.setdefault(name, Cell())
-            kept = rested = other = 0
-            for r in fresh:
-                if not (r[DRAFTED] and r[USED]) or r[ACCEPTANCE] is None or not r[SEQUENCES]:
-                    continue
-                if r[REASON] == "winner":
-                    if r[PREDICTED] * gate_cell.calibration > r[PLAIN] * (1.0 + MARGIN):
-                        kept += 1
-                    else:
-                        rested += 1
+    out, cells = [], {}
+    for workload, level, _, name, fresh in fresh_cells(result, row, key):
+        gate_cell = cells.setdefault(name, Cell())
+        kept = rested = other = 0
+        for r in fresh:
+            if not (r[DRAFTED] and r[USED]) or r[ACCEPTANCE] is None or not r[SEQUENCES]:
+                continue
+            if r[REASON] == "winner":
+                if r[PREDICTED] * gate_cell.calibration > r[PLAIN] * (1.0 + MARGIN):
+                    kept += 1
                 else:
-                    other += 1
-                gate_cell.calibrate(r[TOKENS] / r[SEQUENCES], r[ACCEPTANCE])
-            if kept or rested or other:
-                out.append({"workload": workload, "concurrency": int(level), "winner_steps": kept + rested,
-                            "would_rest": rested, "probes": other, "factor": gate_cell.calibration})
+                    rested += 1
+            else:
+                other += 1
+            gate_cell.calibrate(r[TOKENS] / r[SEQUENCES], r[ACCEPTANCE])
+        if kept or rested or other:
+            out.append({"workload": workload, "concurrency": level, "winner_steps": kept + rested,
+                        "would_rest": rested, "probes": other, "factor": gate_cell.calibration})
     return out
 
 
@@ -219,22 +219,16 @@ def phase_steps(result: dict, row: str | None = None, key: str = "dspark", longe
     (KA, KC), and that gate's factor (``Cell.calibration``) lowered the rate further. Reads records only."""
     from statistics import median
 
-    from specd.engine.spec_gate import load_bucket
-
-    seen, cells = {}, {}
-    for levels in result.get("workloads", {}).values():
-        for level, entry in levels.items():
-            name = f"{key}_b{load_bucket(int(level))}"
-            window = latest(entry, row).get(name, [])
-            fresh, seen[name] = new_reports(seen.get(name, []), window), window
-            at = 0
-            for r in fresh:
-                if not r[DRAFTED]:
-                    at = 0
-                    continue
-                at += 1
-                if r[USED] and r[SEQUENCES] >= 0.9 * int(level):
-                    cells.setdefault(name, {}).setdefault(min(at, longest), []).append(r[MS])
+    cells = {}
+    for _, level, _, name, fresh in fresh_cells(result, row, key):
+        at = 0
+        for r in fresh:
+            if not r[DRAFTED]:
+                at = 0
+                continue
+            at += 1
+            if r[USED] and r[SEQUENCES] >= 0.9 * level:
+                cells.setdefault(name, {}).setdefault(min(at, longest), []).append(r[MS])
     out = []
     for name, by in sorted(cells.items(), key=lambda kv: int(kv[0].rpartition("_b")[2])):
         out.append({"cell": name, "steps": {at: (median(ms), len(ms)) for at, ms in sorted(by.items())}})
