@@ -285,11 +285,26 @@ def test_a_cell_whose_drafting_steps_emit_less_than_predicted_scales_its_predict
 
 
 def test_a_cell_is_calibrated_only_by_drafting_steps_decided_on_a_prediction():
-    """Exploring steps (no prediction) and plain steps leave the factor at 1."""
+    """Exploring steps (no prediction) and plain steps leave the factor at 1; with request records, exactly the
+    drafting samples decided on a prediction (probes and the winner) count, each once."""
+    from specd.engine.spec_gate import CALIBRATION_DECAY
+
     gate = SpecGate(min_samples=3, probe_every=500, probe_steps=2, prior_steps=2.0, calibrate=True)
     drive(gate, 10, 500.0)                       # exploration and rests, no request records: no prediction
     cell = gate.cells[("dspark", 4)]
     assert cell.cal_steps == 0 and cell.calibration == 1.0
+    gate = SpecGate(min_samples=3, probe_every=16, probe_steps=2, prior_steps=2.0, calibrate=True)
+    good, counted = records(4, 3, 6), 0
+    for _ in range(60):                          # exploration, then rests and probes on the records' prediction
+        drafted = gate.should_draft("dspark", 4, requests=good)
+        cell = gate.cells[("dspark", 4)]
+        decided = drafted and cell.reason in ("probe", "winner") and cell.draft.warmups >= gate.warmup
+        tokens, seconds = (4.8, 4 * 2 / PLAIN_TOK_S) if drafted else (4, 4 / PLAIN_TOK_S)
+        gate.observe("dspark", 4, drafted, tokens, seconds)
+        counted += decided
+    assert counted >= 2                          # some probes ran
+    assert cell.cal_steps == pytest.approx(sum(CALIBRATION_DECAY ** i for i in range(counted)))
+    assert cell.calibration < 1.0                # each emitted 1.2 a sequence against a prediction of ~2.4
 
 
 def learned_to_rest(gate: SpecGate, acceptance: float = 1.2, sequences: int = 4) -> None:
