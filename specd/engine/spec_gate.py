@@ -70,6 +70,11 @@ records are learnt where each request drafted; at a heavier load, or after a res
 context gapped, the same requests emit less (session 52, run JB: support at c = 32, 0.66 of the prediction,
 0.96x `none`). Measured in session 53 it did not pay (``SpecGate.__init__`` says where it lost).
 
+Steady prices (``steady_price``, off by default): a resting cell's drafting arm is its latest probe, a
+drafting phase's opening, whose steps cost 10-40% more than the same cell's steady drafting (H100, session
+53); each cell measures that ratio (``Cell.opening``) and, with ``steady_price``, prices its drafting arm at
+a steady step's time, so a switch is judged by the phase it would start, not by its first steps.
+
 Lossless: whether a step drafts depends only on the wall time and token counts of earlier, finished
 steps, never on the drafts of this step; verification is untouched.
 """
@@ -124,6 +129,10 @@ CALIBRATION_DECAY = 0.98 # weight of a cell's older calibrated drafting steps (~
                          # rests (157 against 278 of 3,208 in JA; a step at c = 1 emits whole tokens, so a short
                          # memory swings the factor 0.88-1.21) and nearly as many of support c = 32's (23 against 25
                          # of 28 in JB)
+OPENING_STEPS = 3     # a drafting phase's first steps (a probe's), which ``SpecGate.steady_price`` prices apart
+OPENING_DECAY = 0.95  # weight of a cell's older opening (or steady) drafting steps, by its own steps of that kind
+OPENING_MIN = 2.5     # weight each kind needs before ``Cell.opening`` is taken as measured (3 steps, decayed)
+OPENING_MAX = 2.0     # the most ``Cell.opening`` reads: a phase's opening at twice a steady step's time
 DRAFT_REASONS = ("explore", "probe", "winner")   # a new cell's exploration, a probe of the losing arm, the winner
 
 
@@ -186,6 +195,11 @@ class Cell:
     cal_emitted: float = 0.0     # decayed sums over the cell's drafting samples decided on a prediction: tokens
     cal_predicted: float = 0.0   # emitted a sequence, the acceptance predicted for them, and the steps
     cal_steps: float = 0.0       # (``calibration``; SpecGate.calibrate)
+    phase_at: int = 0            # the last measured step's place in its drafting phase (0: it rested)
+    open_s: float = 0.0          # decayed sums of the seconds of drafting samples at places 1 to
+    open_n: float = 0.0          # ``OPENING_STEPS`` of their phase and of their count, and the same for
+    steady_s: float = 0.0        # the later places (``opening``; SpecGate.steady_price)
+    steady_n: float = 0.0
 
     @property
     def calibration(self) -> float:
@@ -212,6 +226,37 @@ class Cell:
         self.cal_emitted = self.cal_emitted * CALIBRATION_DECAY + emitted
         self.cal_predicted = self.cal_predicted * CALIBRATION_DECAY + predicted
         self.cal_steps = self.cal_steps * CALIBRATION_DECAY + 1.0
+
+    @property
+    def opening(self) -> float:
+        """How much longer a drafting phase's first ``OPENING_STEPS`` steps take than its later ones, in this
+        cell: the ratio of their decayed mean step times, 1 until each kind has ``OPENING_MIN`` steps of
+        weight, at most ``OPENING_MAX``.
+
+        Why: a resting cell's drafting arm is essentially its latest probe (``DECAY``), and a probe is a
+        phase's opening: after a rest the drafter absorbs the features the rest left, from a context with
+        gaps. H100, session 53, runs KA and KC, the same (workload, concurrency) cell: b4 phases opened at
+        4.1-4.4 ms a step on coding, knowledge and support and settled at 3.3-3.7 from the 4th step on (b8
+        on extraction 5.4 against 3.8; ``python -m bench.gate_trace RESULT --phase-steps``). Priced at its
+        opening, a switch to drafting that would run as a long phase looks 10-40% dearer than it is, and
+        the cell rests where fixed γ = 7 ran 1.42x `none` (support at c = 4; the schedule 1.16x)."""
+        if self.open_n < OPENING_MIN or self.steady_n < OPENING_MIN or self.steady_s <= 0:
+            return 1.0
+        return min(OPENING_MAX, max(1.0, (self.open_s / self.open_n) / (self.steady_s / self.steady_n)))
+
+    def time_phase(self, seconds: float) -> float:
+        """One drafting sample of ``seconds`` at place ``phase_at`` of its phase: into the opening or steady
+        sums (every cell measures them; ``stats``). Returns the seconds a steady-priced drafting arm takes
+        (``SpecGate.steady_price``): an opening step's over ``opening`` as it read before this sample, a
+        steady step's as measured."""
+        opening = self.phase_at <= OPENING_STEPS
+        scaled = seconds / self.opening if opening else seconds
+        if opening:
+            self.open_s, self.open_n = self.open_s * OPENING_DECAY + seconds, self.open_n * OPENING_DECAY + 1.0
+        else:
+            self.steady_s = self.steady_s * OPENING_DECAY + seconds
+            self.steady_n = self.steady_n * OPENING_DECAY + 1.0
+        return scaled
 
     def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:
         """The drafting rate per sequence (``Rate.per_seq_s``) predicted for a batch whose drafting step
@@ -266,7 +311,8 @@ class SpecGate:
                  warmup: int = WARMUP, beside_prompts: bool = False, probe_cut: float | None = PROBE_CUT,
                  charge_steps: float | None = CHARGE_STEPS, plain_clip: float | None = PLAIN_CLIP,
                  capture_prompts: int | None = None, trace_steps: int = TRACE_STEPS,
-                 keep_context: int | None = None, keep_near: float = KEEP_NEAR, calibrate: bool = False):
+                 keep_context: int | None = None, keep_near: float = KEEP_NEAR, calibrate: bool = False,
+                 steady_price: bool = False):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
                 or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
                 or warmup < 0 or probe_cut is not None and not probe_cut >= 1
@@ -316,6 +362,10 @@ class SpecGate:
         # ties to rests that a probe's wait then held; at c = 16 / 32 1.00 / 1.00 against 0.99 / 0.99.
         # ``bench speedup``'s dspark-calibrated row measures it
         self.calibrate = calibrate
+        # each cell prices its drafting arm at a steady phase's step time: a phase's opening steps (a probe's)
+        # join the arm at their time over the cell's measured opening ratio (``Cell.opening``, ``time_phase``;
+        # False: as measured). ``bench speedup``'s dspark-steady row measures it (session 54)
+        self.steady_price = steady_price
         # reports each cell keeps for the records, its first ones and its latest ones (``trace``). More than
         # the default only for a diagnosis: session 47's question (why a resting b4 cell priced drafting at
         # 8.8 ms) needed a cell's whole history, and 16 reports held two probes. ``bench speedup
@@ -864,6 +914,7 @@ class SpecGate:
         the report under the cell's reason and basis, then a warm-up or a sample of the arm."""
         arm = cell.draft if drafted else cell.plain
         used = arm.warmups >= self.warmup
+        cell.phase_at = cell.phase_at + 1 if drafted else 0
         report = (drafted, tokens, seconds, sequences, used, cell.reason, cell.basis)    # formatted by ``trace``
         cell.reason, cell.basis = "", ()
         if len(cell.trace) < self.trace_steps:
@@ -881,6 +932,9 @@ class SpecGate:
             predicted = report[6][0] if report[6] else None
             if self.calibrate and predicted is not None and predicted > 0:
                 cell.calibrate(tokens / sequences, predicted)
+            steady = cell.time_phase(seconds)      # every cell measures its phases' openings (``stats``)
+            if self.steady_price:
+                seconds = steady
             held = min(cell.capture_s, self._sample_charge(cell))   # the captures this drafting took,
             seconds, cell.capture_s = seconds + held, cell.capture_s - held   # a plain step a sample
             cell.draft.add(tokens, seconds, sequences, drafters)
@@ -1000,4 +1054,5 @@ class SpecGate:
             out[f"{name}_drafting"] = int(cell.drafting_wins(self.margin) if explored else not cell.resting_prior)
             out[f"{name}_probe_wait_steps"] = cell.wait
             out[f"{name}_calibration"] = cell.calibration
+            out[f"{name}_opening"] = cell.opening
         return out

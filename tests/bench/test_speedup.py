@@ -473,21 +473,22 @@ def test_the_old_rule_rows_run_behind_a_gate_of_their_own(row, setting, default)
     assert engine.spec_gate is gate and getattr(gate, setting) == getattr(spec_gate, setting.upper()) == default
 
 
-def test_the_calibrated_row_runs_behind_a_gate_of_its_own():
-    """dspark-calibrated: a gate of its own with ``calibrate`` True (``Cell.calibration``; off by default since
-    session 53's runs); the engine's gate takes the records as they are, and is back after the row. Not a
-    default row."""
+@pytest.mark.parametrize("row, setting", [("dspark-calibrated", "calibrate"), ("dspark-steady", "steady_price")])
+def test_a_boolean_gate_rule_row_runs_behind_a_gate_of_its_own(row, setting):
+    """dspark-calibrated (``calibrate``: ``Cell.calibration``, off since session 53's runs) and dspark-steady
+    (``steady_price``: ``Cell.opening``): a gate of its own with the rule on; the engine's gate keeps it off,
+    and is back after the row. Not default rows."""
     from types import SimpleNamespace
 
     from bench.speedup import DEFAULT_ROWS, row_gate
     from specd.engine.spec_gate import SpecGate
 
-    assert "dspark-calibrated" not in DEFAULT_ROWS
+    assert row not in DEFAULT_ROWS
     gate = SpecGate()
     engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: SimpleNamespace(rounds=None))
-    with row_gate(engine, "dspark-calibrated", {}):
-        assert engine.spec_gate is not gate and engine.spec_gate.calibrate is True
-    assert engine.spec_gate is gate and gate.calibrate is False
+    with row_gate(engine, row, {}):
+        assert engine.spec_gate is not gate and getattr(engine.spec_gate, setting) is True
+    assert engine.spec_gate is gate and getattr(gate, setting) is False
 
 
 def test_collector_passes_are_split_by_generation_and_summed_over_runs():

@@ -284,6 +284,75 @@ def test_a_cell_whose_drafting_steps_emit_less_than_predicted_scales_its_predict
     assert all(arms) and gate.stats()["spec_gate_dspark_b4_calibration"] == pytest.approx(1.0)
 
 
+def test_a_cells_opening_ratio_is_its_phases_first_steps_over_their_later_ones():
+    """``Cell.opening``: 1 until both kinds of drafting step have ``OPENING_MIN`` steps of weight, then the
+    ratio of their decayed mean times, floored at 1 and capped at ``OPENING_MAX``; ``time_phase`` scales an
+    opening step by the ratio as it read before that step and takes a steady one as measured."""
+    from specd.engine.spec_gate import OPENING_DECAY, OPENING_MAX, OPENING_STEPS, Cell
+
+    cell = Cell()
+    assert cell.opening == 1.0
+    taken = []
+    for place in range(1, 7):                    # one phase: 3 opening steps at 6 ms, 3 steady at 4 ms
+        cell.phase_at = place
+        taken.append(cell.time_phase(0.006 if place <= OPENING_STEPS else 0.004))
+    assert taken == [0.006, 0.006, 0.006, 0.004, 0.004, 0.004] and cell.opening == pytest.approx(1.5)
+    cell.phase_at = 1
+    assert cell.time_phase(0.0075) == pytest.approx(0.0075 / 1.5)      # the ratio before this step
+    opened = (0.006 * (OPENING_DECAY ** 3 + OPENING_DECAY ** 2 + OPENING_DECAY) + 0.0075)
+    weight = OPENING_DECAY ** 3 + OPENING_DECAY ** 2 + OPENING_DECAY + 1
+    assert cell.opening == pytest.approx((opened / weight) / 0.004)
+    for _ in range(40):                          # openings at 4x a steady step: capped
+        cell.time_phase(0.016)
+    assert cell.opening == OPENING_MAX
+    for _ in range(200):                         # openings cheaper than steady steps: floored at 1
+        cell.time_phase(0.002)
+    assert cell.opening == 1.0
+
+
+def phased_gate(steady_price: bool) -> SpecGate:
+    """A b4 cell that drafted one long phase (opening at 5.5 ms a step, then 4 ms; 2 tokens a sequence, so
+    2,000 tok/s steady), met plain decoding at 1,600 tok/s, rested, and then drafted a 3-step probe at the
+    opening's 5.5 ms (1,455 tok/s)."""
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=500, probe_steps=3, steady_price=steady_price)
+    steps = [(True, 0.0055)] * 3 + [(True, 0.004)] * 30 + [(False, 0.0025)] * 40 + [(True, 0.0055)] * 3
+    for drafted, seconds in steps:
+        gate.observe("dspark", 4, drafted, 8 if drafted else 4, seconds, Drafters(4, 8, 28) if drafted else None)
+    return gate
+
+
+def test_a_steady_priced_cell_judges_a_switch_by_the_phase_it_starts_not_its_opening():
+    """Regression (H100, session 53, runs KA and KC): the b4 phases opened 10-23% dearer than they settled
+    (``bench.gate_trace --phase-steps``), a resting cell's drafting arm is its latest probe, a phase's
+    opening, and the default gate rested support at c = 4 (1.16x `none`) where fixed γ = 7 ran 1.42x. With
+    ``steady_price`` the probe's steps join the arm at their time over the cell's opening ratio (here 5.5 /
+    4 ms), so drafting reads its steady 2,000 tok/s against plain's 1,600 and wins; priced at its opening
+    (1,455 tok/s) it rests. Either way the cell measures the ratio (``stats``)."""
+    rates = {}
+    for steady in (True, False):
+        gate = phased_gate(steady)
+        cell = gate.cells[("dspark", 4)]
+        assert cell.opening == pytest.approx(0.0055 / 0.004)
+        assert gate.stats()["spec_gate_dspark_b4_opening"] == pytest.approx(0.0055 / 0.004)
+        rates[steady] = (gate.should_draft("dspark", 4, measured=False), cell.draft.per_s)
+    assert rates[True][0] and not rates[False][0]
+    assert rates[True][1] == pytest.approx(2000.0, rel=0.02) and rates[False][1] < 1600.0
+
+
+def test_a_cell_with_no_steady_phase_prices_drafting_as_measured():
+    """Probes only (every drafting phase 3 steps or fewer): no steady step, so the ratio stays 1 and a
+    steady-priced cell rests exactly where the default one does."""
+    arms = []
+    for steady in (True, False):
+        gate = SpecGate(warmup=0, min_samples=2, probe_every=500, probe_steps=3, steady_price=steady)
+        for drafted, seconds in ([(True, 0.0055)] * 2 + [(False, 0.0025)] * 5) * 6:
+            gate.observe("dspark", 4, drafted, 8 if drafted else 4, seconds, Drafters(4, 8, 28) if drafted else None)
+        cell = gate.cells[("dspark", 4)]
+        assert cell.opening == 1.0 and cell.steady_n == 0
+        arms.append((gate.should_draft("dspark", 4, measured=False), cell.draft.per_s))
+    assert arms[0] == arms[1] and not arms[0][0]
+
+
 def test_a_cell_is_calibrated_only_by_drafting_steps_decided_on_a_prediction():
     """Exploring steps (no prediction) and plain steps leave the factor at 1; with request records, exactly the
     drafting samples decided on a prediction (probes and the winner) count, each once."""
@@ -680,9 +749,11 @@ def test_rests_again_rests_only_where_the_full_question_rests(records, plain_spe
 def explored_gate(n: int, draft_tok_s: float) -> SpecGate:
     """A gate whose ``n``-sequence cell has explored both arms: drafting at ``draft_tok_s`` and 2 tokens a
     sequence, plain decoding at 400 tok/s. Calibrated (``SpecGate.calibrate``, off by default) for an even
-    ``n``: the shortcuts' property tests hold both ways, and calibrated the factor moves at every drafting
-    step (they emit 2 tokens a sequence, whatever was predicted)."""
-    gate = SpecGate(warmup=0, min_samples=2, probe_every=24, probe_max=64, probe_steps=1, calibrate=n % 2 == 0)
+    ``n``, steady-priced (``SpecGate.steady_price``, off by default) for ``n`` a multiple of 3: the
+    shortcuts' property tests hold each way, and calibrated the factor moves at every drafting step (they
+    emit 2 tokens a sequence, whatever was predicted)."""
+    gate = SpecGate(warmup=0, min_samples=2, probe_every=24, probe_max=64, probe_steps=1, calibrate=n % 2 == 0,
+                    steady_price=n % 3 == 0)
     for drafted in (True, True, False, False):
         gate.should_draft("dspark", n)
         gate.observe("dspark", n, drafted, 2 * n if drafted else n,
