@@ -7,6 +7,7 @@ predictions imply.
     python -m bench.gate_trace RESULT --calibration [--row dspark-markov-ref]
     python -m bench.gate_trace RESULT --replay-calibration [--row R]
     python -m bench.gate_trace RESULT --phase-steps [--row R]
+    python -m bench.gate_trace RESULT --replay-steady [--row R]
 
 Why: every `bench speedup` result keeps each gate cell's first reports (``gate_trace``, the run's whole
 start) and, after each (workload, concurrency) cell, its latest ones (``gate_recent``; a row behind a gate of
@@ -205,6 +206,55 @@ def replay_calibration(result: dict, row: str | None = None, key: str = "dspark"
     return out
 
 
+def replay_steady(result: dict, row: str | None = None, key: str = "dspark") -> list[dict]:
+    """What a steady-priced gate (``SpecGate.steady_price``, session 54) would have made of the steps in a
+    run's records that the gate rested as the winner on a prediction: per (workload, concurrency) cell, those
+    rests, and how many would have drafted: their predicted drafting rate scaled by the steady-priced
+    drafting arm over the arm as measured (both rebuilt from the same gate cell's reports in record order,
+    ``Cell.time_phase``) beats plain decoding by ``MARGIN``; and the cell's opening ratio after the cell.
+
+    A counterfactual from the records, as ``replay_calibration`` is: a rest turned to drafting would have
+    started a phase, and everything after it would differ; the capture charges (``SpecGate.charge``) are
+    not in the reports and are left out of both arms. Why have it: it says before a GPU run where the rule
+    would bite, and whether it would bite only where fixed γ = 7 won (``--prices``)."""
+    from specd.engine.spec_gate import DECAY, MARGIN, Cell
+
+    out, cells = [], {}
+    for workload, level, _, name, fresh in fresh_cells(result, row, key):
+        measured, steady = cells.setdefault(name, (Cell(), Cell()))
+        rests = drafts = 0
+        for r in fresh:
+            for c in (measured, steady):
+                c.phase_at = c.phase_at + 1 if r[DRAFTED] else 0
+            if not r[USED] or not r[SEQUENCES]:
+                continue
+            if (not r[DRAFTED] and r[REASON] == "winner" and r[ACCEPTANCE] is not None and r[PREDICTED]
+                    and measured.draft.per_seq_s > 0):
+                rests += 1
+                drafts += r[PREDICTED] * steady.draft.per_seq_s / measured.draft.per_seq_s > r[PLAIN] * (1.0 + MARGIN)
+            for c in (measured, steady):
+                c.draft.age(DECAY)
+                c.plain.age(DECAY)
+            seconds = r[MS] / 1e3
+            if r[DRAFTED]:
+                measured.time_phase(seconds)
+                measured.draft.add(r[TOKENS], seconds, r[SEQUENCES])
+                steady.draft.add(r[TOKENS], steady.time_phase(seconds), r[SEQUENCES])
+        if rests:
+            out.append({"workload": workload, "concurrency": level, "winner_rests": rests, "would_draft": drafts,
+                        "opening": steady.opening})
+    return out
+
+
+def steady_table(entries: list[dict]) -> str:
+    lines = ["| workload | c | rested as the winner | would draft, steady-priced | opening ratio after |",
+             "|---" * 5 + "|"]
+    for e in entries:
+        lines.append(f"| {e['workload']} | {e['concurrency']} | {e['winner_rests']} | {e['would_draft']} | "
+                     f"{e['opening']:.2f} |")
+    return "\n".join(lines)
+
+
 def phase_steps(result: dict, row: str | None = None, key: str = "dspark", longest: int = 4) -> list[dict]:
     """Each gate cell's drafting steps in a run's records by where they stand in their drafting phase (the
     steps drafted since the last rest: 1st, 2nd, ..., ``longest``-th and later), over the (workload,
@@ -297,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase-steps", action="store_true",
                    help="instead of one cell: each gate cell's drafting steps by their place in a drafting phase "
                    "(1st, 2nd, 3rd, later after a rest), median ms at a full batch (phase_steps())")
+    p.add_argument("--replay-steady", action="store_true",
+                   help="instead of one cell: per (workload, concurrency) cell, the steps the gate rested as the "
+                   "winner and how many a steady-priced gate (SpecGate.steady_price) would have drafted, from the "
+                   "records (a counterfactual, replay_steady())")
     p.add_argument("--against", default="dspark-g7", help="with --prices: the fixed-γ row to compare with")
     p.add_argument("--at", default=None, help="workload:concurrency, e.g. extraction.eval:4: that cell's latest "
                                               "reports (default: the run's first reports)")
@@ -308,13 +362,16 @@ def main(argv: list[str] | None = None) -> int:
         "phase_steps": (lambda r: phase_steps(r, args.row), phase_table,
                         "no drafting step of a full batch in any cell"),
         "replay_calibration": (lambda r: replay_calibration(r, args.row), replay_table, undecided),
+        "replay_steady": (lambda r: replay_steady(r, args.row), steady_table,
+                          "no step rested as the winner on a prediction in any cell"),
         "calibration": (lambda r: calibration(r, args.row), calibration_table, undecided),
         "prices": (lambda r: prices(r, args.against, args.row), lambda e: prices_table(e, args.against),
                    f"no cell with both a gate decision and the row {args.against!r}"),
     }
     chosen = [flag for flag in views if getattr(args, flag)]
     if len(chosen) + (args.cell is not None) != 1:
-        p.error("give one of --cell CELL, --prices, --calibration, --replay-calibration or --phase-steps")
+        p.error("give one of --cell CELL, --prices, --calibration, --replay-calibration, --replay-steady or "
+                "--phase-steps")
     try:
         if args.cell is not None:
             print(table(reports(load(args.result), args.cell, args.at, args.row)))

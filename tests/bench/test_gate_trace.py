@@ -150,6 +150,34 @@ def test_the_calibration_replay_rests_the_winner_steps_whose_predictions_ran_hig
     assert "| support.eval | 32 | 3 | 2 | 1 |" in capsys.readouterr().out
 
 
+def test_the_steady_replay_drafts_the_rests_a_probes_opening_priced_out(tmp_path, capsys):
+    """A phase that opens at 6 ms a step and settles at 4, a rest, a 3-step probe at 6 ms, rests again. The
+    first rest (before the probe) would rest either way: both arms hold the same steps, the first phase's
+    openings taken as measured (no steady step yet). After the probe the measured arm is mostly its 6 ms
+    steps, the steady-priced one reads them at 6 / (the opening ratio, 1.5) = 4 ms (1.19x the measured arm's
+    rate): a rest predicted at 0.9 of plain decoding would have drafted (0.9 × 1.19 > 1.03); one predicted at
+    0.5 would not. Warm-ups are no
+    sample; probes and exploring steps are not rests."""
+    from bench.gate_trace import replay_steady
+
+    def d(ms, reason="winner"):
+        return [1, 8, ms, 4, 1, reason, 2.0, 1500.0, 1000.0]
+
+    def rest(predicted):
+        return [0, 4, 2.0, 4, 1, "winner", 2.0, predicted, 1000.0]
+
+    window = ([d(6.0, "explore")] * 3 + [d(4.0)] * 5 + [rest(900.0)] + [[0, 4, 2.0, 4, 0, "winner", 2.0, 900.0,
+               1000.0]] + [d(6.0, "probe")] * 3 + [rest(900.0), rest(500.0), [0, 4, 2.0, 4, 1, "probe", 2.0, 900.0, 1000.0]])
+    result = {"workloads": {"support.eval": {"4": {"gate_recent": {"dspark_b4": window}}}}}
+    (got,) = replay_steady(result)
+    assert (got["winner_rests"], got["would_draft"]) == (3, 1)
+    assert got["opening"] == pytest.approx(1.5)
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result))
+    assert main([str(path), "--replay-steady"]) == 0
+    assert "| support.eval | 4 | 3 | 1 | 1.50 |" in capsys.readouterr().out
+
+
 def test_phase_steps_place_each_drafting_step_in_its_phase_at_a_full_batch(tmp_path, capsys):
     """A rest ends a phase; steps of a draining batch (fewer than 90% of the cell's concurrency) and warm-ups
     are left out; the 4th step of a phase and later ones pool; the cells come in bucket order."""
