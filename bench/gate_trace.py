@@ -247,12 +247,9 @@ def replay_steady(result: dict, row: str | None = None, key: str = "dspark") -> 
 
 
 def steady_table(entries: list[dict]) -> str:
-    lines = ["| workload | c | rested as the winner | would draft, steady-priced | opening ratio after |",
-             "|---" * 5 + "|"]
-    for e in entries:
-        lines.append(f"| {e['workload']} | {e['concurrency']} | {e['winner_rests']} | {e['would_draft']} | "
-                     f"{e['opening']:.2f} |")
-    return "\n".join(lines)
+    return markdown(["workload", "c", "rested as the winner", "would draft, steady-priced", "opening ratio after"],
+                    [[e["workload"], e["concurrency"], e["winner_rests"], e["would_draft"], f"{e['opening']:.2f}"]
+                     for e in entries])
 
 
 def phase_steps(result: dict, row: str | None = None, key: str = "dspark", longest: int = 4) -> list[dict]:
@@ -295,23 +292,24 @@ def phase_table(entries: list[dict], longest: int = 4) -> str:
     return "\n".join(lines)
 
 
+def markdown(heads: list[str], rows: list[list]) -> str:
+    """A markdown table: ``heads``, then one line a row (cells as ``str`` gives them)."""
+    lines = ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
 def replay_table(entries: list[dict]) -> str:
-    lines = ["| workload | c | drafted as the winner | would rest, calibrated | probes | factor after |",
-             "|---" * 6 + "|"]
-    for e in entries:
-        lines.append(f"| {e['workload']} | {e['concurrency']} | {e['winner_steps']} | {e['would_rest']} | "
-                     f"{e['probes']} | {e['factor']:.2f} |")
-    return "\n".join(lines)
+    return markdown(["workload", "c", "drafted as the winner", "would rest, calibrated", "probes", "factor after"],
+                    [[e["workload"], e["concurrency"], e["winner_steps"], e["would_rest"], e["probes"],
+                      f"{e['factor']:.2f}"] for e in entries])
 
 
 def calibration_table(entries: list[dict]) -> str:
-    lines = ["| workload | c | drafting steps decided there | predicted tokens a sequence (mean) | emitted (mean) | "
-             "emitted / predicted |", "|---" * 6 + "|"]
-    for e in entries:
-        ratio = "-" if e["emitted_over_predicted"] is None else f"{e['emitted_over_predicted']:.2f}"
-        lines.append(f"| {e['workload']} | {e['concurrency']} | {e['drafted']} | {e['predicted']:.2f} | "
-                     f"{e['emitted']:.2f} | {ratio} |")
-    return "\n".join(lines)
+    return markdown(["workload", "c", "drafting steps decided there", "predicted tokens a sequence (mean)",
+                     "emitted (mean)", "emitted / predicted"],
+                    [[e["workload"], e["concurrency"], e["drafted"], f"{e['predicted']:.2f}", f"{e['emitted']:.2f}",
+                      "-" if e["emitted_over_predicted"] is None else f"{e['emitted_over_predicted']:.2f}"]
+                     for e in entries])
 
 
 def prices_table(entries: list[dict], against: str) -> str:
