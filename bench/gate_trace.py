@@ -215,8 +215,12 @@ def replay_steady(result: dict, row: str | None = None, key: str = "dspark") -> 
 
     A counterfactual from the records, as ``replay_calibration`` is: a rest turned to drafting would have
     started a phase, and everything after it would differ; the capture charges (``SpecGate.charge``) are
-    not in the reports and are left out of both arms. Why have it: it says before a GPU run where the rule
-    would bite, and whether it would bite only where fixed γ = 7 won (``--prices``)."""
+    not in the reports and are left out of both arms. Read it on a gate that priced drafting as measured:
+    the default before session 54, since then ``--row dspark-opening-priced`` (a steady-priced gate's
+    recorded predictions already carry the ratio). Why have it: it says before a GPU run where the rule
+    would bite, and whether it would bite only where fixed γ = 7 won (``--prices``). Session 54: on session
+    53's KA it named support c = 4 (383 of 548 rests); on LB's old rule extraction c = 16 (220 of 985), where
+    the steady-priced row then ran 1.37x `none` against 0.99x."""
     from specd.engine.spec_gate import DECAY, MARGIN, Cell
 
     out, cells = [], {}
@@ -348,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replay-steady", action="store_true",
                    help="instead of one cell: per (workload, concurrency) cell, the steps the gate rested as the "
                    "winner and how many a steady-priced gate (SpecGate.steady_price) would have drafted, from the "
-                   "records (a counterfactual, replay_steady())")
+                   "records of a gate priced as measured (--row dspark-opening-priced since session 54; a "
+                   "counterfactual, replay_steady())")
     p.add_argument("--against", default="dspark-g7", help="with --prices: the fixed-γ row to compare with")
     p.add_argument("--at", default=None, help="workload:concurrency, e.g. extraction.eval:4: that cell's latest "
                                               "reports (default: the run's first reports)")

@@ -156,18 +156,18 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # the default against the records as they are (runs KA-KC, tree eb1d7f8, where this row was
     # `dspark-uncalibrated`): it lost at c = 4, so it is off. A diagnostic, not a default row
     "dspark-calibrated": {"method": "dspark", "schedule": "confidence", "gamma": None, "calibrate": True},
-    # scheduled dspark behind a gate whose cells price their drafting arm at a steady phase's step time
-    # (``SpecGate.steady_price``: a phase's first steps, a probe's, join the arm at their time over the
-    # cell's measured opening ratio, ``Cell.opening``), through a gate of its own: in session 53's runs
-    # the b4 phases opened 10-23% dearer than they settled, and the default gate rested support at c = 4
-    # (1.16x `none`) where fixed γ = 7 ran 1.42x. A diagnostic, not a default row
-    "dspark-steady": {"method": "dspark", "schedule": "confidence", "gamma": None, "steady_price": True},
+    # scheduled dspark behind a gate whose cells price their drafting arm as measured, a phase's opening steps
+    # (a probe's) at their own time (``SpecGate(steady_price=False)``, the rule until session 54), through a
+    # gate of its own. Session 54 ran the steady price as row `dspark-steady` against this rule as the
+    # default (runs LA, LB, H200): 1.127x `none` over 25 cells against 1.111, so it became the default. A
+    # diagnostic, not a default row
+    "dspark-opening-priced": {"method": "dspark", "schedule": "confidence", "gamma": None, "steady_price": False},
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
                    "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager",
                    "dspark-capture-prompts", "dspark-fuse-late", "dspark-g7-fuse-late", "dspark-keep-context",
-                   "dspark-markov-ref", "dspark-calibrated", "dspark-steady")
+                   "dspark-markov-ref", "dspark-calibrated", "dspark-opening-priced")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline

@@ -70,10 +70,10 @@ records are learnt where each request drafted; at a heavier load, or after a res
 context gapped, the same requests emit less (session 52, run JB: support at c = 32, 0.66 of the prediction,
 0.96x `none`). Measured in session 53 it did not pay (``SpecGate.__init__`` says where it lost).
 
-Steady prices (``steady_price``, off by default): a resting cell's drafting arm is its latest probe, a
-drafting phase's opening, whose steps cost 10-40% more than the same cell's steady drafting (H100, session
-53); each cell measures that ratio (``Cell.opening``) and, with ``steady_price``, prices its drafting arm at
-a steady step's time, so a switch is judged by the phase it would start, not by its first steps.
+Steady prices (``steady_price``, on by default since session 54): a resting cell's drafting arm is its
+latest probe, a drafting phase's opening, whose steps cost 10-50% more than the same cell's steady drafting
+(H100 and H200, sessions 53-54); each cell measures that ratio (``Cell.opening``) and prices its drafting
+arm at a steady step's time, so a switch is judged by the phase it would start, not by its first steps.
 
 Lossless: whether a step drafts depends only on the wall time and token counts of earlier, finished
 steps, never on the drafts of this step; verification is untouched.
@@ -312,7 +312,7 @@ class SpecGate:
                  charge_steps: float | None = CHARGE_STEPS, plain_clip: float | None = PLAIN_CLIP,
                  capture_prompts: int | None = None, trace_steps: int = TRACE_STEPS,
                  keep_context: int | None = None, keep_near: float = KEEP_NEAR, calibrate: bool = False,
-                 steady_price: bool = False):
+                 steady_price: bool = True):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
                 or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
                 or warmup < 0 or probe_cut is not None and not probe_cut >= 1
@@ -364,7 +364,11 @@ class SpecGate:
         self.calibrate = calibrate
         # each cell prices its drafting arm at a steady phase's step time: a phase's opening steps (a probe's)
         # join the arm at their time over the cell's measured opening ratio (``Cell.opening``, ``time_phase``;
-        # False: as measured). ``bench speedup``'s dspark-steady row measures it (session 54)
+        # False: as measured, the rule until session 54). On by default since session 54's H200 runs (LA, LB,
+        # against the old rule in the same runs): geometric mean over 25 cells 1.127x `none` against 1.111;
+        # 1.28 / 1.19 / 1.10 / 1.06 / 1.02 at c = 1 / 4 / 8 / 16 / 32 against 1.31 / 1.17 / 1.12 / 1.00 / 0.98;
+        # extraction at c = 16 1.37x against 0.99 (b16 phases opened at 7.5-8.1 ms a step and settled at 5.2).
+        # ``bench speedup``'s dspark-opening-priced row runs the old rule
         self.steady_price = steady_price
         # reports each cell keeps for the records, its first ones and its latest ones (``trace``). More than
         # the default only for a diagnosis: session 47's question (why a resting b4 cell priced drafting at

@@ -473,11 +473,13 @@ def test_the_old_rule_rows_run_behind_a_gate_of_their_own(row, setting, default)
     assert engine.spec_gate is gate and getattr(gate, setting) == getattr(spec_gate, setting.upper()) == default
 
 
-@pytest.mark.parametrize("row, setting", [("dspark-calibrated", "calibrate"), ("dspark-steady", "steady_price")])
-def test_a_boolean_gate_rule_row_runs_behind_a_gate_of_its_own(row, setting):
-    """dspark-calibrated (``calibrate``: ``Cell.calibration``, off since session 53's runs) and dspark-steady
-    (``steady_price``: ``Cell.opening``): a gate of its own with the rule on; the engine's gate keeps it off,
-    and is back after the row. Not default rows."""
+@pytest.mark.parametrize("row, setting, value", [("dspark-calibrated", "calibrate", True),
+                                                 ("dspark-opening-priced", "steady_price", False)])
+def test_a_boolean_gate_rule_row_runs_behind_a_gate_of_its_own(row, setting, value):
+    """dspark-calibrated (``calibrate`` on: ``Cell.calibration``, off by default since session 53's runs) and
+    dspark-opening-priced (``steady_price`` off: ``Cell.opening``, on by default since session 54's): a gate
+    of its own with the rule flipped; the engine's gate keeps the default, and is back after the row. Not
+    default rows."""
     from types import SimpleNamespace
 
     from bench.speedup import DEFAULT_ROWS, row_gate
@@ -487,8 +489,8 @@ def test_a_boolean_gate_rule_row_runs_behind_a_gate_of_its_own(row, setting):
     gate = SpecGate()
     engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: SimpleNamespace(rounds=None))
     with row_gate(engine, row, {}):
-        assert engine.spec_gate is not gate and getattr(engine.spec_gate, setting) is True
-    assert engine.spec_gate is gate and getattr(gate, setting) is False
+        assert engine.spec_gate is not gate and getattr(engine.spec_gate, setting) is value
+    assert engine.spec_gate is gate and getattr(gate, setting) is (not value)
 
 
 def test_collector_passes_are_split_by_generation_and_summed_over_runs():

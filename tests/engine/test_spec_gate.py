@@ -749,7 +749,8 @@ def test_rests_again_rests_only_where_the_full_question_rests(records, plain_spe
 def explored_gate(n: int, draft_tok_s: float) -> SpecGate:
     """A gate whose ``n``-sequence cell has explored both arms: drafting at ``draft_tok_s`` and 2 tokens a
     sequence, plain decoding at 400 tok/s. Calibrated (``SpecGate.calibrate``, off by default) for an even
-    ``n``, steady-priced (``SpecGate.steady_price``, off by default) for ``n`` a multiple of 3: the
+    ``n``, steady-priced (``SpecGate.steady_price``, on by default since session 54) for ``n`` a multiple of 3
+    and priced as measured otherwise: the
     shortcuts' property tests hold each way, and calibrated the factor moves at every drafting step (they
     emit 2 tokens a sequence, whatever was predicted)."""
     gate = SpecGate(warmup=0, min_samples=2, probe_every=24, probe_max=64, probe_steps=1, calibrate=n % 2 == 0,
