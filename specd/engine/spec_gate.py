@@ -234,12 +234,15 @@ class Cell:
         weight, at most ``OPENING_MAX``.
 
         Why: a resting cell's drafting arm is essentially its latest probe (``DECAY``), and a probe is a
-        phase's opening: after a rest the drafter absorbs the features the rest left, from a context with
-        gaps. H100, session 53, runs KA and KC, the same (workload, concurrency) cell: b4 phases opened at
-        4.1-4.4 ms a step on coding, knowledge and support and settled at 3.3-3.7 from the 4th step on (b8
-        on extraction 5.4 against 3.8; ``python -m bench.gate_trace RESULT --phase-steps``). Priced at its
-        opening, a switch to drafting that would run as a long phase looks 10-40% dearer than it is, and
-        the cell rests where fixed γ = 7 ran 1.42x `none` (support at c = 4; the schedule 1.16x)."""
+        phase's opening, whose steps cost more than the phase's later ones (why is not measured; its drafts
+        come from a context with the rest's gaps). H100, session 53, runs KA and KC, within one (workload,
+        concurrency) cell: b4 phases opened at 4.1-4.4 ms a step on coding, knowledge and support and
+        settled at 3.3-3.7 from the 4th step on (b8 on extraction 5.4 against 3.8; ``python -m
+        bench.gate_trace RESULT --phase-steps``). Priced at its opening, a switch to drafting that would run
+        as a long phase looks 10-40% dearer than it is, and the cell rests where fixed γ = 7 ran 1.42x
+        `none` (support at c = 4; the schedule 1.16x). H200, session 54, run LB: on extraction at c = 16 the
+        b16 phases opened at 7.5-8.1 ms and settled at 5.2; priced at steady phases the cell drafted and ran
+        1.37x `none`, priced at its probes it rested (0.99x)."""
         if self.open_n < OPENING_MIN or self.steady_n < OPENING_MIN or self.steady_s <= 0:
             return 1.0
         return min(OPENING_MAX, max(1.0, (self.open_s / self.open_n) / (self.steady_s / self.steady_n)))
