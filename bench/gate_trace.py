@@ -206,6 +206,14 @@ def replay_calibration(result: dict, row: str | None = None, key: str = "dspark"
     return out
 
 
+def phase_places(reports: list[list], at: int = 0):
+    """Each report with its place in its drafting phase as the gate counts it (``Cell.phase_at``): the
+    drafting steps since the last rest, this one included; 0 for a rest. ``at``: the place before the first."""
+    for r in reports:
+        at = at + 1 if r[DRAFTED] else 0
+        yield r, at
+
+
 def replay_steady(result: dict, row: str | None = None, key: str = "dspark") -> list[dict]:
     """What a steady-priced gate (``SpecGate.steady_price``, session 54) would have made of the steps in a
     run's records that the gate rested as the winner on a prediction: per (workload, concurrency) cell, those
@@ -227,9 +235,8 @@ def replay_steady(result: dict, row: str | None = None, key: str = "dspark") -> 
     for workload, level, _, name, fresh in fresh_cells(result, row, key):
         measured, steady = cells.setdefault(name, (Cell(), Cell()))
         rests = drafts = 0
-        for r in fresh:
-            for c in (measured, steady):
-                c.phase_at = c.phase_at + 1 if r[DRAFTED] else 0
+        for r, at in phase_places(fresh, measured.phase_at):
+            measured.phase_at = steady.phase_at = at
             if not r[USED] or not r[SEQUENCES]:
                 continue
             if (not r[DRAFTED] and r[REASON] == "winner" and r[ACCEPTANCE] is not None and r[PREDICTED]
@@ -272,13 +279,8 @@ def phase_steps(result: dict, row: str | None = None, key: str = "dspark", longe
 
     cells = {}
     for _, level, _, name, fresh in fresh_cells(result, row, key):
-        at = 0
-        for r in fresh:
-            if not r[DRAFTED]:
-                at = 0
-                continue
-            at += 1
-            if r[USED] and r[SEQUENCES] >= 0.9 * level:
+        for r, at in phase_places(fresh):
+            if at and r[USED] and r[SEQUENCES] >= 0.9 * level:
                 cells.setdefault(name, {}).setdefault(min(at, longest), []).append(r[MS])
     out = []
     for name, by in sorted(cells.items(), key=lambda kv: int(kv[0].rpartition("_b")[2])):

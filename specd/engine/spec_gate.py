@@ -196,10 +196,10 @@ class Cell:
     cal_predicted: float = 0.0   # emitted a sequence, the acceptance predicted for them, and the steps
     cal_steps: float = 0.0       # (``calibration``; SpecGate.calibrate)
     phase_at: int = 0            # the last measured step's place in its drafting phase (0: it rested)
-    open_s: float = 0.0          # decayed sums of the seconds of drafting samples at places 1 to
-    open_n: float = 0.0          # ``OPENING_STEPS`` of their phase and of their count, and the same for
-    steady_s: float = 0.0        # the later places (``opening``; SpecGate.steady_price)
-    steady_n: float = 0.0
+    # drafting samples' step times at places 1 to ``OPENING_STEPS`` of their phase, and at the later places,
+    # each decayed by ``OPENING_DECAY`` at its own samples (``opening``; SpecGate.steady_price)
+    opening_steps: Rate = field(default_factory=Rate)
+    steady_steps: Rate = field(default_factory=Rate)
 
     @property
     def calibration(self) -> float:
@@ -243,9 +243,10 @@ class Cell:
         `none` (support at c = 4; the schedule 1.16x). H200, session 54, run LB: on extraction at c = 16 the
         b16 phases opened at 7.5-8.1 ms and settled at 5.2; priced at steady phases the cell drafted and ran
         1.37x `none`, priced at its probes it rested (0.99x)."""
-        if self.open_n < OPENING_MIN or self.steady_n < OPENING_MIN or self.steady_s <= 0:
+        opened, steady = self.opening_steps, self.steady_steps
+        if opened.steps < OPENING_MIN or steady.steps < OPENING_MIN or steady.step_s <= 0:
             return 1.0
-        return min(OPENING_MAX, max(1.0, (self.open_s / self.open_n) / (self.steady_s / self.steady_n)))
+        return min(OPENING_MAX, max(1.0, opened.step_s / steady.step_s))
 
     def time_phase(self, seconds: float) -> float:
         """One drafting sample of ``seconds`` at place ``phase_at`` of its phase: into the opening or steady
@@ -254,11 +255,9 @@ class Cell:
         steady step's as measured."""
         opening = self.phase_at <= OPENING_STEPS
         scaled = seconds / self.opening if opening else seconds
-        if opening:
-            self.open_s, self.open_n = self.open_s * OPENING_DECAY + seconds, self.open_n * OPENING_DECAY + 1.0
-        else:
-            self.steady_s = self.steady_s * OPENING_DECAY + seconds
-            self.steady_n = self.steady_n * OPENING_DECAY + 1.0
+        kind = self.opening_steps if opening else self.steady_steps
+        kind.age(OPENING_DECAY)
+        kind.add(0, seconds, 1)
         return scaled
 
     def draft_rate(self, acceptance: float | None, verify: int | None = None) -> float:

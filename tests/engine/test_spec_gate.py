@@ -348,7 +348,7 @@ def test_a_cell_with_no_steady_phase_prices_drafting_as_measured():
         for drafted, seconds in ([(True, 0.0055)] * 2 + [(False, 0.0025)] * 5) * 6:
             gate.observe("dspark", 4, drafted, 8 if drafted else 4, seconds, Drafters(4, 8, 28) if drafted else None)
         cell = gate.cells[("dspark", 4)]
-        assert cell.opening == 1.0 and cell.steady_n == 0
+        assert cell.opening == 1.0 and cell.steady_steps.samples == 0
         arms.append((gate.should_draft("dspark", 4, measured=False), cell.draft.per_s))
     assert arms[0] == arms[1] and not arms[0][0]
 
