@@ -8,6 +8,7 @@ predictions imply.
     python -m bench.gate_trace RESULT --replay-calibration [--row R]
     python -m bench.gate_trace RESULT --phase-steps [--row R]
     python -m bench.gate_trace RESULT --replay-steady [--row R]
+    python -m bench.gate_trace RESULT --phase-tokens [--lasting 6] [--row R]
 
 Why: every `bench speedup` result keeps each gate cell's first reports (``gate_trace``, the run's whole
 start) and, after each (workload, concurrency) cell, its latest ones (``gate_recent``; a row behind a gate of
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bench.arg_types import positive_int
 from bench.probe_cut import ACCEPTANCE, DRAFTED, MS, PLAIN, PREDICTED, REASON, SEQUENCES, TOKENS, USED
 from bench.speedup_pool import PoolError, load
 
@@ -32,6 +34,17 @@ def latest(cell: dict, row: str | None = None) -> dict:
     with ``row`` that row's own gate's (``gate_recent_by_row``); {} when the result has none."""
     traces = cell.get("gate_recent") if row is None else cell.get("gate_recent_by_row", {}).get(row)
     return traces or {}
+
+
+def own_gates(result: dict, row: str) -> None:
+    """Refuse ``row`` unless some cell of ``result`` kept reports of its own gate: a row that runs on the
+    engine's gate (the default ``dspark`` among them) has its reports without ``--row``, and reading them under
+    its name found nothing and said only that no step qualified (session 55)."""
+    rows = sorted({r for levels in result.get("workloads", {}).values() for cell in levels.values()
+                   for r in cell.get("gate_recent_by_row", {})})
+    if row not in rows:
+        raise PoolError(f"row {row!r} ran no gate of its own in this run (rows that did: {', '.join(rows) or 'none'}); "
+                        "the engine's gate's reports, the default row's among them, are read without --row")
 
 
 def reports(result: dict, cell: str, at: str | None = None, row: str | None = None) -> list[list]:
@@ -288,6 +301,70 @@ def phase_steps(result: dict, row: str | None = None, key: str = "dspark", longe
     return out
 
 
+def drafting_phases(reports: list[list]):
+    """Each drafting phase of ``reports`` as its [(place, report)]: the drafting steps from a rest to the next
+    rest or to the window's end (so a phase cut by the window counts as long as it was seen)."""
+    phase = []
+    for r, at in phase_places(reports):
+        if at:
+            phase.append((at, r))
+        elif phase:
+            yield phase
+            phase = []
+    if phase:
+        yield phase
+
+
+def phase_tokens(result: dict, row: str | None = None, key: str = "dspark", longest: int = 4,
+                 lasting: int = 6) -> list[dict]:
+    """Per workload, the tokens a sequence its drafting steps emitted by their place in their drafting phase
+    (1st, 2nd, ..., ``longest``-th and later), twice: over every phase, and over the phases that lasted at
+    least ``lasting`` steps only. Each is (tokens / sequences, drafting steps); warm-ups and steps without
+    sequences are left out.
+
+    Why both: a phase goes on while its steps win, so the later places hold only the phases that accepted
+    well, and over every phase the openings look worse than they are (survivorship). Within phases that
+    lasted, the 1st steps' tokens are what opening a phase costs in acceptance. Sessions 54-55 (runs LA, MA,
+    MC, ME, one run each): coding's 1st steps emitted 1.72-1.90 tokens a sequence over every phase against
+    2.18-2.23 from the 4th on, but 1.85-2.47 within phases of 6 steps or more; support's 1.98-2.27 over
+    every phase, 2.50-2.86 within the lasting ones, against 2.79-2.96 later (a ~10% residue). So most of
+    the openings' low acceptance in the records is which phases go on, not what an opening costs.
+    Reads records only."""
+    by: dict[str, dict] = {}
+    for workload, _, _, _, fresh in fresh_cells(result, row, key):
+        entry = by.setdefault(workload, {"all": {}, "lasting": {}, "phases": 0, "lasted": 0})
+        for phase in drafting_phases(fresh):
+            lasted = phase[-1][0] >= lasting
+            entry["phases"] += 1
+            entry["lasted"] += lasted
+            for at, r in phase:
+                if not (r[USED] and r[SEQUENCES]):
+                    continue
+                for kind in ("all", "lasting") if lasted else ("all",):
+                    got = entry[kind].setdefault(min(at, longest), [0.0, 0, 0])
+                    got[0] += r[TOKENS]
+                    got[1] += r[SEQUENCES]
+                    got[2] += 1
+    out = []
+    for workload, entry in by.items():
+        if not entry["phases"]:
+            continue
+        out.append({"workload": workload, "phases": entry["phases"], "lasted": entry["lasted"], **{
+            kind: {at: (t / s, n) for at, (t, s, n) in sorted(entry[kind].items())} for kind in ("all", "lasting")}})
+    return out
+
+
+def tokens_table(entries: list[dict], longest: int = 4, lasting: int = 6) -> str:
+    heads = [f"{i}{'st' if i == 1 else 'nd' if i == 2 else 'rd' if i == 3 else 'th'}" for i in range(1, longest)]
+    rows = []
+    for e in entries:
+        for kind, phases, label in (("all", e["phases"], "every phase"), ("lasting", e["lasted"], f"≥ {lasting} steps")):
+            rows.append([e["workload"], label, phases] + [
+                f"{e[kind][i][0]:.2f} ({e[kind][i][1]})" if i in e[kind] else "-" for i in range(1, longest + 1)])
+    return markdown(["workload", "phases", "how many"] + [f"{h} step tok/seq (n)" for h in heads]
+                    + [f"{longest}th and later tok/seq (n)"], rows)
+
+
 def phase_table(entries: list[dict], longest: int = 4) -> str:
     heads = [f"{i}{'st' if i == 1 else 'nd' if i == 2 else 'rd' if i == 3 else 'th'}" for i in range(1, longest)]
     lines = ["| gate cell | " + " | ".join(f"{h} step ms (n)" for h in heads) + f" | {longest}th and later ms (n) |",
@@ -356,6 +433,11 @@ def main(argv: list[str] | None = None) -> int:
                    "winner and how many a steady-priced gate (SpecGate.steady_price) would have drafted, from the "
                    "records of a gate priced as measured (--row dspark-opening-priced since session 54; a "
                    "counterfactual, replay_steady())")
+    p.add_argument("--phase-tokens", action="store_true",
+                   help="instead of one cell: per workload, the tokens a sequence drafting steps emitted by their "
+                   "place in a drafting phase, over every phase and over the phases of at least --lasting steps "
+                   "(phase_tokens(): the later places of every phase hold only the phases that won)")
+    p.add_argument("--lasting", type=positive_int, default=6, help="with --phase-tokens: a phase's steps to count as lasting")
     p.add_argument("--against", default="dspark-g7", help="with --prices: the fixed-γ row to compare with")
     p.add_argument("--at", default=None, help="workload:concurrency, e.g. extraction.eval:4: that cell's latest "
                                               "reports (default: the run's first reports)")
@@ -366,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     views = {   # flag: (the run's entries, their table, what an empty run lacks)
         "phase_steps": (lambda r: phase_steps(r, args.row), phase_table,
                         "no drafting step of a full batch in any cell"),
+        "phase_tokens": (lambda r: phase_tokens(r, args.row, lasting=args.lasting),
+                         lambda e: tokens_table(e, lasting=args.lasting), "no drafting step in any cell"),
         "replay_calibration": (lambda r: replay_calibration(r, args.row), replay_table, undecided),
         "replay_steady": (lambda r: replay_steady(r, args.row), steady_table,
                           "no step rested as the winner on a prediction in any cell"),
@@ -375,14 +459,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     chosen = [flag for flag in views if getattr(args, flag)]
     if len(chosen) + (args.cell is not None) != 1:
-        p.error("give one of --cell CELL, --prices, --calibration, --replay-calibration, --replay-steady or "
-                "--phase-steps")
+        p.error("give one of --cell CELL, --prices, --calibration, --replay-calibration, --replay-steady, "
+                "--phase-steps or --phase-tokens")
     try:
+        result = load(args.result)
+        if args.row is not None:
+            own_gates(result, args.row)
         if args.cell is not None:
-            print(table(reports(load(args.result), args.cell, args.at, args.row)))
+            print(table(reports(result, args.cell, args.at, args.row)))
         else:
             entries_of, table_of, empty = views[chosen[0]]
-            entries = entries_of(load(args.result))
+            entries = entries_of(result)
             if not entries:
                 raise PoolError(empty)
             print(table_of(entries))

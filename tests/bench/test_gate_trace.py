@@ -197,3 +197,39 @@ def test_phase_steps_place_each_drafting_step_in_its_phase_at_a_full_batch(tmp_p
     path.write_text(json.dumps(result))
     assert main([str(path), "--phase-steps"]) == 0
     assert "| dspark_b4 | 5.10 (2) | 4.20 (2) | 3.50 (1) | 3.10 (2) |" in capsys.readouterr().out
+
+
+def test_phase_tokens_read_the_openings_of_every_phase_and_of_the_phases_that_lasted(tmp_path, capsys):
+    """Two phases on support: one that stopped after 2 steps (1 token a sequence each), one that lasted 4
+    (2, 3, 3, 3): over every phase the 1st steps average 1.5 tokens a sequence, within the lasting phase
+    2, against 3 at the 3rd place and later. Warm-ups and steps without sequences count toward a phase's
+    length but not its tokens; a rest ends a phase, and so does the window's end."""
+    from bench.gate_trace import phase_tokens
+
+    def d(tokens, n=4, used=1):
+        return [1, tokens * n, 4.0, n, used, "winner", 2.0, 1000.0, 900.0]
+
+    rest = [0, 4, 2.0, 4, 1, "winner", 2.0, 800.0, 900.0]
+    window = [d(1), d(1), rest, d(2), d(3), d(9, used=0), d(3), d(0, n=0), rest, d(5)]
+    result = {"workloads": {"support.eval": {"4": {"gate_recent": {"dspark_b4": window}}}}}
+    (got,) = phase_tokens(result, longest=3, lasting=4)
+    assert (got["phases"], got["lasted"]) == (3, 1)
+    assert got["all"] == {1: (pytest.approx(8 / 3), 3), 2: (2.0, 2), 3: (3.0, 1)}
+    assert got["lasting"] == {1: (2.0, 1), 2: (3.0, 1), 3: (3.0, 1)}
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result))
+    assert main([str(path), "--phase-tokens", "--lasting", "4"]) == 0
+    out = capsys.readouterr().out
+    # the table's four places: the warm-up held the 3rd, so that place has no step
+    assert "| support.eval | every phase | 3 | 2.67 (3) | 2.00 (2) | - | 3.00 (1) |" in out
+    assert "| support.eval | ≥ 4 steps | 1 | 2.00 (1) | 3.00 (1) | - | 3.00 (1) |" in out
+
+
+def test_a_row_without_a_gate_of_its_own_is_refused_by_name(tmp_path, capsys):
+    """The default row runs on the engine's gate, so ``--row dspark`` found no reports and said only that no
+    step qualified (session 55); now it names the rows that kept their own gates."""
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(RESULT))
+    with pytest.raises(SystemExit):
+        main([str(path), "--phase-steps", "--row", "dspark"])
+    assert "row 'dspark' ran no gate of its own in this run (rows that did: ngram-gated)" in capsys.readouterr().err
