@@ -125,6 +125,11 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # ``SpecGate.captures_prompt``); this row measures breaking it against the default in the same run. A
     # diagnostic, not a default row
     "dspark-capture-prompts": {"method": "dspark", "schedule": "confidence", "gamma": None, "capture_prompts": 8},
+    # the same at every load up to b32: session 55 (H100, runs MB, MD) found extraction at c = 32 rested with
+    # all 128 requests a run prompt-less, where fixed γ = 7 ran 1.20x `none` and a run whose prompts were all
+    # captured 1.27x; capturing every prompt at c = 32 cost 2-5% in session 12. This row measures both sides.
+    # A diagnostic, not a default row
+    "dspark-capture-prompts-32": {"method": "dspark", "schedule": "confidence", "gamma": None, "capture_prompts": 32},
     # scheduled dspark behind a gate whose resting requests keep capturing their features at loads up to 8
     # while the cell is near a tie (``SpecGate.keep_context``), through a gate of its own: a rested request
     # drafts from a gapped context for good, and in session 47's runs the cells where fixed γ = 7 won rested
@@ -166,7 +171,7 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
                    "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager",
-                   "dspark-capture-prompts", "dspark-fuse-late", "dspark-g7-fuse-late", "dspark-keep-context",
+                   "dspark-capture-prompts", "dspark-capture-prompts-32", "dspark-fuse-late", "dspark-g7-fuse-late", "dspark-keep-context",
                    "dspark-markov-ref", "dspark-calibrated", "dspark-opening-priced")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"

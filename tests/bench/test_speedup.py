@@ -581,21 +581,23 @@ def test_seeds_by_repeat_give_each_repeat_its_own_seeds_and_every_row_of_a_repea
     assert ("seeds moved each repeat (--seeds by-repeat)" in (out / "speedup.md").read_text()) == (seeds == "by-repeat")
 
 
-def test_the_capture_prompts_row_runs_behind_a_gate_of_its_own():
-    """dspark-capture-prompts: a gate of its own whose prompts capture at loads up to 8 (``capture_prompts``),
-    the engine's gate (off) back after the row; its runs record the prompts it captured that way. Not a
-    default row."""
+@pytest.mark.parametrize("row, most", [("dspark-capture-prompts", 8), ("dspark-capture-prompts-32", 32)])
+def test_the_capture_prompts_rows_run_behind_a_gate_of_their_own(row, most):
+    """dspark-capture-prompts(-32): a gate of its own whose prompts capture at loads up to 8 (32) whatever the
+    cell decides (``capture_prompts``), the engine's gate (off) back after the row; its runs record the prompts
+    it captured that way. Not default rows."""
     from types import SimpleNamespace
 
     from bench.speedup import DEFAULT_ROWS, RunResult, row_gate
     from specd.engine.spec_gate import SpecGate
 
-    assert "dspark-capture-prompts" not in DEFAULT_ROWS
+    assert row not in DEFAULT_ROWS
     gate = SpecGate()
     engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: SimpleNamespace(rounds=None))
-    with row_gate(engine, "dspark-capture-prompts", {}):
-        assert engine.spec_gate is not gate and engine.spec_gate.capture_prompts == 8
-    assert engine.spec_gate is gate and gate.capture_prompts is None
+    with row_gate(engine, row, {}):
+        assert engine.spec_gate is not gate and engine.spec_gate.capture_prompts == most
+        assert engine.spec_gate.captures_prompt(most) and not engine.spec_gate.captures_prompt(2 * most)
+    assert engine.spec_gate is gate and gate.capture_prompts is None and not gate.captures_prompt(1)
     assert RunResult.__dataclass_fields__["gate_prompts_captured_anyway"].default == 0
 
 
