@@ -167,12 +167,18 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # default (runs LA, LB, H200): 1.127x `none` over 25 cells against 1.111, so it became the default. A
     # diagnostic, not a default row
     "dspark-opening-priced": {"method": "dspark", "schedule": "confidence", "gamma": None, "steady_price": False},
+    # scheduled dspark behind a gate whose prompt classes remember ~200 drafting steps instead of ~20
+    # (``SpecGate.class_decay`` 0.995), through a gate of its own: session 55 (H100, support at c = 1) found
+    # resting requests predicted at 1.53-1.55 tokens a sequence, the tail of the phase that had just ended,
+    # where the class's drafting steps averaged 2.05-2.13 and fixed γ = 7 ran 1.55x `none` against the
+    # schedule's 1.28-1.46. A diagnostic, not a default row; not GPU-run yet
+    "dspark-class-long": {"method": "dspark", "schedule": "confidence", "gamma": None, "class_decay": 0.995},
 }
 DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection", "dspark-g7-rejection",
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
                    "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager",
                    "dspark-capture-prompts", "dspark-capture-prompts-32", "dspark-fuse-late", "dspark-g7-fuse-late", "dspark-keep-context",
-                   "dspark-markov-ref", "dspark-calibrated", "dspark-opening-priced")
+                   "dspark-markov-ref", "dspark-calibrated", "dspark-opening-priced", "dspark-class-long")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -419,7 +425,7 @@ def gc_split(d: dict) -> dict[str, list[float]]:
 # ROWS keys for the row's own gate (SpecGate settings, or its verify, draft or projection path), not request fields
 GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "charge_steps", "plain_clip", "gate",
                  "verify", "graphs", "absorb", "spans", "capture_prompts", "fuse", "keep_context", "markov",
-                 "calibrate", "steady_price")
+                 "calibrate", "steady_price", "class_decay")
 
 
 @contextmanager

@@ -17,6 +17,7 @@ RESTING_DECAY = 0.95 # weight a request's record keeps at each step it rests: it
 CLASS_TOKENS = 32    # a prompt class is the first 32 prompt tokens: the chat template's system turn, so one
                      # application's requests share a class and different applications' do not
 CLASS_DECAY = 0.95   # weight of a class's older drafting steps: pooled over its requests, ~20 steps of memory
+                     # (``SpecGate(class_decay=...)`` sets another; the row dspark-class-long runs 0.995)
 
 
 @dataclass(frozen=True)
@@ -118,16 +119,17 @@ class ClassRecord:
     samples: int = 0
     promptless_tokens: float = 0.0
     promptless_steps: float = 0.0
+    decay: float = CLASS_DECAY    # weight of the older drafting steps at each new one (both records)
 
     def add(self, tokens: int) -> None:
-        self.tokens = self.tokens * CLASS_DECAY + tokens
-        self.steps = self.steps * CLASS_DECAY + 1.0
+        self.tokens = self.tokens * self.decay + tokens
+        self.steps = self.steps * self.decay + 1.0
         self.samples += 1
 
     def add_promptless(self, tokens: int) -> None:
         """A drafting step from a context without its prompt: its own record, not the exploration count."""
-        self.promptless_tokens = self.promptless_tokens * CLASS_DECAY + tokens
-        self.promptless_steps = self.promptless_steps * CLASS_DECAY + 1.0
+        self.promptless_tokens = self.promptless_tokens * self.decay + tokens
+        self.promptless_steps = self.promptless_steps * self.decay + 1.0
 
 
 @dataclass

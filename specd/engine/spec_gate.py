@@ -314,19 +314,21 @@ class SpecGate:
                  charge_steps: float | None = CHARGE_STEPS, plain_clip: float | None = PLAIN_CLIP,
                  capture_prompts: int | None = None, trace_steps: int = TRACE_STEPS,
                  keep_context: int | None = None, keep_near: float = KEEP_NEAR, calibrate: bool = False,
-                 steady_price: bool = True):
+                 steady_price: bool = True, class_decay: float = CLASS_DECAY):
         if (min_samples < 1 or probe_steps < 1 or probe_every < 1 or probe_max < probe_every
                 or not 0 < decay <= 1 or not 0 <= margin < 1 or not 0 < probe_budget <= 1 or prior_steps < 0
                 or warmup < 0 or probe_cut is not None and not probe_cut >= 1
                 or charge_steps is not None and not charge_steps > 0
                 or plain_clip is not None and not plain_clip >= 1
                 or capture_prompts is not None and not capture_prompts >= 1
-                or keep_context is not None and not keep_context >= 1 or not 0 <= keep_near <= 1):
+                or keep_context is not None and not keep_context >= 1 or not 0 <= keep_near <= 1
+                or not 0 < class_decay <= 1):
             raise GateError(f"bad gate settings: min_samples={min_samples}, probe_every={probe_every}, "
                             f"probe_max={probe_max}, probe_steps={probe_steps}, decay={decay}, margin={margin}, "
                             f"probe_budget={probe_budget}, prior_steps={prior_steps}, warmup={warmup}, "
                             f"probe_cut={probe_cut}, charge_steps={charge_steps}, plain_clip={plain_clip}, "
-                            f"capture_prompts={capture_prompts}, keep_context={keep_context}, keep_near={keep_near}")
+                            f"capture_prompts={capture_prompts}, keep_context={keep_context}, keep_near={keep_near}, "
+                            f"class_decay={class_decay}")
         self.warmup = warmup
         # True: gated requests draft in a step with prompt chunks where the measured steps say drafting
         # wins (``drafts_beside_prompts``). Off: on the H200 it lost (session 13, run AP, in the same run:
@@ -372,6 +374,13 @@ class SpecGate:
         # extraction at c = 16 1.37x against 0.99 (b16 phases opened at 7.5-8.1 ms a step and settled at 5.2).
         # ``bench speedup``'s dspark-opening-priced row runs the old rule
         self.steady_price = steady_price
+        # the weight a prompt class's pooled record keeps of its older drafting steps at each new one
+        # (``ClassRecord.decay``): where a resting request's estimate drifts back to (``Acceptance.rest``).
+        # 0.95 is ~20 drafting steps: at c = 1 the tail of the last drafting phase, which ended because its
+        # drafts stopped being accepted (session 55, H100, support c = 1: rests predicted 1.53-1.55 tokens a
+        # sequence, the class's drafting steps averaged 2.05-2.13, fixed γ = 7's τ was 2.43 over all its
+        # steps). ``bench speedup``'s dspark-class-long row runs 0.995 (~200 steps); not GPU-run yet
+        self.class_decay = class_decay
         # reports each cell keeps for the records, its first ones and its latest ones (``trace``). More than
         # the default only for a diagnosis: session 47's question (why a resting b4 cell priced drafting at
         # 8.8 ms) needed a cell's whole history, and 16 reports held two probes. ``bench speedup
@@ -394,7 +403,7 @@ class SpecGate:
         key = (method, prompt_class(prompt))
         group = self.classes.get(key)
         if group is None:
-            group = self.classes[key] = ClassRecord()
+            group = self.classes[key] = ClassRecord(decay=self.class_decay)
             if len(self.classes) > MAX_CLASSES:
                 self.classes.popitem(last=False)
         else:

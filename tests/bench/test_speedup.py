@@ -493,6 +493,23 @@ def test_a_boolean_gate_rule_row_runs_behind_a_gate_of_its_own(row, setting, val
     assert engine.spec_gate is gate and getattr(gate, setting) is (not value)
 
 
+def test_the_class_long_row_runs_behind_a_gate_whose_classes_remember_longer():
+    """dspark-class-long: a gate of its own whose prompt classes keep 0.995 of their older drafting steps at
+    each new one (``SpecGate.class_decay``); the engine's gate keeps the default. Not a default row."""
+    from types import SimpleNamespace
+
+    from bench.speedup import DEFAULT_ROWS, row_gate
+    from specd.engine.gate_records import CLASS_DECAY
+    from specd.engine.spec_gate import SpecGate
+
+    assert "dspark-class-long" not in DEFAULT_ROWS
+    gate = SpecGate()
+    engine = SimpleNamespace(spec_gate=gate, greedy_chain=True, _proposer=lambda method: SimpleNamespace(rounds=None))
+    with row_gate(engine, "dspark-class-long", {}):
+        assert engine.spec_gate is not gate and engine.spec_gate.record("dspark", [1] * 40).group.decay == 0.995
+    assert engine.spec_gate is gate and gate.record("dspark", [1] * 40).group.decay == CLASS_DECAY
+
+
 def test_collector_passes_are_split_by_generation_and_summed_over_runs():
     d = {"gc_gen0_passes_total": 3, "gc_gen0_seconds_total": 0.0006, "gc_gen1_passes_total": 0,
          "gc_gen1_seconds_total": 0.0, "gc_gen2_passes_total": 1, "gc_gen2_seconds_total": 0.15}

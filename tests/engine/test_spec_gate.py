@@ -164,8 +164,8 @@ def test_a_probe_is_cut_on_a_sample_only():
 
 
 @pytest.mark.parametrize("setting, value", [("probe_cut", 0.5), ("charge_steps", 0.0), ("charge_steps", -1.0),
-                                            ("plain_clip", 0.5)])
-def test_a_bad_probe_cut_charge_cap_or_plain_clip_is_refused(setting, value):
+                                            ("plain_clip", 0.5), ("class_decay", 0.0), ("class_decay", 1.5)])
+def test_a_bad_probe_cut_charge_cap_plain_clip_or_class_decay_is_refused(setting, value):
     with pytest.raises(GateError, match=f"{setting}={value}"):
         SpecGate(**{setting: value})
 
@@ -2293,6 +2293,39 @@ def test_only_steps_from_a_whole_drafter_context_feed_the_class():
     assert group is gapped.group and group.samples == 2            # the gapped step is the request's own only
     assert group.tokens == pytest.approx(3 * 0.95 + 2)
     assert gapped.steps == pytest.approx(1.8) and gapped.tokens == pytest.approx(1 * 0.8 + 2)
+
+
+def test_a_long_class_memory_brings_a_resting_request_back_to_its_class_not_its_last_phase_tail():
+    """Session 55 (H100, support at c = 1): a drafting phase goes on until its drafts stop being accepted, so
+    the ~20 drafting steps a class remembers by default (``CLASS_DECAY``) are mostly the last phase's tail,
+    and a request resting after it drifts back to that (``Acceptance.rest``): rests predicted 1.53-1.55
+    tokens a sequence where the class's drafting steps averaged 2.05-2.13. Here three requests of one class
+    each draft 12 steps at 3 tokens and 12 at 1 (a mean of 2), then rest 40 steps, in a b1 cell where
+    drafting pays from ~1.72 tokens a step. The default class record reads ~1.7 and the request rests; with
+    ``class_decay`` 0.995 (~200 steps, the dspark-class-long row) it reads ~2 and the request drafts."""
+    from specd.engine.gate_records import CLASS_DECAY
+
+    got = {}
+    for decay in (CLASS_DECAY, 0.995):
+        gate = SpecGate(warmup=0, min_samples=2, probe_every=500, probe_steps=3, class_decay=decay)
+        for i in range(20):                                   # drafting: 2.5 tokens a 3 ms step
+            gate.observe("dspark", 1, True, 3 if i % 2 else 2, 0.003)
+        for _ in range(20):                                   # plain: 1 token a 1.8 ms step
+            gate.observe("dspark", 1, False, 1, 0.0018)
+        for _ in range(3):
+            request = gate.record("dspark", [5] * 40)
+            for tokens in [3] * 12 + [1] * 12:
+                request.add(tokens)
+            for _ in range(40):
+                request.rest()
+        group = request.group
+        assert group.decay == decay and group.samples == 72
+        got[decay] = (group.tokens / group.steps, gate.acceptance("dspark", 1, [request]),
+                      gate.should_draft("dspark", 1, measured=False, requests=[request]))
+    (default_class, default_estimate, default_drafts), (long_class, long_estimate, long_drafts) = got.values()
+    assert default_class < 1.75 and long_class == pytest.approx(2.0, abs=0.05)
+    assert default_estimate < 1.70 < long_estimate
+    assert not default_drafts and long_drafts
 
 
 def test_a_request_without_its_prompt_is_rated_by_its_class_prompt_less_drafts():
