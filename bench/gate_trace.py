@@ -9,6 +9,8 @@ predictions imply.
     python -m bench.gate_trace RESULT --phase-steps [--row R]
     python -m bench.gate_trace RESULT --replay-steady [--row R]
     python -m bench.gate_trace RESULT --phase-tokens [--lasting 6] [--row R]
+    python -m bench.gate_trace RESULT --replay-class [--class-prior long|probes] [--row R]
+    python -m bench.gate_trace RESULT --reasons [--against dspark-g7] [--row R]
 
 Why: every `bench speedup` result keeps each gate cell's first reports (``gate_trace``, the run's whole
 start) and, after each (workload, concurrency) cell, its latest ones (``gate_recent``; a row behind a gate of
@@ -130,6 +132,48 @@ def prices(result: dict, against: str = "dspark-g7", row: str | None = None, key
                     "against_tau": rows[against].get("tau"),
                     "ratio": scheduled.get("p50"), "against_ratio": rows[against].get("throughput_ratio", {}).get("p50")})
     return out
+
+
+REASONS = ("explore", "class", "probe", "winner")
+
+
+def reasons(result: dict, against: str = "dspark-g7", row: str | None = None, key: str = "dspark") -> list[dict]:
+    """For every (workload, concurrency) cell of a run: the tokens a sequence its gate's drafting steps emitted
+    by why they drafted (``REASONS``: exploring, a class exploring, a probe, the predicted winner), as
+    (tokens / sequences, steps), beside the τ ``against`` (a fixed-γ row, which drafts every step) measured
+    in the same cell. Warm-ups are left out.
+
+    Why: the gate learns acceptance from the steps it drafts, and the winner's steps are chosen by a
+    prediction, so they run high (selection). A fixed-γ row drafts every step, and a probe drafts when its
+    wait ends, not because a prediction chose it. Session 55 (H100, run MA; ``--against dspark-g7``):
+    knowledge c = 1 winner steps 3.17 a sequence, probes 1.44, fixed γ = 7 τ 1.57; creative c = 1 1.58,
+    1.27 and 1.25; support c = 1 2.36, 1.94 and 2.43 (its probes open phases, ~10-20% dearer in acceptance
+    there, ``phase_tokens``). So a record fed by the winner's steps rates a class above what drafting it
+    would emit, where the gate drafts only in its good stretches. Reads records only."""
+    out = []
+    for workload, level, cell, _, fresh in fresh_cells(result, row, key):
+        by: dict[str, list] = {}
+        for r in fresh:
+            if r[DRAFTED] and r[USED] and r[SEQUENCES]:
+                got = by.setdefault(r[REASON], [0, 0, 0])
+                got[0] += r[TOKENS]
+                got[1] += r[SEQUENCES]
+                got[2] += 1
+        if by:
+            out.append({"workload": workload, "concurrency": level,
+                        "reasons": {reason: (t / n, steps) for reason, (t, n, steps) in by.items()},
+                        "against_tau": cell.get("rows", {}).get(against, {}).get("tau")})
+    return out
+
+
+def reasons_table(entries: list[dict], against: str) -> str:
+    def cell(e, reason):
+        got = e["reasons"].get(reason)
+        return "-" if got is None else f"{got[0]:.2f} ({got[1]})"
+
+    return markdown(["workload", "c"] + [f"{reason} tok/seq (steps)" for reason in REASONS] + [f"{against} τ"],
+                    [[e["workload"], e["concurrency"]] + [cell(e, reason) for reason in REASONS]
+                     + ["-" if e["against_tau"] is None else f"{e['against_tau']:.2f}"] for e in entries])
 
 
 def new_reports(previous: list[list], current: list[list]) -> list[list]:
@@ -268,6 +312,79 @@ def replay_steady(result: dict, row: str | None = None, key: str = "dspark") -> 
             out.append({"workload": workload, "concurrency": level, "winner_rests": rests, "would_draft": drafts,
                         "opening": steady.opening})
     return out
+
+
+def replay_class(result: dict, row: str | None = None, key: str = "dspark", prior: str = "long",
+                 decay: float = 0.995) -> list[dict]:
+    """What a gate whose requests start from another class record would have made of the steps its gate
+    decided as the winner on a prediction: per (workload, concurrency) cell, the rests and how many would
+    have drafted, the drafting steps and how many would have rested, and the two class records after the
+    cell. ``prior``: "long", the class remembering ``decay`` of its older drafting steps instead of
+    ``CLASS_DECAY`` (``SpecGate.class_decay``, the dspark-class-long row); "probes", a record of the class's
+    probe steps only, shrunk toward the default start by ``PRIOR_STEPS`` (not built: probes draft when
+    their wait ends, not when a prediction chose them, ``reasons``). One class a workload (the bench's
+    prompts open with their workload's system turn); the records learn every drafting step in the reports,
+    each sequence at the step's mean; the cell's drafting acceptance (the start's own prior) from the same
+    reports, as ``replay_steady`` rebuilds it. A step moves by the two starts' difference, and drafts when
+    its predicted drafting rate, scaled by that, beats plain decoding by ``MARGIN``.
+
+    An upper bound on what moves, and a counterfactual like ``replay_steady``: the whole prediction moves,
+    as if each request's own record had drifted all the way back to its start (``RESTING_DECAY``); classes
+    are per workload; steps the cell did not report (a class's exploring steps) are missing; and a changed
+    decision would change everything after it. Session 55 (runs MA, MC, ME): "long" drafts most of support
+    c = 1's rests (312 of 412 in MA), but also creative c = 1's (2,404 of 3,020 in MC) and knowledge
+    c = 1's (410 of 412 in ME), where fixed γ = 7 ran 0.82 and 0.97x `none`; "probes" rests most of support
+    c = 4-8's drafting steps in ME (230 of 332, 273 of 292) and extraction's (a class with one probe)."""
+    from specd.engine.gate_records import CLASS_DECAY, ClassRecord
+    from specd.engine.spec_gate import DECAY, MARGIN, PRIOR_STEPS, Cell
+
+    if prior not in ("long", "probes"):
+        raise PoolError(f"unknown class prior {prior!r}: long or probes")
+    k = PRIOR_STEPS
+    out, classes, cells = [], {}, {}
+    for workload, level, _, name, fresh in fresh_cells(result, row, key):
+        default, other = classes.setdefault(workload, (ClassRecord(), ClassRecord(
+            decay=decay if prior == "long" else CLASS_DECAY)))
+        cell = cells.setdefault(name, Cell())
+        rests = drafts = drafted = rested = 0
+        for r in fresh:
+            if not r[USED] or not r[SEQUENCES]:
+                continue
+            own = cell.draft.per_drafter_step
+            if r[REASON] == "winner" and r[ACCEPTANCE] and r[PREDICTED] and default.steps and own > 0:
+                start = (default.tokens + k * own) / (default.steps + k)
+                moved = ((other.tokens + k * own) / (other.steps + k) if prior == "long"
+                         else (other.tokens + k * start) / (other.steps + k))
+                wins = r[PREDICTED] * (r[ACCEPTANCE] + moved - start) / r[ACCEPTANCE] > r[PLAIN] * (1.0 + MARGIN)
+                if r[DRAFTED]:
+                    drafted += 1
+                    rested += not wins
+                else:
+                    rests += 1
+                    drafts += wins
+            cell.draft.age(DECAY)
+            if r[DRAFTED]:
+                cell.draft.add(r[TOKENS], r[MS] / 1e3, r[SEQUENCES])
+                for _ in range(r[SEQUENCES]):
+                    default.add(r[TOKENS] / r[SEQUENCES])
+                    if prior == "long" or r[REASON] == "probe":
+                        other.add(r[TOKENS] / r[SEQUENCES])
+        if rests or drafted:
+            out.append({"workload": workload, "concurrency": level, "winner_rests": rests, "would_draft": drafts,
+                        "winner_drafts": drafted, "would_rest": rested,
+                        "class": default.tokens / default.steps if default.steps else None,
+                        "other": other.tokens / other.steps if other.steps else None})
+    return out
+
+
+def class_table(entries: list[dict], prior: str = "long") -> str:
+    def num(v):
+        return "-" if v is None else f"{v:.2f}"
+
+    return markdown(["workload", "c", "rested as the winner", f"would draft ({prior})", "drafted as the winner",
+                     f"would rest ({prior})", "class record after", f"{prior} record after"],
+                    [[e["workload"], e["concurrency"], e["winner_rests"], e["would_draft"], e["winner_drafts"],
+                      e["would_rest"], num(e["class"]), num(e["other"])] for e in entries])
 
 
 def steady_table(entries: list[dict]) -> str:
@@ -433,12 +550,23 @@ def main(argv: list[str] | None = None) -> int:
                    "winner and how many a steady-priced gate (SpecGate.steady_price) would have drafted, from the "
                    "records of a gate priced as measured (--row dspark-opening-priced since session 54; a "
                    "counterfactual, replay_steady())")
+    p.add_argument("--reasons", action="store_true",
+                   help="instead of one cell: per (workload, concurrency) cell, the tokens a sequence of the gate's "
+                   "drafting steps by why they drafted (explore, class, probe, winner) beside the --against row's "
+                   "τ (reasons(): the winner's steps are chosen by a prediction)")
+    p.add_argument("--replay-class", action="store_true",
+                   help="instead of one cell: per (workload, concurrency) cell, the steps the gate decided as the "
+                   "winner and how many would have gone the other way with requests started from another class "
+                   "record (--class-prior; a counterfactual upper bound, replay_class())")
+    p.add_argument("--class-prior", choices=("long", "probes"), default="long",
+                   help="with --replay-class: long, the class remembering ~200 drafting steps (SpecGate.class_decay "
+                   "0.995, the dspark-class-long row); probes, a record of the class's probe steps only (not built)")
     p.add_argument("--phase-tokens", action="store_true",
                    help="instead of one cell: per workload, the tokens a sequence drafting steps emitted by their "
                    "place in a drafting phase, over every phase and over the phases of at least --lasting steps "
                    "(phase_tokens(): the later places of every phase hold only the phases that won)")
     p.add_argument("--lasting", type=positive_int, default=6, help="with --phase-tokens: a phase's steps to count as lasting")
-    p.add_argument("--against", default="dspark-g7", help="with --prices: the fixed-γ row to compare with")
+    p.add_argument("--against", default="dspark-g7", help="with --prices or --reasons: the fixed-γ row to compare with")
     p.add_argument("--at", default=None, help="workload:concurrency, e.g. extraction.eval:4: that cell's latest "
                                               "reports (default: the run's first reports)")
     p.add_argument("--row", default=None, help="with --at or any view but --cell alone: the reports of this row's "
@@ -450,6 +578,11 @@ def main(argv: list[str] | None = None) -> int:
                         "no drafting step of a full batch in any cell"),
         "phase_tokens": (lambda r: phase_tokens(r, args.row, lasting=args.lasting),
                          lambda e: tokens_table(e, lasting=args.lasting), "no drafting step in any cell"),
+        "reasons": (lambda r: reasons(r, args.against, args.row), lambda e: reasons_table(e, args.against),
+                    "no drafting step in any cell"),
+        "replay_class": (lambda r: replay_class(r, args.row, prior=args.class_prior),
+                         lambda e: class_table(e, args.class_prior),
+                         "no step decided as the winner on a prediction in any cell"),
         "replay_calibration": (lambda r: replay_calibration(r, args.row), replay_table, undecided),
         "replay_steady": (lambda r: replay_steady(r, args.row), steady_table,
                           "no step rested as the winner on a prediction in any cell"),
@@ -460,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [flag for flag in views if getattr(args, flag)]
     if len(chosen) + (args.cell is not None) != 1:
         p.error("give one of --cell CELL, --prices, --calibration, --replay-calibration, --replay-steady, "
-                "--phase-steps or --phase-tokens")
+                "--replay-class, --reasons, --phase-steps or --phase-tokens")
     try:
         result = load(args.result)
         if args.row is not None:

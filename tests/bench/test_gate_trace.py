@@ -233,3 +233,58 @@ def test_a_row_without_a_gate_of_its_own_is_refused_by_name(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(path), "--phase-steps", "--row", "dspark"])
     assert "row 'dspark' ran no gate of its own in this run (rows that did: ngram-gated)" in capsys.readouterr().err
+
+
+def test_reasons_split_a_cells_drafting_steps_by_why_they_drafted_beside_the_fixed_rows_tau(tmp_path, capsys):
+    """Per (workload, concurrency): tokens a sequence of the drafting steps by reason (warm-ups and rests
+    left out), beside the fixed-γ row's τ; a cell without that row shows '-'."""
+    from bench.gate_trace import reasons
+
+    def d(tokens, reason, used=1):
+        return [1, tokens, 3.0, 1, used, reason, 2.0, 700.0, 500.0]
+
+    rest = [0, 1, 2.0, 1, 1, "winner", 1.5, 400.0, 500.0]
+    window = [d(4, "explore"), d(2, "probe"), d(1, "probe"), d(9, "probe", used=0), d(3, "winner"), d(4, "winner"),
+              rest]
+    result = {"workloads": {"knowledge.eval": {"1": {"gate_recent": {"dspark_b1": window},
+                                                     "rows": {"dspark-g7": {"tau": 1.57}}}}}}
+    (got,) = reasons(result)
+    assert got["reasons"] == {"explore": (4.0, 1), "probe": (1.5, 2), "winner": (3.5, 2)}
+    assert got["against_tau"] == 1.57
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result))
+    assert main([str(path), "--reasons"]) == 0
+    assert "| knowledge.eval | 1 | 4.00 (1) | - | 1.50 (2) | 3.50 (2) | 1.57 |" in capsys.readouterr().out
+    assert main([str(path), "--reasons", "--against", "ngram"]) == 0
+    assert "| knowledge.eval | 1 | 4.00 (1) | - | 1.50 (2) | 3.50 (2) | - |" in capsys.readouterr().out
+
+
+def test_the_class_replay_moves_each_winner_decision_by_the_two_starts_difference(tmp_path, capsys):
+    """A class that drafted a good stretch (3 tokens a step, 30 steps) and then a bad tail (1 token, 12 steps):
+    the default record (0.95) holds mostly the tail, the long one (0.995) both; a rest predicted at 1.5
+    tokens and 0.95 of plain decoding's rate would draft on the long record's start, a rest predicted at
+    0.5 of it would not. Probe steps alone (1 token here) move it down instead: the winner's drafting step
+    after the rests would rest."""
+    from bench.gate_trace import replay_class
+
+    def d(tokens, reason="winner"):
+        return [1, tokens, 3.0, 1, 1, reason, 2.0, 700.0, 500.0]
+
+    def rest(rate):
+        return [0, 1, 2.0, 1, 1, "winner", 1.5, rate, 500.0]
+
+    window = ([d(3)] * 30 + [d(1)] * 10 + [d(1, "probe")] * 2 + [rest(475.0), rest(250.0)]
+              + [[1, 2, 3.0, 1, 1, "winner", 2.0, 560.0, 500.0]])
+    result = {"workloads": {"support.eval": {"1": {"gate_recent": {"dspark_b1": window}}}}}
+    (long,) = replay_class(result)
+    assert (long["winner_rests"], long["would_draft"]) == (2, 1)
+    assert long["class"] < 2.1 < long["other"]
+    (probes,) = replay_class(result, prior="probes")
+    assert (probes["winner_rests"], probes["would_draft"]) == (2, 0)
+    assert probes["other"] == pytest.approx(1.0) and (probes["winner_drafts"], probes["would_rest"]) == (40, 1)
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result))
+    assert main([str(path), "--replay-class"]) == 0
+    assert "| support.eval | 1 | 2 | 1 |" in capsys.readouterr().out
+    with pytest.raises(PoolError, match="unknown class prior"):
+        replay_class(result, prior="recent")
