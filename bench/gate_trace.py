@@ -147,9 +147,9 @@ def reasons(result: dict, against: str = "dspark-g7", row: str | None = None, ke
     prediction, so they run high (selection). A fixed-γ row drafts every step, and a probe drafts when its
     wait ends, not because a prediction chose it. Session 55 (H100, run MA; ``--against dspark-g7``):
     knowledge c = 1 winner steps 3.17 a sequence, probes 1.44, fixed γ = 7 τ 1.57; creative c = 1 1.58,
-    1.27 and 1.25; support c = 1 2.36, 1.94 and 2.43 (its probes open phases, ~10-20% dearer in acceptance
-    there, ``phase_tokens``). So a record fed by the winner's steps rates a class above what drafting it
-    would emit, where the gate drafts only in its good stretches. Reads records only."""
+    1.27 and 1.25; support c = 1 2.36, 1.94 and 2.43 (its probes open phases, whose first steps emit ~10%
+    fewer tokens there, ``phase_tokens``). So a record fed by the winner's steps rates a class above what
+    drafting it would emit, where the gate drafts only in its good stretches. Reads records only."""
     out = []
     for workload, level, cell, _, fresh in fresh_cells(result, row, key):
         by: dict[str, list] = {}
