@@ -471,8 +471,13 @@ def phase_tokens(result: dict, row: str | None = None, key: str = "dspark", long
     return out
 
 
+def ordinals(longest: int) -> list[str]:
+    """The places before ``longest`` as table heads: 1st, 2nd, 3rd, 4th, ..."""
+    return [f"{i}{'st' if i == 1 else 'nd' if i == 2 else 'rd' if i == 3 else 'th'}" for i in range(1, longest)]
+
+
 def tokens_table(entries: list[dict], longest: int = 4, lasting: int = 6) -> str:
-    heads = [f"{i}{'st' if i == 1 else 'nd' if i == 2 else 'rd' if i == 3 else 'th'}" for i in range(1, longest)]
+    heads = ordinals(longest)
     rows = []
     for e in entries:
         for kind, phases, label in (("all", e["phases"], "every phase"), ("lasting", e["lasted"], f"≥ {lasting} steps")):
@@ -483,7 +488,7 @@ def tokens_table(entries: list[dict], longest: int = 4, lasting: int = 6) -> str
 
 
 def phase_table(entries: list[dict], longest: int = 4) -> str:
-    heads = [f"{i}{'st' if i == 1 else 'nd' if i == 2 else 'rd' if i == 3 else 'th'}" for i in range(1, longest)]
+    heads = ordinals(longest)
     lines = ["| gate cell | " + " | ".join(f"{h} step ms (n)" for h in heads) + f" | {longest}th and later ms (n) |",
              "|---" * (longest + 1) + "|"]
     for e in entries:
