@@ -155,24 +155,34 @@ def reasons(result: dict, against: str = "dspark-g7", row: str | None = None, ke
         by: dict[str, list] = {}
         for r in fresh:
             if r[DRAFTED] and r[USED] and r[SEQUENCES]:
-                got = by.setdefault(r[REASON], [0, 0, 0])
-                got[0] += r[TOKENS]
-                got[1] += r[SEQUENCES]
-                got[2] += 1
+                tally(by, r[REASON], r)
         if by:
-            out.append({"workload": workload, "concurrency": level,
-                        "reasons": {reason: (t / n, steps) for reason, (t, n, steps) in by.items()},
+            out.append({"workload": workload, "concurrency": level, "reasons": per_sequence(by),
                         "against_tau": cell.get("rows", {}).get(against, {}).get("tau")})
     return out
 
 
-def reasons_table(entries: list[dict], against: str) -> str:
-    def cell(e, reason):
-        got = e["reasons"].get(reason)
-        return "-" if got is None else f"{got[0]:.2f} ({got[1]})"
+def tally(by: dict, key, report: list) -> None:
+    """Add ``report``'s emitted tokens and sequences, and one step, to ``by[key]`` ([tokens, sequences, steps])."""
+    got = by.setdefault(key, [0, 0, 0])
+    got[0] += report[TOKENS]
+    got[1] += report[SEQUENCES]
+    got[2] += 1
 
+
+def per_sequence(by: dict) -> dict:
+    """``tally``'s sums as {key: (tokens a sequence, steps)}, in key order."""
+    return {key: (tokens / sequences, steps) for key, (tokens, sequences, steps) in sorted(by.items())}
+
+
+def counted(got: tuple | None) -> str:
+    """A table cell for a (value, how many) pair: the value to 2 places and the count; '-' for none."""
+    return "-" if got is None else f"{got[0]:.2f} ({got[1]})"
+
+
+def reasons_table(entries: list[dict], against: str) -> str:
     return markdown(["workload", "c"] + [f"{reason} tok/seq (steps)" for reason in REASONS] + [f"{against} τ"],
-                    [[e["workload"], e["concurrency"]] + [cell(e, reason) for reason in REASONS]
+                    [[e["workload"], e["concurrency"]] + [counted(e["reasons"].get(reason)) for reason in REASONS]
                      + ["-" if e["against_tau"] is None else f"{e['against_tau']:.2f}"] for e in entries])
 
 
@@ -458,16 +468,13 @@ def phase_tokens(result: dict, row: str | None = None, key: str = "dspark", long
                 if not (r[USED] and r[SEQUENCES]):
                     continue
                 for kind in ("all", "lasting") if lasted else ("all",):
-                    got = entry[kind].setdefault(min(at, longest), [0.0, 0, 0])
-                    got[0] += r[TOKENS]
-                    got[1] += r[SEQUENCES]
-                    got[2] += 1
+                    tally(entry[kind], min(at, longest), r)
     out = []
     for workload, entry in by.items():
         if not entry["phases"]:
             continue
-        out.append({"workload": workload, "phases": entry["phases"], "lasted": entry["lasted"], **{
-            kind: {at: (t / s, n) for at, (t, s, n) in sorted(entry[kind].items())} for kind in ("all", "lasting")}})
+        out.append({"workload": workload, "phases": entry["phases"], "lasted": entry["lasted"],
+                    **{kind: per_sequence(entry[kind]) for kind in ("all", "lasting")}})
     return out
 
 
@@ -477,24 +484,17 @@ def ordinals(longest: int) -> list[str]:
 
 
 def tokens_table(entries: list[dict], longest: int = 4, lasting: int = 6) -> str:
-    heads = ordinals(longest)
     rows = []
     for e in entries:
         for kind, phases, label in (("all", e["phases"], "every phase"), ("lasting", e["lasted"], f"≥ {lasting} steps")):
-            rows.append([e["workload"], label, phases] + [
-                f"{e[kind][i][0]:.2f} ({e[kind][i][1]})" if i in e[kind] else "-" for i in range(1, longest + 1)])
-    return markdown(["workload", "phases", "how many"] + [f"{h} step tok/seq (n)" for h in heads]
+            rows.append([e["workload"], label, phases] + [counted(e[kind].get(i)) for i in range(1, longest + 1)])
+    return markdown(["workload", "phases", "how many"] + [f"{h} step tok/seq (n)" for h in ordinals(longest)]
                     + [f"{longest}th and later tok/seq (n)"], rows)
 
 
 def phase_table(entries: list[dict], longest: int = 4) -> str:
-    heads = ordinals(longest)
-    lines = ["| gate cell | " + " | ".join(f"{h} step ms (n)" for h in heads) + f" | {longest}th and later ms (n) |",
-             "|---" * (longest + 1) + "|"]
-    for e in entries:
-        cols = [f"{e['steps'][i][0]:.2f} ({e['steps'][i][1]})" if i in e["steps"] else "-" for i in range(1, longest + 1)]
-        lines.append(f"| {e['cell']} | " + " | ".join(cols) + " |")
-    return "\n".join(lines)
+    return markdown(["gate cell"] + [f"{h} step ms (n)" for h in ordinals(longest)] + [f"{longest}th and later ms (n)"],
+                    [[e["cell"]] + [counted(e["steps"].get(i)) for i in range(1, longest + 1)] for e in entries])
 
 
 def markdown(heads: list[str], rows: list[list]) -> str:
