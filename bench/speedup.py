@@ -68,6 +68,12 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     "ngram": {"method": "ngram", "schedule": "fixed", "gamma": 7},
     "ngram-gated": {"method": "ngram", "schedule": "gated", "gamma": 7},
     "dspark-g7-gated": {"method": "dspark", "schedule": "gated", "gamma": 7},
+    # each request runs dspark (scheduled) or ngram (gated, γ = 7), the one whose finished requests of its
+    # prompt class decoded fastest at its load (specd/engine/method_choice.py), through a gate of its own so
+    # that its dspark cells are not the dspark row's. Session 55 (H100, runs MA + MB): ngram 1.62 / 1.26x
+    # `none` at c = 1 / 4 against the schedule's 1.28 / 1.18, ahead on creative and support, behind on
+    # coding and knowledge; the better of the two per cell would have been 1.67 / 1.33 / 1.21 / 1.15 / 1.06
+    "auto": {"method": "auto", "schedule": None, "gamma": None, "own": True},
     # scheduled dspark with the gate's drafts beside prompt chunks on (``SpecGate.beside_prompts``, off by
     # default: session 13, run AP measured it against the default in the same run), through a gate of
     # its own (``row_gate``); not a default row
@@ -302,6 +308,9 @@ class RunResult:
     # the garbage collector's passes during the run, by generation: [passes, ms] (kvd/gc_pauses.py).
     # A full pass over the process's heap took 113-182 ms on the CPU machine, against 2-10 ms steps
     gc_pauses: dict[str, list[float]] = field(default_factory=dict)
+    # the auto row's requests by the method they were given (specd/engine/method_choice.py), and "probes":
+    # how many of them re-measured a cell's losing method; empty for other rows
+    auto_methods: dict[str, int] = field(default_factory=dict)
 
 
 PHASES = ("schedule_seconds_total", "forward_seconds_total", "output_seconds_total", "commit_seconds_total")
@@ -316,7 +325,8 @@ STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_tot
 
 def _delta(before: dict, after: dict) -> dict:
     keys = set(STAT_KEYS) | {k for k in after
-                             if k.startswith(("spec_scheduled_len", "spec_gate_drafted_", "step_", "gc_gen"))}
+                             if k.startswith(("spec_scheduled_len", "spec_gate_drafted_", "step_", "gc_gen",
+                                              "spec_auto_"))}
     return {k: after.get(k, 0) - before.get(k, 0) for k in keys}
 
 
@@ -412,8 +422,28 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         gate_prompts_captured_anyway=int(d.get("spec_prompts_captured_anyway_total", 0)),
         gate_context_kept_steps=int(d.get("spec_context_kept_steps_total", 0)),
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d), draft_phases=draft_phases(d),
-        gc_pauses=gc_split(d), finish_reasons=dict(sorted(reasons.items())),
+        gc_pauses=gc_split(d), finish_reasons=dict(sorted(reasons.items())), auto_methods=auto_split(d),
         finish_cohorts=dict(sorted(cohorts.items(), key=lambda kv: int(kv[0]))))
+
+
+def auto_split(d: dict) -> dict[str, int]:
+    """The auto requests of a stats delta by method given, and the probes among them (empty: none)."""
+    out = {k.removeprefix("spec_auto_").removesuffix("_requests_total"): int(v) for k, v in sorted(d.items())
+           if k.startswith("spec_auto_") and k.endswith("_requests_total") and v}
+    if out and d.get("spec_auto_probes_total"):
+        out["probes"] = int(d["spec_auto_probes_total"])
+    return out
+
+
+def auto_line(runs: list[dict]) -> str:
+    """One cell's auto requests over its runs: "dspark 12, ngram 52 (probes 3)"; "" without any."""
+    total: Counter = Counter()
+    for r in runs:
+        total.update(r.get("auto_methods", {}))
+    probes = total.pop("probes", 0)
+    if not total:
+        return ""
+    return ", ".join(f"{m} {n}" for m, n in sorted(total.items())) + (f" (probes {probes})" if probes else "")
 
 
 def gc_split(d: dict) -> dict[str, list[float]]:
@@ -425,7 +455,7 @@ def gc_split(d: dict) -> dict[str, list[float]]:
 # ROWS keys for the row's own gate (SpecGate settings, or its verify, draft or projection path), not request fields
 GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "charge_steps", "plain_clip", "gate",
                  "verify", "graphs", "absorb", "spans", "capture_prompts", "fuse", "keep_context", "markov",
-                 "calibrate", "steady_price", "class_decay")
+                 "calibrate", "steady_price", "class_decay", "own")
 
 
 @contextmanager
@@ -443,6 +473,7 @@ def row_gate(engine, row: str, own: dict):
     if gate is None or not settings:
         yield
         return
+    settings.pop("own", None)                     # a gate of its own with the default settings
     rejection = settings.pop("verify", None) == "rejection"
     spans = settings.pop("spans", True)
     swaps = []        # (object, attribute, value while the row runs): each put back after it
@@ -691,6 +722,9 @@ def render_markdown(result: dict) -> str:
                 if all(kinds.values()):
                     lines.append("  - steps per run by kind, count (ms each, tokens each): "
                                  + "; ".join(f"{row}: {line}" for row, line in kinds.items()))
+            if "auto" in cell["rows"] and auto_line(cell["rows"]["auto"]["runs"]):
+                lines.append(f"- auto at concurrency {level}, requests by method over the timed runs: "
+                             f"{auto_line(cell['rows']['auto']['runs'])}")
         lines.append("")
     lines += ["## Summary across workloads (geometric mean of p50 throughput ratios; per-user in brackets)", "",
               "| row | " + " | ".join(f"c={c}" for c in result["concurrency"]) + " |",
@@ -845,6 +879,10 @@ def _available_rows(engine, rows: list[str]) -> tuple[list[str], list[str], dict
             keep.append(row)
             continue
         try:
+            if method == "auto":
+                engine.auto_candidates()          # servable when one of the deployment's auto_methods is
+                keep.append(row)
+                continue
             cap[method] = engine.max_draft_tokens(method)
         except EngineError:
             skipped.append(row)
@@ -856,10 +894,23 @@ def _available_rows(engine, rows: list[str]) -> tuple[list[str], list[str], dict
 EXTRA_WARMUPS = 3   # more warm-up runs a gated row gets, at most, while its gate cell still explores
 
 
+AUTO_KEYS = ("dspark", "ngram_gated")   # the gate keys of the auto row's requests (the default auto_methods)
+
+
+def gate_keys(row: str) -> tuple[str, ...]:
+    """Every gate key a row's requests may run under: the auto row's candidates', else ``gate_key``'s."""
+    if ROWS[row]["method"] == "auto":
+        return AUTO_KEYS
+    key = gate_key(row)
+    return () if key is None else (key,)
+
+
 def gate_key(row: str) -> str | None:
     """The spec gate's key for a row's requests, None if the gate does not decide for them (fixed γ and
-    plain decoding; the confidence schedule and the gated one are gated)."""
+    plain decoding; the confidence schedule and the gated one are gated; the auto row: ``gate_keys``)."""
     spec = ROWS[row]
+    if spec["method"] == "auto":
+        return None
     if spec["schedule"] not in ("confidence", "gated"):
         return None
     return gate_key_name(spec["method"], spec["schedule"])
@@ -884,14 +935,14 @@ def finish_exploring(engine, row: str, level: int, warm) -> dict[int, int]:
     too, 5-19 such decisions a run on coding. A server that has seen these loads once has explored them.
     The timed runs measure the steady state, probes included; the JSON lists the extra warm-ups per cell
     and bucket (``gate_extra_warmups``)."""
-    key, gate = gate_key(row), getattr(engine, "spec_gate", None)
-    if not key or gate is None:
+    keys, gate = gate_keys(row), getattr(engine, "spec_gate", None)
+    if not keys or gate is None:
         return {}
     top = load_bucket(level)
     extra: dict[int, int] = {}
     for bucket in [top] + [1 << i for i in range(top.bit_length() - 2, -1, -1)]:     # then top/2, ..., 1
         runs = 0
-        while runs < EXTRA_WARMUPS and bucket in gate.exploring(key):
+        while runs < EXTRA_WARMUPS and any(bucket in gate.exploring(key) for key in keys):
             warm(f"x{bucket}-{runs}", level if bucket == top else bucket)
             runs += 1
         if runs:

@@ -43,8 +43,9 @@ class SpeculationParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    method: Literal["none", "ngram", "dspark", "dflash", "eagle3"] | None = Field(
-        None, description="Speculation method; 'none' turns speculation off for this request.")
+    method: Literal["none", "ngram", "dspark", "dflash", "eagle3", "auto"] | None = Field(
+        None, description="Speculation method; 'none' turns speculation off for this request; 'auto' lets the "
+                          "engine pick one of its auto_methods by what ran fastest for this kind of prompt.")
     schedule: Literal["confidence", "fixed", "gated"] | None = Field(
         None, description="confidence: the causal scheduler picks how many drafts to verify; fixed: all of them, "
                           "every step; gated: all of them, in the steps where drafting is measured faster.")
@@ -54,6 +55,9 @@ class SpeculationParams(BaseModel):
     def _knobs_need_speculation(self) -> "SpeculationParams":
         if self.method == "none" and (self.schedule is not None or self.num_speculative_tokens is not None):
             raise ValueError("'schedule' and 'num_speculative_tokens' need a speculation method other than 'none'")
+        if self.method == "auto" and (self.schedule is not None or self.num_speculative_tokens is not None):
+            raise ValueError("'auto' picks the method and its schedule: leave 'schedule' and "
+                             "'num_speculative_tokens' unset")
         return self
 
     def request_fields(self) -> dict:

@@ -50,8 +50,16 @@ class EngineConfig(BaseModel):
     )
     tenant_salt: str = Field("", description="Cache namespace salt: blocks are shared only within one salt.")
     speculation: str = Field(
-        "none", pattern="^(none|ngram|dspark|dflash|eagle3)$",
-        description="Speculative decoding method for requests that do not choose one.",
+        "none", pattern="^(none|ngram|dspark|dflash|eagle3|auto)$",
+        description="Speculative decoding method for requests that do not choose one. auto: each request "
+                    "runs one of auto_methods, the one whose requests of its prompt class decoded fastest at "
+                    "the load it starts at (specd/engine/method_choice.py).",
+    )
+    auto_methods: str = Field(
+        "dspark,ngram", pattern="^(ngram|dspark|dflash|eagle3)(,(ngram|dspark|dflash|eagle3))*$",
+        description="The methods an auto request chooses among, comma-separated, ties to the first. Those the "
+                    "deployment cannot serve (no drafter) are left out; each runs behind the measured gate "
+                    "(the confidence schedule where its drafter has a confidence head, else gated).",
     )
     num_speculative_tokens: int = Field(7, ge=1, le=32, description="Draft tokens proposed per verification (gamma).")
     drafter: Path | None = Field(None, description="Trained drafter directory (dspark, dflash, eagle3); its "

@@ -32,7 +32,7 @@ from specd.engine.scheduler import ScheduledSeq, Scheduler
 from specd.engine.greedy_verify import GreedyVerify
 from specd.engine.speculation import METHODS, Draft, MixedVerify, VerifyInputs, prepare_verify, verify_prepared
 from specd.engine.gating import GateSteps, confidence_scheduled
-from specd.engine.spec_gate import SpecGate
+from specd.engine.spec_gate import SpecGate, load_bucket, prompt_class
 from specd.engine.spec_scheduler import SpsProfile, calibrate, profile_points, schedule_verify
 from specd.engine.sequence import Sequence, SeqStatus
 from specd.loader import load_model, resolve_device, resolve_dtype
@@ -138,6 +138,8 @@ class SpecEngine(GateSteps):
         self._scheduled_lengths: collections.Counter[int] = collections.Counter()   # ℓ chosen per scheduled draft
         self._proposers: dict = {}
         self._admissions: dict = {}      # speculation settings -> (method, gate key, proposer): ``_admit_speculation``
+        self._auto_pending: list[Sequence] = []   # admitted with method auto, its method not chosen yet (``_resolve_auto``)
+        self._auto_candidates: tuple[str, ...] | None = None   # the auto methods this deployment serves
         self.sps: SpsProfile | None = None      # SPS(B) of verify steps, measured on first scheduled draft
         self._track_overhead = False            # True once the engine measured self.sps (an injected one is kept as is)
         self._scheduled_step = False            # this step's drafts went through the scheduler
@@ -173,7 +175,9 @@ class SpecEngine(GateSteps):
             sampler.warm(self.device, self.model.config.vocab_size)
         if self._warming():
             for method in dict.fromkeys([config.speculation, *config.drafters]):
-                if method != "none":
+                if method == "auto":
+                    self.auto_candidates()
+                elif method != "none":
                     self._proposer(method)
         self._gc = gc_pauses.pauses()       # the collector's passes, in stats(): the process owner may freeze
 
@@ -239,15 +243,68 @@ class SpecEngine(GateSteps):
         if request.params.seed is not None:
             gen = torch.Generator().manual_seed(request.params.seed)
         seq = Sequence(request, Detokenizer(self.tokenizer.decode, request.params.stop), gen)
-        seq.method, seq.gate_key = method, gate_key
-        if seq.gate_key is not None and self.spec_gate is not None:
-            seq.gate_acceptance = self.spec_gate.record(seq.gate_key, request.prompt_ids)
         self._seqs[request.id] = seq
         self.scheduler.add(seq)
-        if self._rest_chain is not None and self._rest_chain.span:
-            self._join_span(seq)            # a rest span covers the requests that join its bound (gating.py)
+        if method == "auto":
+            self._auto_pending.append(seq)      # runs as `none` until its first step chooses (``_resolve_auto``)
+        else:
+            self._assign_method(seq, method, gate_key)
         self._counters["requests_total"] += 1
         self._counters["prompt_tokens_total"] += n
+
+    def _assign_method(self, seq: Sequence, method: str, gate_key: str | None) -> None:
+        """Fix a queued request's method and gate key for its whole life, with its gate record."""
+        seq.method, seq.gate_key = method, gate_key
+        if seq.gate_key is not None and self.spec_gate is not None:
+            seq.gate_acceptance = self.spec_gate.record(seq.gate_key, seq.request.prompt_ids)
+        if self._rest_chain is not None and self._rest_chain.span:
+            self._join_span(seq)            # a rest span covers the requests that join its bound (gating.py)
+
+    def auto_candidates(self) -> tuple[str, ...]:
+        """The methods an auto request chooses among: the deployment's ``auto_methods`` that it can serve
+        (a trained method without a drafter is left out), loaded. EngineError when none can be."""
+        if self._auto_candidates is None:
+            served = []
+            for method in self.config.auto_methods.split(","):
+                try:
+                    self._proposer(method)
+                except EngineError as exc:
+                    log.info("auto speculation leaves out %s: %s", method, exc)
+                    continue
+                served.append(method)
+            if not served:
+                raise EngineError("bad_request", f"speculation 'auto' has no method it can serve among "
+                                                 f"{self.config.auto_methods!r}")
+            self._auto_candidates = tuple(served)
+        return self._auto_candidates
+
+    def _auto_schedule(self, method: str) -> str:
+        """An auto request's schedule: the confidence schedule where the drafter has a confidence head, else
+        gated (fixed γ where the measured gate finds drafting faster). Both rest where drafting loses."""
+        return "confidence" if self._gated(self._proposer(method), "confidence") else "gated"
+
+    def _resolve_auto(self) -> None:
+        """Choose the method of each request admitted with method auto (``SpecGate.methods``), at the top of
+        the step that first schedules it. Why not at admission: in a closed loop the requests that finished
+        in one step are replaced one by one, and a burst of arrivals is added one at a time, so the load at
+        admission understates the load the request runs at (c = 32's first wave would be spread over buckets
+        1 to 16). Here every request admitted since the last step counts. The choice is the request's own
+        settings from then on (its ``speculation`` and ``spec_schedule``), so every later step reads it as a
+        request that asked for that method."""
+        pending, self._auto_pending = self._auto_pending, []
+        pending = [seq for seq in pending if seq.status is not SeqStatus.FINISHED]
+        if not pending:
+            return
+        candidates = self.auto_candidates()
+        bucket = load_bucket(len(self._seqs))
+        chooser = self.spec_gate.methods if self.spec_gate is not None else None
+        for seq in pending:
+            req = seq.request
+            cls = prompt_class(req.prompt_ids)
+            method = chooser.choose(cls, bucket, candidates) if chooser is not None else candidates[0]
+            req.speculation, req.spec_schedule = method, self._auto_schedule(method)
+            self._assign_method(seq, method, self._gate_key_for(method, req))
+            seq.auto_choice = (chooser, cls, bucket)
 
     def warm(self, prompt_ids: list[int]) -> bool:
         """Prefetch on arrival: have kvd start promoting the prompt's cached prefix now, before the request
@@ -279,7 +336,7 @@ class SpecEngine(GateSteps):
             return kept[0], kept[1]
         self._check_speculation(request)
         method = request.speculation or self.config.speculation
-        gate_key = self._gate_key_for(method, request)
+        gate_key = None if method == "auto" else self._gate_key_for(method, request)
         if key is not None:
             self._admissions[key] = (method, gate_key, self._proposers.get(method))
         return method, gate_key
@@ -298,6 +355,12 @@ class SpecEngine(GateSteps):
             if schedule is not None or gamma is not None:
                 raise EngineError("bad_request", "a speculation schedule or num_speculative_tokens needs a "
                                                  "speculation method other than 'none'")
+            return
+        if method == "auto":
+            if schedule is not None or gamma is not None:
+                raise EngineError("bad_request", "speculation 'auto' picks the method and its schedule: leave "
+                                                 "the schedule and num_speculative_tokens unset")
+            self.auto_candidates()
             return
         proposer = self._proposer(method)
         most = self.max_draft_tokens(method)
@@ -342,6 +405,8 @@ class SpecEngine(GateSteps):
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         self._maybe_reconnect()
+        if self._auto_pending:
+            self._resolve_auto()
         self.drafts.settle()
         cold = self._cold_events()
         t0 = time.perf_counter()
@@ -861,6 +926,10 @@ class SpecEngine(GateSteps):
         self.blocks.free(seq, hints)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
         self._seqs.pop(seq.id, None)
+        if seq.auto_choice is not None and seq.auto_choice[0] is not None:   # its decode rate, for the next
+            chooser, cls, bucket = seq.auto_choice                            # auto requests of its class
+            decoded = 0.0 if seq.first_token_s is None else max(0.0, time.monotonic() - seq.first_token_s)
+            chooser.observe(cls, bucket, seq.method, max(0, len(seq.output_ids) - 1), decoded)
         self._counters["requests_finished"] += 1
 
     def _fail_unschedulable(self, outputs: list[RequestOutput]) -> None:

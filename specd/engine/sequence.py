@@ -50,6 +50,8 @@ class Sequence:
     spec_accepted: int = 0
     gate_acceptance: Acceptance = field(default_factory=Acceptance)   # its drafting steps, for the spec gate
     gate_key: str | None = None                 # its spec gate cell family (None: not gated), set at admission
+    auto_choice: tuple | None = None            # admitted as auto: (chooser or None, prompt class, load bucket)
+                                                # that chose its method, told its decode rate when it finishes
     method: str = "none"                        # its speculation method: the request's, else the deployment's,
                                                 # set at admission; an attribute, not a lookup: every step's
                                                 # walks over the batch read it (timed alone, 4.3 → 2.1 µs a
@@ -122,7 +124,8 @@ class Sequence:
             ttft_s=ttft,
             queue_s=queue,
             parked_s=self.parked_total_s,
-            speculation=None if not self.spec_verifications else {
+            speculation=None if not self.spec_verifications and self.auto_choice is None else {
                 "verifications": self.spec_verifications, "drafted_tokens": self.spec_drafted,
-                "accepted_tokens": self.spec_accepted},
+                "accepted_tokens": self.spec_accepted,
+                **({"method": self.method} if self.auto_choice is not None else {})},   # auto: which one ran
         )

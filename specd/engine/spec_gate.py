@@ -86,6 +86,7 @@ from math import ceil, inf
 
 from specd.engine.gate_records import (CLASS_DECAY, CLASS_TOKENS, REQUEST_DECAY,  # noqa: F401 (re-exported)
                                        RESTING_DECAY, Acceptance, ClassRecord, Drafters, Rate, prompt_class)
+from specd.engine.method_choice import MethodChoice
 
 MIN_SAMPLES = 5      # measured steps per arm before the comparison is trusted (drafting explored first);
                      # a step's accepted drafts vary a lot, so fewer samples often misjudge drafting
@@ -393,6 +394,9 @@ class SpecGate:
         # measured steps that drafted, by why (DRAFT_REASONS): what a run's drafting steps were for
         self.drafted_by = dict.fromkeys(DRAFT_REASONS, 0)
         self.charged_s = 0.0       # capture steps' time charged to drafting samples (``charge``), in all
+        # which method each request of method auto runs (specd/engine/method_choice.py): here so that a
+        # benchmark row with a gate of its own (``bench.speedup.row_gate``) chooses from its own requests
+        self.methods = MethodChoice()
 
     def record(self, method: str, prompt: list[int]) -> Acceptance:
         """A new request's acceptance record, tied to its prompt class's pooled record under ``method``
@@ -1070,4 +1074,6 @@ class SpecGate:
             out[f"{name}_probe_wait_steps"] = cell.wait
             out[f"{name}_calibration"] = cell.calibration
             out[f"{name}_opening"] = cell.opening
+        if self.methods.chosen:
+            out.update(self.methods.stats())
         return out

@@ -88,7 +88,8 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                      "--max-tokens", "12", "--repeats", "2", "--warmup-tokens", "2", "--out", str(out)])
     assert rc == 0
     result = json.loads((out / "speedup.json").read_text())
-    assert result["rows"] == ["none", "none-aa", "dspark", "dspark-g7", "ngram", "ngram-gated", "dspark-g7-gated"]
+    assert result["rows"] == ["none", "none-aa", "dspark", "dspark-g7", "ngram", "ngram-gated", "dspark-g7-gated",
+                              "auto"]
     assert result["skipped_rows"] == ["dflash-g7", "eagle3"]            # no drafter given for them
     assert result["fused_elementwise"] is False                         # the torch norms and rotary (CPU)
     assert result["gc"] == "freeze"             # the heap frozen after each cell's warm-ups, as specd does
@@ -96,9 +97,11 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     md = (out / "speedup.md").read_text()
     assert f"Model `{MODEL}` on cpu;" in md
     assert "Garbage-collector passes in timed runs (--gc freeze): generation 2: " in md
-    assert "Host drift (output and commit ms per step over the row's fastest repeat of the cell), timed runs of 56:" in md
+    assert "Host drift (output and commit ms per step over the row's fastest repeat of the cell), timed runs of 64:" in md
     assert result["cpus"] is None                # unpinned unless --cpus
     assert result["row_settings"]["ngram-gated"]["spec_schedule"] == "gated"
+    assert result["row_settings"]["auto"] == {"speculation": "auto", "spec_schedule": None,
+                                              "num_speculative_tokens": None}
     assert result["row_settings"]["dspark-g7"] == {"speculation": "dspark", "spec_schedule": "fixed",
                                                    "num_speculative_tokens": 7}
     assert set(result["workloads"]) == {"stories-greedy", "stories-t1"}
@@ -132,6 +135,12 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                     assert all(n >= 1 and ms >= 0 for n, ms in x["gc_pauses"].values())
                     if row.startswith("none"):
                         assert "draft" not in kinds
+                    # the auto row's 3 requests each went to dspark or ngram; no other row has any
+                    given = {m: n for m, n in x["auto_methods"].items() if m != "probes"}
+                    if row == "auto":
+                        assert sum(given.values()) == 3 and set(given) <= {"dspark", "ngram"}
+                    else:
+                        assert given == {}
                 if row == "none":
                     assert r["tau"] is None and r["throughput_ratio"]["p50"] == pytest.approx(1.0)
                 elif row == "none-aa":      # the A/A row: the same plain decoding, timed as a row of its own
@@ -154,7 +163,8 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     assert "## stories-greedy" in md and "## Summary across workloads" in md
     assert md.count("never slower than none at concurrency") == 4
     assert md.count("  - steps per run by kind, count (ms each, tokens each): none: prompt ") == 4
-    assert "Timed runs that captured CUDA graphs: 0 of 56" in md          # CPU: no graphs at all (2 × 2 × 7 rows × 2)
+    assert "- auto at concurrency 3, requests by method over the timed runs: " in md
+    assert "Timed runs that captured CUDA graphs: 0 of 64" in md          # CPU: no graphs at all (2 × 2 × 8 rows × 2)
     from bench.speedup import NOISE_BAND, noise_floor
     band, aa = noise_floor(result, SCHEDULED, NOISE_BAND), noise_floor(result, "none-aa", NOISE_BAND)
     assert (f"Within a 3% band (ratios ≥ 0.97): scheduled dspark fails in {band['failed']} of 4 cells, "

@@ -118,6 +118,14 @@ def test_speculation_is_chosen_per_request_and_reported_in_usage(oai):
     assert plain.usage.speculation == {"verifications": 0, "drafted_tokens": 0, "accepted_tokens": 0}
     spec = fast.usage.speculation
     assert spec["verifications"] > 0 and 0 < spec["accepted_tokens"] <= spec["drafted_tokens"]
+    # auto: this deployment has no dspark drafter, so its one candidate is ngram, and usage says so
+    auto = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0,
+                                  extra_body={"speculation": {"method": "auto"}})
+    assert auto.choices[0].text == plain.choices[0].text
+    assert auto.usage.speculation["method"] == "ngram"
+    with pytest.raises(openai.BadRequestError):   # auto picks the schedule itself
+        oai.completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                               extra_body={"speculation": {"method": "auto", "schedule": "fixed"}})
 
 
 def test_unknown_or_unavailable_speculation_is_a_400(oai):

@@ -1,0 +1,152 @@
+"""Which speculation method a request of method ``auto`` runs: per (prompt class, load bucket), the candidate
+whose finished requests decoded fastest, measured on whole requests.
+
+Why a choice per request class and not one method per deployment: in session 55's table (H100, runs MA + MB,
+docs/results/speedup.md) fixed-γ ngram ran 2.12x `none` on creative at c = 1 where scheduled dspark ran 0.99x,
+and 1.88x against 1.28x on support; on coding dspark led (1.36x against 1.18x) and on knowledge at c ≥ 4. No
+single method wins every workload, and a server's traffic mixes them.
+
+Why whole requests and not the spec gate's step records: the gate learns acceptance from the steps it chose
+to draft (session 55, ``bench.gate_trace --reasons``), so its records of a method are selected, high where the
+method drafts little. A finished request's decode rate, output tokens over the time from its first token to
+its finish, counts every step it ran, drafting or resting, at the load it ran under: it is the per-user
+throughput the table reports. It is noisier (answers differ in length and content) and slower to learn (one
+sample a request), which is why a cell explores every candidate on ``EXPLORE`` requests before it compares
+them and decays the older ones slowly.
+
+The choice is made at a request's first step and never changes, and it depends only on requests that finished
+before: each method's verification stays lossless, so the mixture is too.
+
+Pure logic: the engine (``SpecEngine._resolve_auto``) asks ``choose`` and reports ``observe``; the spec gate
+owns one chooser (``SpecGate.methods``), so a benchmark row with a gate of its own has a chooser of its own.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+EXPLORE = 2          # finished requests of each candidate in a cell before the cell compares them
+DECAY = 0.8          # weight of a candidate's older requests at each new one (~5 requests of memory)
+PROBE_FIRST = 8      # admissions a cell gives its winner before the first request that re-measures the loser
+PROBE_MOST = 64      # the longest wait: it doubles each time a probe finds the winner still ahead (a loser
+                     # 2x slower costs ≤ 1/64 of a request's worth of time at the longest wait, ~0.8%)
+MARGIN = 0.02        # a candidate takes over from the winner only when faster by this fraction (noise)
+MAX_CELLS = 4096     # (class, bucket) cells remembered, least recently used forgotten first
+
+
+class ChoiceError(ValueError):
+    """A bad setting or measurement for the method chooser."""
+
+
+@dataclass
+class Arm:
+    """One candidate's decayed record in a cell: its finished requests' output tokens and decode seconds,
+    and the requests admitted to it (undecayed, for the exploration's round robin)."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    finished: int = 0
+    admitted: int = 0
+
+    @property
+    def rate(self) -> float:
+        """Tokens per second of one request's decode: the per-user rate."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class ChoiceCell:
+    """One (prompt class, load bucket): each candidate's record and the probe clock."""
+
+    arms: dict[str, Arm] = field(default_factory=dict)
+    winner: str | None = None     # the candidate last found fastest (None: still exploring)
+    since: int = 0                # admissions to the winner since the last probe
+    wait: int = PROBE_FIRST       # admissions between probes
+    probing: str | None = None    # the loser a probe request went to, until one of its requests finishes
+
+
+class MethodChoice:
+    """Per (prompt class, load bucket): explore each candidate on ``explore`` requests (round robin), then
+    run the fastest by its finished requests' decode rate, re-measuring the others by one request every
+    ``wait`` admissions (doubling while the winner holds, from ``probe_first`` to ``probe_most``)."""
+
+    def __init__(self, explore: int = EXPLORE, decay: float = DECAY, probe_first: int = PROBE_FIRST,
+                 probe_most: int = PROBE_MOST, margin: float = MARGIN, max_cells: int = MAX_CELLS):
+        if explore < 1 or not 0.0 <= decay < 1.0 or probe_first < 1 or probe_most < probe_first or margin < 0:
+            raise ChoiceError(f"bad method choice settings: explore={explore}, decay={decay}, probe_first="
+                              f"{probe_first}, probe_most={probe_most}, margin={margin}")
+        self.explore, self.decay, self.margin = explore, decay, margin
+        self.probe_first, self.probe_most, self.max_cells = probe_first, probe_most, max_cells
+        self.cells: OrderedDict[tuple, ChoiceCell] = OrderedDict()
+        self.chosen: dict[str, int] = {}          # requests given each method, in all (stats)
+        self.probes = 0                           # of them, probes of a cell's loser
+
+    def _cell(self, key: tuple) -> ChoiceCell:
+        cell = self.cells.get(key)
+        if cell is None:
+            cell = self.cells[key] = ChoiceCell()
+            if len(self.cells) > self.max_cells:
+                self.cells.popitem(last=False)
+        else:
+            self.cells.move_to_end(key)
+        return cell
+
+    def choose(self, prompt_class: tuple, bucket: int, candidates: tuple[str, ...] | list[str]) -> str:
+        """The method for one new request of ``prompt_class`` at load ``bucket``, among ``candidates`` (the
+        served ones, in the deployment's order of preference: ties go to the first)."""
+        if not candidates:
+            raise ChoiceError("no candidate method to choose from")
+        cell = self._cell((prompt_class, bucket))
+        arms = [cell.arms.setdefault(m, Arm()) for m in candidates]
+        young = [(arm.admitted, i) for i, arm in enumerate(arms) if arm.finished < self.explore]
+        if young:                                 # explore: the least admitted young candidate
+            method = candidates[min(young)[1]]
+        else:
+            method = self._winner(cell, candidates)
+            if cell.since >= cell.wait and cell.probing is None and len(candidates) > 1:
+                rates = {m: cell.arms[m].rate for m in candidates if m != method}
+                method = cell.probing = max(rates, key=rates.get)     # the best loser
+                cell.since = 0
+                self.probes += 1
+            else:
+                cell.since += 1
+        cell.arms[method].admitted += 1
+        self.chosen[method] = self.chosen.get(method, 0) + 1
+        return method
+
+    def _winner(self, cell: ChoiceCell, candidates) -> str:
+        """The fastest candidate; the holder keeps its place unless another beats it by ``margin``."""
+        best = max(candidates, key=lambda m: cell.arms[m].rate)
+        held = cell.winner if cell.winner in candidates else None
+        if held is not None and cell.arms[best].rate <= cell.arms[held].rate * (1.0 + self.margin):
+            best = held
+        if best != cell.winner:
+            cell.winner, cell.wait, cell.since = best, self.probe_first, 0
+        return best
+
+    def observe(self, prompt_class: tuple, bucket: int, method: str, tokens: int, seconds: float) -> None:
+        """A request chosen here finished: ``tokens`` output tokens after its first, over ``seconds`` from its
+        first token to its finish. A request of one token, or one measured in no time, says nothing."""
+        if tokens < 0 or seconds < 0 or seconds != seconds:
+            raise ChoiceError(f"bad request measurement: {tokens} tokens in {seconds} s")
+        cell = self.cells.get((prompt_class, bucket))
+        if cell is None:          # forgotten since (MAX_CELLS): its choice is made again from nothing
+            return
+        if tokens > 0 and seconds > 0:
+            arm = cell.arms.setdefault(method, Arm())
+            arm.tokens = arm.tokens * self.decay + tokens
+            arm.seconds = arm.seconds * self.decay + seconds
+            arm.finished += 1
+        if cell.probing == method:                # the probe's answer (an empty one too: an aborted probe must
+                                                  # not stop the probes): the winner held, or it lost its place
+            cell.probing = None
+            held = cell.winner
+            if held is not None and self._winner(cell, list(cell.arms)) == held:
+                cell.wait = min(self.probe_most, cell.wait * 2)
+
+    def stats(self) -> dict[str, int]:
+        """Requests given each method, and the probes among them."""
+        out = {f"spec_auto_{m}_requests_total": n for m, n in sorted(self.chosen.items())}
+        out["spec_auto_probes_total"] = self.probes
+        out["spec_auto_cells"] = len(self.cells)
+        return out

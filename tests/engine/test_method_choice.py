@@ -1,0 +1,213 @@
+"""Speculation method `auto`: the chooser's rules on made-up measurements (specd/engine/method_choice.py),
+then the engine on stories260K choosing between dspark and ngram per request, losslessly, with bad
+settings refused."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from specd.engine.config import EngineConfig
+from specd.engine.engine import SpecEngine
+from specd.engine.errors import EngineError
+from specd.engine.method_choice import ChoiceError, MethodChoice
+from specd.engine.request import Request
+from specd.sampling_params import SamplingParams, SpeculationParams
+from tests.greedy_runs import batch_outputs
+
+CLS = (1, 2, 3)
+BOTH = ("dspark", "ngram")
+
+
+def admit(chooser: MethodChoice, n: int, bucket: int = 1, cls=CLS) -> list[str]:
+    return [chooser.choose(cls, bucket, BOTH) for _ in range(n)]
+
+
+def finish(chooser: MethodChoice, method: str, rate: float, n: int = 1, bucket: int = 1, cls=CLS) -> None:
+    for _ in range(n):
+        chooser.observe(cls, bucket, method, 100, 100 / rate)
+
+
+def test_every_candidate_is_explored_before_any_comparison():
+    chooser = MethodChoice(explore=2)
+    assert admit(chooser, 4) == ["dspark", "ngram", "dspark", "ngram"]      # round robin, ties to the first
+    finish(chooser, "dspark", 500.0, n=2)
+    finish(chooser, "ngram", 100.0, n=1)
+    # ngram has one finished request of the two it needs: it alone is young, so it takes the next one
+    assert admit(chooser, 1) == ["ngram"]
+    finish(chooser, "ngram", 100.0, n=1)
+    assert chooser.cells[(CLS, 1)].winner is None
+    assert admit(chooser, 3) == ["dspark"] * 3
+    assert chooser.cells[(CLS, 1)].winner == "dspark"
+
+
+def test_the_faster_candidate_wins_and_the_loser_is_probed_ever_more_rarely():
+    chooser = MethodChoice(explore=1, probe_first=4, probe_most=16)
+    admit(chooser, 2)
+    finish(chooser, "dspark", 100.0)
+    finish(chooser, "ngram", 300.0)
+    got = admit(chooser, 5)
+    assert got == ["ngram"] * 4 + ["dspark"]        # four to the winner, then a probe of the loser
+    assert chooser.probes == 1
+    assert admit(chooser, 3) == ["ngram"] * 3        # no second probe while the first is unanswered ...
+    finish(chooser, "dspark", 100.0)                 # ... answered: ngram still wins, the wait doubles
+    cell = chooser.cells[(CLS, 1)]
+    assert cell.winner == "ngram" and cell.wait == 8 and cell.probing is None
+    got = admit(chooser, 6)                          # 3 admissions since the probe, then 5 more to reach 8
+    assert got == ["ngram"] * 5 + ["dspark"]
+    finish(chooser, "dspark", 100.0)
+    assert cell.wait == 16
+    admit(chooser, 17)
+    finish(chooser, "dspark", 100.0)
+    assert cell.wait == 16                           # at most probe_most
+
+
+def test_a_probe_that_finds_the_loser_faster_hands_it_the_cell():
+    chooser = MethodChoice(explore=1, probe_first=2, decay=0.0)
+    admit(chooser, 2)
+    finish(chooser, "dspark", 100.0)
+    finish(chooser, "ngram", 300.0)
+    assert admit(chooser, 3) == ["ngram", "ngram", "dspark"]
+    finish(chooser, "dspark", 900.0)                 # decay 0: the newest request is the record
+    assert admit(chooser, 1) == ["dspark"]
+    cell = chooser.cells[(CLS, 1)]
+    assert cell.winner == "dspark" and cell.wait == 2
+
+
+def test_the_holder_keeps_the_cell_within_the_margin():
+    chooser = MethodChoice(explore=1, margin=0.05, decay=0.0)
+    admit(chooser, 2)
+    finish(chooser, "dspark", 100.0)
+    finish(chooser, "ngram", 90.0)
+    assert admit(chooser, 1) == ["dspark"]
+    finish(chooser, "ngram", 104.0)                  # 4% faster: inside the margin, dspark holds
+    assert admit(chooser, 1) == ["dspark"]
+    finish(chooser, "ngram", 106.0)                  # 6%: ngram takes over
+    assert admit(chooser, 1) == ["ngram"]
+
+
+def test_classes_and_loads_are_separate_cells():
+    chooser = MethodChoice(explore=1, decay=0.0)
+    admit(chooser, 2, bucket=1)
+    finish(chooser, "dspark", 100.0, bucket=1)
+    finish(chooser, "ngram", 300.0, bucket=1)
+    assert admit(chooser, 1, bucket=1) == ["ngram"]
+    assert admit(chooser, 2, bucket=16) == ["dspark", "ngram"]          # a new load explores again
+    assert admit(chooser, 2, cls=(9,)) == ["dspark", "ngram"]           # so does a new class
+
+
+def test_an_empty_or_aborted_request_says_nothing_but_ends_its_probe():
+    chooser = MethodChoice(explore=1, probe_first=1)
+    admit(chooser, 2)
+    chooser.observe(CLS, 1, "dspark", 0, 1.0)        # one token: no rate
+    chooser.observe(CLS, 1, "ngram", 10, 0.0)        # no time: no rate
+    assert chooser.cells[(CLS, 1)].arms["dspark"].finished == 0
+    finish(chooser, "dspark", 100.0)
+    finish(chooser, "ngram", 300.0)
+    assert admit(chooser, 2) == ["ngram", "dspark"]
+    chooser.observe(CLS, 1, "dspark", 0, 0.0)        # the probe was aborted before its second token
+    assert chooser.cells[(CLS, 1)].probing is None
+    assert "dspark" in admit(chooser, 3)             # and the probes go on
+    chooser.observe((7,), 4, "dspark", 10, 1.0)      # a cell never chosen in: ignored
+
+
+@pytest.mark.parametrize("kwargs", [{"explore": 0}, {"decay": 1.0}, {"probe_first": 0},
+                                    {"probe_first": 8, "probe_most": 4}, {"margin": -0.1}])
+def test_bad_settings_and_measurements_are_refused(kwargs):
+    with pytest.raises(ChoiceError):
+        MethodChoice(**kwargs)
+    chooser = MethodChoice()
+    with pytest.raises(ChoiceError):
+        chooser.observe(CLS, 1, "dspark", -1, 1.0)
+    with pytest.raises(ChoiceError):
+        chooser.observe(CLS, 1, "dspark", 1, float("nan"))
+    with pytest.raises(ChoiceError):
+        chooser.choose(CLS, 1, ())
+
+
+# ---- the engine ---------------------------------------------------------------------------------------
+DSPARK = Path(__file__).resolve().parents[2] / "models" / "drafters" / "stories260K-dspark"
+PROMPTS = ["Once upon a time, there was a", "Tom had a big dog. The dog", "One day, Lily went to the",
+           "The cat sat on the mat. The cat sat on the mat. The cat sat on the"]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return SpecEngine.from_config(EngineConfig(max_num_seqs=8, num_local_blocks=2048, speculation="auto",
+                                               drafters={"dspark": DSPARK}, device="cpu"))
+
+
+def test_auto_requests_run_both_candidates_and_match_plain_decoding(engine):
+    """Greedy, 3 waves of 8: every auto request takes dspark or ngram (both, while the cell explores), on
+    the schedule the chooser gives it, and its tokens are plain decoding's: each method is lossless, and the
+    choice is made from earlier requests only."""
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
+    params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)] * 8
+    want = batch_outputs(engine, "plain-", prompts, params, "none")
+    chosen = []
+    real = engine._assign_method
+
+    def spy(seq, method, gate_key):
+        chosen.append((seq.request.speculation, seq.request.spec_schedule, gate_key))
+        return real(seq, method, gate_key)
+
+    engine._assign_method = spy
+    verified = engine.stats()["spec_verifications_total"]
+    finished = []
+    real_finish = engine._finish
+    engine._finish = lambda seq, reason: (finished.append(seq), real_finish(seq, reason))[1]
+    try:
+        for wave in range(3):
+            got = batch_outputs(engine, f"auto{wave}-", prompts, params, None)
+            assert got == want, f"wave {wave}: auto parted from plain decoding"
+    finally:
+        engine._assign_method = real
+        engine._finish = real_finish
+    # each auto request's usage says which method it ran, drafted or not
+    assert [seq.usage().speculation["method"] for seq in finished] == [seq.method for seq in finished]
+    assert {seq.method for seq in finished} == {"dspark", "ngram"}
+    assert len(chosen) == 24
+    assert {c[0] for c in chosen} == {"dspark", "ngram"}
+    assert {(m, s, k) for m, s, k in chosen} <= {("dspark", "confidence", "dspark"), ("ngram", "gated", "ngram_gated")}
+    stats = engine.stats()
+    assert stats["spec_auto_dspark_requests_total"] + stats["spec_auto_ngram_requests_total"] == 24
+    assert engine.stats()["spec_verifications_total"] > verified, "no auto request drafted: nothing was checked"
+    cells = engine.spec_gate.methods.cells
+    assert all(b == 8 for _, b in cells), "a wave of 8 added before one step is chosen at load 8"
+    assert sum(a.finished for c in cells.values() for a in c.arms.values()) == 24
+
+
+def test_a_burst_is_chosen_at_the_load_it_runs_at(engine):
+    """Requests added one by one before a step are all chosen at the load of that step, not at 1, 2, 4."""
+    before = set(engine.spec_gate.methods.cells)
+    for i in range(8):
+        engine.add_request(Request(f"burst{i}", engine.tokenizer.encode(f"A new tale {i}. Once there was"),
+                                   SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), speculation="auto"))
+    engine.step()
+    new = set(engine.spec_gate.methods.cells) - before
+    assert new and {bucket for _, bucket in new} == {8}
+    while engine.has_work():
+        engine.step()
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"speculation": "auto", "spec_schedule": "fixed"}, "picks the method"),
+    ({"speculation": "auto", "num_speculative_tokens": 3}, "picks the method"),
+])
+def test_auto_with_a_schedule_is_refused(engine, fields, words):
+    with pytest.raises(EngineError, match=words):
+        engine.add_request(Request("bad", [1, 2, 3], SamplingParams(max_tokens=2), **fields))
+    with pytest.raises(ValidationError, match="auto"):
+        SpeculationParams(method="auto", schedule="fixed")
+
+
+def test_auto_leaves_out_what_it_cannot_serve():
+    e = SpecEngine.from_config(EngineConfig(max_num_seqs=2, num_local_blocks=256, device="cpu"))
+    assert e.auto_candidates() == ("ngram",)          # no dspark drafter: ngram alone
+    e2 = SpecEngine.from_config(EngineConfig(max_num_seqs=2, num_local_blocks=256, device="cpu",
+                                             auto_methods="dflash"))
+    with pytest.raises(EngineError, match="no method it can serve"):
+        e2.add_request(Request("r", [1, 2, 3], SamplingParams(max_tokens=2), speculation="auto"))
+    with pytest.raises(ValidationError):
+        EngineConfig(auto_methods="dspark,medusa")
