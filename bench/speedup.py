@@ -1010,6 +1010,9 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                     workloads[name][str(level)]["gate_recent"] = engine.spec_gate.trace(latest=True)
                 for row, gate in own_gates.items():                  # the same for the rows' own gates
                     workloads[name][str(level)].setdefault("gate_recent_by_row", {})[row] = gate.trace(latest=True)
+                    methods = getattr(gate, "methods", None)         # the auto row's chooser, every cell so far
+                    if methods is not None and methods.cells:
+                        workloads[name][str(level)].setdefault("auto_choice_by_row", {})[row] = methods.snapshot()
     finally:
         engine.scheduler.max_num_seqs = most
     profiles.write()

@@ -25,7 +25,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-EXPLORE = 2          # finished requests of each candidate in a cell before the cell compares them
+EXPLORE = 2          # finished requests of each candidate in a cell before the cell compares them ...
+EXPLORE_TOKENS = 256 # ... and output tokens they decoded. Why tokens too: a few short answers say little about
+                     # a method's rate on the long ones. H100, session 56, run NA (tree 63bc8be, requests alone):
+                     # the bench's 8-token warm-ups explored every cell, and auto put support c = 1 on dspark
+                     # (1.31x `none`) where ngram-gated ran 1.89x, creative c = 4 on dspark (0.98x; 1.31x)
 DECAY = 0.8          # weight of a candidate's older requests at each new one (~5 requests of memory)
 PROBE_FIRST = 8      # admissions a cell gives its winner before the first request that re-measures the loser
 PROBE_MOST = 64      # the longest wait: it doubles each time a probe finds the winner still ahead (a loser
@@ -47,6 +51,7 @@ class Arm:
     seconds: float = 0.0
     finished: int = 0
     admitted: int = 0
+    decoded: int = 0          # output tokens of its finished requests, undecayed (the exploration's count)
 
     @property
     def rate(self) -> float:
@@ -71,11 +76,13 @@ class MethodChoice:
     ``wait`` admissions (doubling while the winner holds, from ``probe_first`` to ``probe_most``)."""
 
     def __init__(self, explore: int = EXPLORE, decay: float = DECAY, probe_first: int = PROBE_FIRST,
-                 probe_most: int = PROBE_MOST, margin: float = MARGIN, max_cells: int = MAX_CELLS):
-        if explore < 1 or not 0.0 <= decay < 1.0 or probe_first < 1 or probe_most < probe_first or margin < 0:
+                 probe_most: int = PROBE_MOST, margin: float = MARGIN, max_cells: int = MAX_CELLS,
+                 explore_tokens: int = EXPLORE_TOKENS):
+        if (explore < 1 or not 0.0 <= decay < 1.0 or probe_first < 1 or probe_most < probe_first or margin < 0
+                or explore_tokens < 0):
             raise ChoiceError(f"bad method choice settings: explore={explore}, decay={decay}, probe_first="
-                              f"{probe_first}, probe_most={probe_most}, margin={margin}")
-        self.explore, self.decay, self.margin = explore, decay, margin
+                              f"{probe_first}, probe_most={probe_most}, margin={margin}, explore_tokens={explore_tokens}")
+        self.explore, self.decay, self.margin, self.explore_tokens = explore, decay, margin, explore_tokens
         self.probe_first, self.probe_most, self.max_cells = probe_first, probe_most, max_cells
         self.cells: OrderedDict[tuple, ChoiceCell] = OrderedDict()
         self.chosen: dict[str, int] = {}          # requests given each method, in all (stats)
@@ -98,7 +105,8 @@ class MethodChoice:
             raise ChoiceError("no candidate method to choose from")
         cell = self._cell((prompt_class, bucket))
         arms = [cell.arms.setdefault(m, Arm()) for m in candidates]
-        young = [(arm.admitted, i) for i, arm in enumerate(arms) if arm.finished < self.explore]
+        young = [(arm.admitted, i) for i, arm in enumerate(arms)
+                 if arm.finished < self.explore or arm.decoded < self.explore_tokens]
         if young:                                 # explore: the least admitted young candidate
             method = candidates[min(young)[1]]
         else:
@@ -137,12 +145,22 @@ class MethodChoice:
             arm.tokens = arm.tokens * self.decay + tokens
             arm.seconds = arm.seconds * self.decay + seconds
             arm.finished += 1
+            arm.decoded += tokens
         if cell.probing == method:                # the probe's answer (an empty one too: an aborted probe must
                                                   # not stop the probes): the winner held, or it lost its place
             cell.probing = None
             held = cell.winner
             if held is not None and self._winner(cell, list(cell.arms)) == held:
                 cell.wait = min(self.probe_most, cell.wait * 2)
+
+    def snapshot(self) -> list[dict]:
+        """Every cell's state, for the records (``bench speedup`` writes it per cell): its class as a short
+        hash, its load bucket, its winner and probe wait, and each candidate's rate and counts."""
+        return [{"class": f"{hash(cls) & 0xFFFFFFFF:08x}", "bucket": bucket, "winner": cell.winner,
+                 "wait": cell.wait, "arms": {m: {"tok_s": round(a.rate, 2), "finished": a.finished,
+                                                 "admitted": a.admitted, "decoded": a.decoded}
+                                             for m, a in cell.arms.items()}}
+                for (cls, bucket), cell in self.cells.items()]
 
     def stats(self) -> dict[str, int]:
         """Requests given each method, and the probes among them."""

@@ -164,6 +164,8 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     assert md.count("never slower than none at concurrency") == 4
     assert md.count("  - steps per run by kind, count (ms each, tokens each): none: prompt ") == 4
     assert "- auto at concurrency 3, requests by method over the timed runs: " in md
+    choice = result["workloads"]["stories-t1"]["3"]["auto_choice_by_row"]["auto"]      # the chooser's cells
+    assert {c["bucket"] for c in choice} <= {1, 2} and all(set(c["arms"]) <= {"dspark", "ngram"} for c in choice)
     assert "Timed runs that captured CUDA graphs: 0 of 64" in md          # CPU: no graphs at all (2 × 2 × 8 rows × 2)
     from bench.speedup import NOISE_BAND, noise_floor
     band, aa = noise_floor(result, SCHEDULED, NOISE_BAND), noise_floor(result, "none-aa", NOISE_BAND)

@@ -30,7 +30,7 @@ def finish(chooser: MethodChoice, method: str, rate: float, n: int = 1, bucket: 
 
 
 def test_every_candidate_is_explored_before_any_comparison():
-    chooser = MethodChoice(explore=2)
+    chooser = MethodChoice(explore=2, explore_tokens=0)
     assert admit(chooser, 4) == ["dspark", "ngram", "dspark", "ngram"]      # round robin, ties to the first
     finish(chooser, "dspark", 500.0, n=2)
     finish(chooser, "ngram", 100.0, n=1)
@@ -42,8 +42,26 @@ def test_every_candidate_is_explored_before_any_comparison():
     assert chooser.cells[(CLS, 1)].winner == "dspark"
 
 
+def test_short_answers_do_not_end_the_exploration():
+    """A candidate stays young until its finished requests decoded ``explore_tokens`` tokens: a few 8-token
+    answers say little about a method's rate on long ones."""
+    chooser = MethodChoice(explore=2, explore_tokens=256)
+    admit(chooser, 4)
+    for method in BOTH:
+        for _ in range(2):
+            chooser.observe(CLS, 1, method, 7, 0.01)        # two short answers each: still exploring
+    assert admit(chooser, 2) == ["dspark", "ngram"] and chooser.cells[(CLS, 1)].winner is None
+    chooser.observe(CLS, 1, "dspark", 300, 1.0)
+    assert admit(chooser, 2) == ["ngram", "ngram"]           # dspark has its tokens; ngram is young alone
+    chooser.observe(CLS, 1, "ngram", 300, 0.5)
+    assert admit(chooser, 1) == ["ngram"] and chooser.cells[(CLS, 1)].winner == "ngram"
+    snap = chooser.snapshot()
+    assert snap[0]["bucket"] == 1 and snap[0]["winner"] == "ngram"
+    assert snap[0]["arms"]["ngram"]["decoded"] == 314 and snap[0]["arms"]["dspark"]["finished"] == 3
+
+
 def test_the_faster_candidate_wins_and_the_loser_is_probed_ever_more_rarely():
-    chooser = MethodChoice(explore=1, probe_first=4, probe_most=16)
+    chooser = MethodChoice(explore=1, probe_first=4, probe_most=16, explore_tokens=0)
     admit(chooser, 2)
     finish(chooser, "dspark", 100.0)
     finish(chooser, "ngram", 300.0)
@@ -64,7 +82,7 @@ def test_the_faster_candidate_wins_and_the_loser_is_probed_ever_more_rarely():
 
 
 def test_a_probe_that_finds_the_loser_faster_hands_it_the_cell():
-    chooser = MethodChoice(explore=1, probe_first=2, decay=0.0)
+    chooser = MethodChoice(explore=1, probe_first=2, decay=0.0, explore_tokens=0)
     admit(chooser, 2)
     finish(chooser, "dspark", 100.0)
     finish(chooser, "ngram", 300.0)
@@ -76,7 +94,7 @@ def test_a_probe_that_finds_the_loser_faster_hands_it_the_cell():
 
 
 def test_the_holder_keeps_the_cell_within_the_margin():
-    chooser = MethodChoice(explore=1, margin=0.05, decay=0.0)
+    chooser = MethodChoice(explore=1, margin=0.05, decay=0.0, explore_tokens=0)
     admit(chooser, 2)
     finish(chooser, "dspark", 100.0)
     finish(chooser, "ngram", 90.0)
@@ -88,7 +106,7 @@ def test_the_holder_keeps_the_cell_within_the_margin():
 
 
 def test_classes_and_loads_are_separate_cells():
-    chooser = MethodChoice(explore=1, decay=0.0)
+    chooser = MethodChoice(explore=1, decay=0.0, explore_tokens=0)
     admit(chooser, 2, bucket=1)
     finish(chooser, "dspark", 100.0, bucket=1)
     finish(chooser, "ngram", 300.0, bucket=1)
@@ -98,7 +116,7 @@ def test_classes_and_loads_are_separate_cells():
 
 
 def test_an_empty_or_aborted_request_says_nothing_but_ends_its_probe():
-    chooser = MethodChoice(explore=1, probe_first=1)
+    chooser = MethodChoice(explore=1, probe_first=1, explore_tokens=0)
     admit(chooser, 2)
     chooser.observe(CLS, 1, "dspark", 0, 1.0)        # one token: no rate
     chooser.observe(CLS, 1, "ngram", 10, 0.0)        # no time: no rate
@@ -113,7 +131,7 @@ def test_an_empty_or_aborted_request_says_nothing_but_ends_its_probe():
 
 
 @pytest.mark.parametrize("kwargs", [{"explore": 0}, {"decay": 1.0}, {"probe_first": 0},
-                                    {"probe_first": 8, "probe_most": 4}, {"margin": -0.1}])
+                                    {"probe_first": 8, "probe_most": 4}, {"margin": -0.1}, {"explore_tokens": -1}])
 def test_bad_settings_and_measurements_are_refused(kwargs):
     with pytest.raises(ChoiceError):
         MethodChoice(**kwargs)
