@@ -111,8 +111,27 @@ def test_classes_and_loads_are_separate_cells():
     finish(chooser, "dspark", 100.0, bucket=1)
     finish(chooser, "ngram", 300.0, bucket=1)
     assert admit(chooser, 1, bucket=1) == ["ngram"]
-    assert admit(chooser, 2, bucket=16) == ["dspark", "ngram"]          # a new load explores again
-    assert admit(chooser, 2, cls=(9,)) == ["dspark", "ngram"]           # so does a new class
+    assert admit(chooser, 2, bucket=16) == ["ngram", "ngram"]           # a new load explores behind the winner
+    assert chooser.cells[(CLS, 16)].winner is None                      # ... and compares at its own load
+    assert admit(chooser, 2, cls=(9,)) == ["dspark", "ngram"]           # a new class explores from nothing
+
+
+def test_a_new_load_runs_the_nearest_loads_winner_while_it_explores():
+    """A class's new load bucket starts from the winner of its nearest explored load (not its rates): that
+    winner takes the admissions, the other candidate one in ``probe_first`` until it has its samples here."""
+    chooser = MethodChoice(explore=1, probe_first=4, decay=0.0, explore_tokens=0)
+    admit(chooser, 2, bucket=1)
+    finish(chooser, "dspark", 100.0, bucket=1)
+    finish(chooser, "ngram", 300.0, bucket=1)
+    assert admit(chooser, 1, bucket=1) == ["ngram"]
+    got = admit(chooser, 5, bucket=8)
+    assert got == ["ngram"] * 4 + ["dspark"] and chooser.cells[(CLS, 8)].prior == "ngram"
+    assert admit(chooser, 2, bucket=8) == ["ngram"] * 2      # dspark's one exploring request is in flight
+    finish(chooser, "ngram", 200.0, bucket=8)                # rates at load 8 are this load's own
+    finish(chooser, "dspark", 250.0, bucket=8)
+    assert admit(chooser, 1, bucket=8) == ["dspark"]         # compared at this load, dspark wins here
+    assert admit(chooser, 2, bucket=2) == ["ngram"] * 2      # bucket 2's nearest: 1 (ratio 2) before 8
+    assert admit(chooser, 2, bucket=4, cls=(5,)) == ["dspark", "ngram"]   # another class: nothing to inherit
 
 
 def test_an_empty_or_aborted_request_says_nothing_but_ends_its_probe():
