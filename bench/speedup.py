@@ -308,8 +308,9 @@ class RunResult:
     # the garbage collector's passes during the run, by generation: [passes, ms] (kvd/gc_pauses.py).
     # A full pass over the process's heap took 113-182 ms on the CPU machine, against 2-10 ms steps
     gc_pauses: dict[str, list[float]] = field(default_factory=dict)
-    # the auto row's requests by the method they were given (specd/engine/method_choice.py), and "probes":
-    # how many of them re-measured a cell's losing method; empty for other rows
+    # the auto row's requests by the method they were given (specd/engine/method_choice.py), "probes": how
+    # many of them re-measured a cell's losing method, and "measuring": how many were sent to measure their
+    # method (exploring or probing: they draft at every step); empty for other rows
     auto_methods: dict[str, int] = field(default_factory=dict)
 
 
@@ -430,8 +431,11 @@ def auto_split(d: dict) -> dict[str, int]:
     """The auto requests of a stats delta by method given, and the probes among them (empty: none)."""
     out = {k.removeprefix("spec_auto_").removesuffix("_requests_total"): int(v) for k, v in sorted(d.items())
            if k.startswith("spec_auto_") and k.endswith("_requests_total") and v}
+    measuring = out.pop("measuring", 0)
     if out and d.get("spec_auto_probes_total"):
         out["probes"] = int(d["spec_auto_probes_total"])
+    if out and measuring:
+        out["measuring"] = measuring
     return out
 
 
@@ -440,10 +444,11 @@ def auto_line(runs: list[dict]) -> str:
     total: Counter = Counter()
     for r in runs:
         total.update(r.get("auto_methods", {}))
-    probes = total.pop("probes", 0)
+    probes, measuring = total.pop("probes", 0), total.pop("measuring", 0)
     if not total:
         return ""
-    return ", ".join(f"{m} {n}" for m, n in sorted(total.items())) + (f" (probes {probes})" if probes else "")
+    notes = [f"probes {probes}"] * bool(probes) + [f"measuring {measuring}"] * bool(measuring)
+    return ", ".join(f"{m} {n}" for m, n in sorted(total.items())) + (f" ({', '.join(notes)})" if notes else "")
 
 
 def gc_split(d: dict) -> dict[str, list[float]]:

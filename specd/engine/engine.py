@@ -301,10 +301,13 @@ class SpecEngine(GateSteps):
         for seq in pending:
             req = seq.request
             cls = prompt_class(req.prompt_ids)
-            method = chooser.choose(cls, bucket, candidates) if chooser is not None else candidates[0]
+            choice = chooser.choose(cls, bucket, candidates) if chooser is not None else None
+            method = candidates[0] if choice is None else choice.method
             req.speculation, req.spec_schedule = method, self._auto_schedule(method)
             self._assign_method(seq, method, self._gate_key_for(method, req))
             seq.auto_choice = (chooser, cls, bucket)
+            if choice is not None and choice.measures:     # drafts at every step, to measure the method
+                seq.gate_acceptance.measures = True        # (``MethodChoice.choose``)
 
     def warm(self, prompt_ids: list[int]) -> bool:
         """Prefetch on arrival: have kvd start promoting the prompt's cached prefix now, before the request

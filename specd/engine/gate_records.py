@@ -144,6 +144,8 @@ class Acceptance:
     steps: float = 0.0
     group: ClassRecord | None = field(default=None, repr=False)
     lacks_prompt: bool = False
+    measures: bool = False    # drafts at every decode step whatever its cell decides: an auto request sent to
+                              # measure a method (``MethodChoice.choose``; ``SpecGate.explores``)
 
     def add(self, tokens: int, decay: float = REQUEST_DECAY, pool: bool = True) -> None:
         """One drafting step's emitted tokens. ``pool``: also into the class's whole-context record; False

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 EXPLORE = 2          # finished requests of each candidate in a cell before the cell compares them ...
 EXPLORE_TOKENS = 256 # ... and output tokens they decoded. Why tokens too: a few short answers say little about
@@ -40,6 +41,14 @@ MAX_CELLS = 4096     # (class, bucket) cells remembered, least recently used for
 
 class ChoiceError(ValueError):
     """A bad setting or measurement for the method chooser."""
+
+
+class Choice(NamedTuple):
+    """A request's method, and whether it goes there to measure it (exploring the cell, or probing a loser):
+    such a request drafts at every step whatever the spec gate decides (``Acceptance.measures``)."""
+
+    method: str
+    measures: bool
 
 
 @dataclass
@@ -89,6 +98,7 @@ class MethodChoice:
         self.cells: OrderedDict[tuple, ChoiceCell] = OrderedDict()
         self.chosen: dict[str, int] = {}          # requests given each method, in all (stats)
         self.probes = 0                           # of them, probes of a cell's loser
+        self.measured = 0                         # of them, requests sent to measure their method (``Choice``)
 
     def _cell(self, key: tuple) -> ChoiceCell:
         cell = self.cells.get(key)
@@ -116,9 +126,21 @@ class MethodChoice:
                 best, far = cell.winner, d
         return best
 
-    def choose(self, prompt_class: tuple, bucket: int, candidates: tuple[str, ...] | list[str]) -> str:
+    def choose(self, prompt_class: tuple, bucket: int, candidates: tuple[str, ...] | list[str]) -> Choice:
         """The method for one new request of ``prompt_class`` at load ``bucket``, among ``candidates`` (the
-        served ones, in the deployment's order of preference: ties go to the first)."""
+        served ones, in the deployment's order of preference: ties go to the first), and whether the request
+        measures it: every request but those given to the cell's winner, or to the nearest load's winner
+        while the cell explores behind it.
+
+        Why a measuring request drafts at every step: each method runs behind the spec gate, whose cells
+        (method, load) and class records learn from the requests they serve. A method that a cell gives one
+        request in eight or fewer has its gate records starved, and they rest its requests: the chooser then
+        measures it at plain decoding's rate, and it never wins. H100, session 56, run NF (tree 70cceea):
+        creative at c = 1 gave ngram 3 requests of 16, whose steps rested 959 of 1,014 a run (31-35
+        verifications), and measured it at 507 tok/s a request against dspark's 497, where the ngram-gated
+        row, every request ngram, ran 1,270-1,780 tok/s a request (1.92x `none`). Drafting throughout, the
+        request measures what the method can do here; where that is slower than the winner's gated rate the
+        method loses, which is right, since gated it would rest and do no better than plain decoding."""
         if not candidates:
             raise ChoiceError("no candidate method to choose from")
         cell = self._cell((prompt_class, bucket))
@@ -126,12 +148,13 @@ class MethodChoice:
         young = [(arm.admitted, i) for i, arm in enumerate(arms)
                  if arm.finished < self.explore or arm.decoded < self.explore_tokens]
         prior = cell.prior if cell.prior in candidates else None
+        measures = True
         if young and prior is not None:           # explore behind the nearest load's winner
             others = [(adm, i) for adm, i in young if candidates[i] != prior]
             if others and cell.since >= self.probe_first:
                 method, cell.since = candidates[min(others)[1]], 0
             else:
-                method = prior
+                method, measures = prior, False
                 cell.since += 1
         elif young:                               # explore: the least admitted young candidate
             method = candidates[min(young)[1]]
@@ -143,10 +166,12 @@ class MethodChoice:
                 cell.since = 0
                 self.probes += 1
             else:
+                measures = False
                 cell.since += 1
         cell.arms[method].admitted += 1
         self.chosen[method] = self.chosen.get(method, 0) + 1
-        return method
+        self.measured += measures
+        return Choice(method, measures)
 
     def _winner(self, cell: ChoiceCell, candidates) -> str:
         """The fastest candidate; the holder keeps its place unless another beats it by ``margin``."""
@@ -192,5 +217,6 @@ class MethodChoice:
         """Requests given each method, and the probes among them."""
         out = {f"spec_auto_{m}_requests_total": n for m, n in sorted(self.chosen.items())}
         out["spec_auto_probes_total"] = self.probes
+        out["spec_auto_measuring_requests_total"] = self.measured
         out["spec_auto_cells"] = len(self.cells)
         return out

@@ -423,7 +423,11 @@ class SpecGate:
         ``CLASS_EXPLORE`` steps. Why: a resting cell drafts only in probes, and a request that rested from
         its first step probes from a drafter context without its prompt, which underrates it; an
         exploring request captures its prompt's features and drafts from its first decode step. The
-        cost is bounded: a few drafting steps per recurring class (``MAX_CLASSES`` of them at most)."""
+        cost is bounded: a few drafting steps per recurring class (``MAX_CLASSES`` of them at most).
+        An auto request sent to measure its method (``Acceptance.measures``) drafts at every step too: see
+        ``MethodChoice.choose`` for why."""
+        if record.measures:
+            return True
         group = record.group
         return group is not None and group.requests >= 2 and group.samples < CLASS_EXPLORE
 

@@ -20,8 +20,12 @@ CLS = (1, 2, 3)
 BOTH = ("dspark", "ngram")
 
 
-def admit(chooser: MethodChoice, n: int, bucket: int = 1, cls=CLS) -> list[str]:
-    return [chooser.choose(cls, bucket, BOTH) for _ in range(n)]
+def admit(chooser: MethodChoice, n: int, bucket: int = 1, cls=CLS, measures: list | None = None) -> list[str]:
+    """n admissions; their methods (and, into ``measures``, whether each was sent to measure it)."""
+    got = [chooser.choose(cls, bucket, BOTH) for _ in range(n)]
+    if measures is not None:
+        measures.extend(c.measures for c in got)
+    return [c.method for c in got]
 
 
 def finish(chooser: MethodChoice, method: str, rate: float, n: int = 1, bucket: int = 1, cls=CLS) -> None:
@@ -116,6 +120,27 @@ def test_classes_and_loads_are_separate_cells():
     assert admit(chooser, 2, cls=(9,)) == ["dspark", "ngram"]           # a new class explores from nothing
 
 
+def test_requests_sent_to_measure_a_method_are_marked_and_draft_throughout():
+    """Exploring and probing requests measure their method (they draft whatever the gate decides); the
+    winner's and the inherited winner's do not. The gate drafts a measuring request's steps."""
+    from specd.engine.gate_records import Acceptance, ClassRecord
+    from specd.engine.spec_gate import SpecGate
+
+    chooser = MethodChoice(explore=1, probe_first=2, explore_tokens=0)
+    flags: list = []
+    admit(chooser, 2, measures=flags)                        # exploring: both measure
+    finish(chooser, "dspark", 100.0)
+    finish(chooser, "ngram", 300.0)
+    admit(chooser, 3, measures=flags)                        # winner, winner, then a probe of dspark
+    admit(chooser, 2, bucket=8, measures=flags)              # a new load: ngram inherited, then dspark explores
+    admit(chooser, 1, bucket=8, measures=flags)
+    assert flags == [True, True, False, False, True, False, False, True]
+    assert chooser.stats()["spec_auto_measuring_requests_total"] == 4
+    gate = SpecGate()
+    assert gate.explores(Acceptance(measures=True))
+    assert not gate.explores(Acceptance(group=ClassRecord(requests=5, samples=10)))
+
+
 def test_a_new_load_runs_the_nearest_loads_winner_while_it_explores():
     """A class's new load bucket starts from the winner of its nearest explored load (not its rates): that
     winner takes the admissions, the other candidate one in ``probe_first`` until it has its samples here."""
@@ -204,6 +229,9 @@ def test_auto_requests_run_both_candidates_and_match_plain_decoding(engine):
     # each auto request's usage says which method it ran, drafted or not
     assert [seq.usage().speculation["method"] for seq in finished] == [seq.method for seq in finished]
     assert {seq.method for seq in finished} == {"dspark", "ngram"}
+    # the requests sent to measure dspark drafted, whatever the gate decided for the rest
+    measuring = [seq for seq in finished if seq.gate_acceptance.measures and seq.method == "dspark"]
+    assert measuring and all(seq.spec_verifications > 0 for seq in measuring)
     assert len(chosen) == 24
     assert {c[0] for c in chosen} == {"dspark", "ngram"}
     assert {(m, s, k) for m, s, k in chosen} <= {("dspark", "confidence", "dspark"), ("ngram", "gated", "ngram_gated")}
