@@ -932,7 +932,8 @@ class SpecEngine(GateSteps):
         if seq.auto_choice is not None and seq.auto_choice[0] is not None:   # its decode rate, for the next
             chooser, cls, bucket = seq.auto_choice                            # auto requests of its class
             decoded = 0.0 if seq.first_token_s is None else max(0.0, time.monotonic() - seq.first_token_s)
-            chooser.observe(cls, bucket, seq.method, max(0, len(seq.output_ids) - 1), decoded)
+            chooser.observe(cls, bucket, seq.method, max(0, len(seq.output_ids) - 1), decoded,
+                            measured=seq.gate_acceptance.measures)
         self._counters["requests_finished"] += 1
 
     def _fail_unschedulable(self, outputs: list[RequestOutput]) -> None:

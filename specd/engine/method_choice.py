@@ -61,6 +61,7 @@ class Arm:
     finished: int = 0
     admitted: int = 0
     decoded: int = 0          # output tokens of its finished requests, undecayed (the exploration's count)
+    measuring: int = 0        # its requests in flight that measure it (``Choice.measures``)
 
     @property
     def rate(self) -> float:
@@ -112,10 +113,10 @@ class MethodChoice:
 
     def _nearest_winner(self, prompt_class: tuple, bucket: int) -> str | None:
         """The winner of ``prompt_class``'s cell at the load nearest ``bucket`` (by ratio; the lighter on a
-        tie) that has one. Why: every load of a class explored every candidate from nothing, and in a closed
-        loop of 8-32 requests a cell that explores spends half of them there (H100, session 56, run ND: 8 of
-        16 requests a cell at c = 1 went to exploring; creative c = 1 1.14x `none` where ngram-gated ran
-        1.78x). Only the winner carries over, not the rates: per-user rates fall with the load for every
+        tie) that has one. Why: every load of a class explored every candidate from nothing, and a cell of a
+        closed-loop benchmark runs 8-32 requests a run (H100, session 56, run ND: knowledge c = 1 explored
+        through all 16 of its timed requests; creative c = 1 gave dspark 10 of 16 and ran 1.14x `none`, where
+        ngram-gated ran 1.78x). Only the winner carries over, not the rates: per-user rates fall with the load for every
         method, so a load's records compared with another's would favour whichever was measured lighter."""
         best, far = None, None
         for (cls, b), cell in self.cells.items():
@@ -130,15 +131,18 @@ class MethodChoice:
         """The method for one new request of ``prompt_class`` at load ``bucket``, among ``candidates`` (the
         served ones, in the deployment's order of preference: ties go to the first), and whether the request
         measures it: every request but those given to the cell's winner, or to the nearest load's winner
-        while the cell explores behind it.
+        while the cell explores behind it, or to a candidate exploring from nothing that already has
+        ``explore`` measuring requests in flight (a heavy load's first wave would otherwise draft throughout:
+        fixed γ = 7 ran 0.65x `none` at c = 32 in run NC).
 
         Why a measuring request drafts at every step: each method runs behind the spec gate, whose cells
         (method, load) and class records learn from the requests they serve. A method that a cell gives one
         request in eight or fewer has its gate records starved, and they rest its requests: the chooser then
         measures it at plain decoding's rate, and it never wins. H100, session 56, run NF (tree 70cceea):
-        creative at c = 1 gave ngram 3 requests of 16, whose steps rested 959 of 1,014 a run (31-35
-        verifications), and measured it at 507 tok/s a request against dspark's 497, where the ngram-gated
-        row, every request ngram, ran 1,270-1,780 tok/s a request (1.92x `none`). Drafting throughout, the
+        creative at c = 1 gave ngram 3 requests of 16; the auto runs rested 880-959 of their 951-1,014 steps
+        (31-35 verifications, against 270-293 in the ngram-gated row's), and rated ngram at 507 tok/s a
+        request against dspark's 497, where the ngram-gated row, every request ngram, ran 1,270-1,780 tok/s a
+        request (1.92x `none`). Drafting throughout, the
         request measures what the method can do here; where that is slower than the winner's gated rate the
         method loses, which is right, since gated it would rest and do no better than plain decoding."""
         if not candidates:
@@ -158,6 +162,7 @@ class MethodChoice:
                 cell.since += 1
         elif young:                               # explore: the least admitted young candidate
             method = candidates[min(young)[1]]
+            measures = cell.arms[method].measuring < self.explore
         else:
             method = self._winner(cell, candidates)
             if cell.since >= cell.wait and cell.probing is None and len(candidates) > 1:
@@ -169,6 +174,7 @@ class MethodChoice:
                 measures = False
                 cell.since += 1
         cell.arms[method].admitted += 1
+        cell.arms[method].measuring += measures
         self.chosen[method] = self.chosen.get(method, 0) + 1
         self.measured += measures
         return Choice(method, measures)
@@ -183,16 +189,20 @@ class MethodChoice:
             cell.winner, cell.wait, cell.since = best, self.probe_first, 0
         return best
 
-    def observe(self, prompt_class: tuple, bucket: int, method: str, tokens: int, seconds: float) -> None:
+    def observe(self, prompt_class: tuple, bucket: int, method: str, tokens: int, seconds: float,
+                measured: bool = False) -> None:
         """A request chosen here finished: ``tokens`` output tokens after its first, over ``seconds`` from its
-        first token to its finish. A request of one token, or one measured in no time, says nothing."""
+        first token to its finish; ``measured``: it was sent to measure its method (``Choice.measures``). A
+        request of one token, or one measured in no time, says nothing."""
         if tokens < 0 or seconds < 0 or seconds != seconds:
             raise ChoiceError(f"bad request measurement: {tokens} tokens in {seconds} s")
         cell = self.cells.get((prompt_class, bucket))
         if cell is None:          # forgotten since (MAX_CELLS): its choice is made again from nothing
             return
+        arm = cell.arms.setdefault(method, Arm())
+        if measured and arm.measuring > 0:
+            arm.measuring -= 1
         if tokens > 0 and seconds > 0:
-            arm = cell.arms.setdefault(method, Arm())
             arm.tokens = arm.tokens * self.decay + tokens
             arm.seconds = arm.seconds * self.decay + seconds
             arm.finished += 1

@@ -141,6 +141,20 @@ def test_requests_sent_to_measure_a_method_are_marked_and_draft_throughout():
     assert not gate.explores(Acceptance(group=ClassRecord(requests=5, samples=10)))
 
 
+def test_a_heavy_loads_first_wave_measures_only_explore_requests_a_method():
+    """Exploring from nothing, each candidate has at most ``explore`` measuring requests in flight: the rest
+    of a first wave of 32 runs behind the gate as usual."""
+    chooser = MethodChoice(explore=2, explore_tokens=0)
+    flags: list = []
+    got = admit(chooser, 8, bucket=32, measures=flags)
+    assert got == ["dspark", "ngram"] * 4 and flags == [True] * 4 + [False] * 4
+    chooser.observe(CLS, 32, "dspark", 0, 0.0, measured=True)     # one measuring dspark request ends (empty)
+    assert chooser.cells[(CLS, 32)].arms["dspark"].measuring == 1
+    flags.clear()
+    admit(chooser, 2, bucket=32, measures=flags)
+    assert flags == [True, False]                                  # dspark may measure one more, ngram not
+
+
 def test_a_new_load_runs_the_nearest_loads_winner_while_it_explores():
     """A class's new load bucket starts from the winner of its nearest explored load (not its rates): that
     winner takes the admissions, the other candidate one in ``probe_first`` until it has its samples here."""
