@@ -312,6 +312,10 @@ class RunResult:
     # many of them re-measured a cell's losing method, and "measuring": how many were sent to measure their
     # method (exploring or probing: they draft at every step); empty for other rows
     auto_methods: dict[str, int] = field(default_factory=dict)
+    # every request as [prompt index, tokens, seconds from its first token to its finish], in finish order:
+    # the per-user rates the p50 is taken over, kept so that a method chooser can be replayed offline on the
+    # rows' own requests (bench/auto_replay.py)
+    requests: list[list] = field(default_factory=list)
 
 
 PHASES = ("schedule_seconds_total", "forward_seconds_total", "output_seconds_total", "commit_seconds_total")
@@ -364,6 +368,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
     first: dict[str, float] = {}
     count: dict[str, int] = {}
     spans: list[tuple[int, float]] = []
+    finished_ids: list[int] = []
     reasons: Counter = Counter()
     cohorts: Counter = Counter()
     inflight = 0
@@ -392,6 +397,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
                 finished += 1
                 reasons[str(out.finish_reason)] += 1
                 spans.append((count.get(out.id, 0), now - first.get(out.id, now)))
+                finished_ids.append(int(out.id.rsplit("-", 1)[1]))
         if finished:
             cohorts[str(finished)] += 1
     wall = time.perf_counter() - t0
@@ -424,6 +430,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         gate_context_kept_steps=int(d.get("spec_context_kept_steps_total", 0)),
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d), draft_phases=draft_phases(d),
         gc_pauses=gc_split(d), finish_reasons=dict(sorted(reasons.items())), auto_methods=auto_split(d),
+        requests=[[i, n, round(sec, 6)] for i, (n, sec) in zip(finished_ids, spans)],
         finish_cohorts=dict(sorted(cohorts.items(), key=lambda kv: int(kv[0]))))
 
 

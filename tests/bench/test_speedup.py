@@ -131,6 +131,9 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                     # every request finished once: by a reason, in a step with as many others as its cohort says
                     assert sum(x["finish_reasons"].values()) == 3 and set(x["finish_reasons"]) <= {"length", "stop"}
                     assert sum(int(n) * k for n, k in x["finish_cohorts"].items()) == 3
+                    # each request once, by prompt index, with the tokens the run counted
+                    assert sorted(i for i, _, _ in x["requests"]) == [0, 1, 2]
+                    assert sum(n for _, n, _ in x["requests"]) == x["tokens"]
                     assert set(x["gc_pauses"]) <= {"gen0", "gen1", "gen2"}
                     assert all(n >= 1 and ms >= 0 for n, ms in x["gc_pauses"].values())
                     if row.startswith("none"):
@@ -164,6 +167,8 @@ def test_speedup_end_to_end_on_stories(tmp_path):
     assert md.count("never slower than none at concurrency") == 4
     assert md.count("  - steps per run by kind, count (ms each, tokens each): none: prompt ") == 4
     assert "- auto at concurrency 3, requests by method over the timed runs: " in md
+    from bench.auto_replay import main as replay_main       # the chooser replayed on the rows' own requests
+    assert replay_main([str(out / "speedup.json"), "--concurrency", "1,3"]) == 0
     choice = result["workloads"]["stories-t1"]["3"]["auto_choice_by_row"]["auto"]      # the chooser's cells
     assert {c["bucket"] for c in choice} <= {1, 2} and all(set(c["arms"]) <= {"dspark", "ngram"} for c in choice)
     assert "Timed runs that captured CUDA graphs: 0 of 64" in md          # CPU: no graphs at all (2 × 2 × 8 rows × 2)
