@@ -23,23 +23,16 @@ them) did not record their requests; they are refused by name.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
 from pathlib import Path
 
+from bench.speedup_pool import PoolError, load
 from specd.engine.method_choice import EXPLORE, EXPLORE_TOKENS, PROBE_FIRST, MethodChoice
 from specd.engine.spec_gate import load_bucket
 
 
 class ReplayError(ValueError):
     """A result that cannot be replayed, said why."""
-
-
-def load(path: Path) -> dict:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return json.load(f)
 
 
 def pairs(text: str) -> dict[str, str]:
@@ -136,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                                probe_first=args.probe_first, probe_most=max(64, args.probe_first))
         cells = replay(load(args.result), args.gated, args.measuring,
                        [c.strip() for c in args.concurrency.split(",") if c.strip()], chooser)
-    except (ReplayError, ValueError, OSError) as exc:
+    except (ReplayError, PoolError, ValueError) as exc:
         print(f"auto_replay: {exc}", file=sys.stderr)
         return 2
     if not cells:

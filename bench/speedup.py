@@ -367,8 +367,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
     queue = deque(enumerate(prompts))
     first: dict[str, float] = {}
     count: dict[str, int] = {}
-    spans: list[tuple[int, float]] = []
-    finished_ids: list[int] = []
+    spans: list[tuple[int, int, float]] = []      # per finished request: prompt index, tokens, seconds
     reasons: Counter = Counter()
     cohorts: Counter = Counter()
     inflight = 0
@@ -396,15 +395,14 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
                 inflight -= 1
                 finished += 1
                 reasons[str(out.finish_reason)] += 1
-                spans.append((count.get(out.id, 0), now - first.get(out.id, now)))
-                finished_ids.append(int(out.id.rsplit("-", 1)[1]))
+                spans.append((int(out.id.rsplit("-", 1)[1]), count.get(out.id, 0), now - first.get(out.id, now)))
         if finished:
             cohorts[str(finished)] += 1
     wall = time.perf_counter() - t0
     graphs1, eager1, compiles1 = _graph_state(engine)
     d = _delta(before, engine.stats())
-    tokens = sum(n for n, _ in spans)
-    rates = [n / s for n, s in spans if s > 0]
+    tokens = sum(n for _, n, _ in spans)
+    rates = [n / s for _, n, s in spans if s > 0]
     steps, verif = max(1, d["steps_total"]), d["spec_verifications_total"]
     return RunResult(
         wall_s=wall, tokens=tokens, throughput_tok_s=tokens / wall,
@@ -430,19 +428,18 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         gate_context_kept_steps=int(d.get("spec_context_kept_steps_total", 0)),
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d), draft_phases=draft_phases(d),
         gc_pauses=gc_split(d), finish_reasons=dict(sorted(reasons.items())), auto_methods=auto_split(d),
-        requests=[[i, n, round(sec, 6)] for i, (n, sec) in zip(finished_ids, spans)],
+        requests=[[i, n, round(sec, 6)] for i, n, sec in spans],
         finish_cohorts=dict(sorted(cohorts.items(), key=lambda kv: int(kv[0]))))
 
 
 def auto_split(d: dict) -> dict[str, int]:
-    """The auto requests of a stats delta by method given, and the probes among them (empty: none)."""
+    """The auto requests of a stats delta by method given, and the probes and measuring requests among them
+    (empty: none)."""
     out = {k.removeprefix("spec_auto_").removesuffix("_requests_total"): int(v) for k, v in sorted(d.items())
            if k.startswith("spec_auto_") and k.endswith("_requests_total") and v}
-    measuring = out.pop("measuring", 0)
-    if out and d.get("spec_auto_probes_total"):
-        out["probes"] = int(d["spec_auto_probes_total"])
-    if out and measuring:
-        out["measuring"] = measuring
+    for note in ("probes", "measuring"):          # ``MethodChoice.stats``: spec_auto_probes_total, ..._measuring_total
+        if out and d.get(f"spec_auto_{note}_total"):
+            out[note] = int(d[f"spec_auto_{note}_total"])
     return out
 
 
@@ -734,9 +731,9 @@ def render_markdown(result: dict) -> str:
                 if all(kinds.values()):
                     lines.append("  - steps per run by kind, count (ms each, tokens each): "
                                  + "; ".join(f"{row}: {line}" for row, line in kinds.items()))
-            if "auto" in cell["rows"] and auto_line(cell["rows"]["auto"]["runs"]):
-                lines.append(f"- auto at concurrency {level}, requests by method over the timed runs: "
-                             f"{auto_line(cell['rows']['auto']['runs'])}")
+            given = auto_line(cell["rows"]["auto"]["runs"]) if "auto" in cell["rows"] else ""
+            if given:
+                lines.append(f"- auto at concurrency {level}, requests by method over the timed runs: {given}")
         lines.append("")
     lines += ["## Summary across workloads (geometric mean of p50 throughput ratios; per-user in brackets)", "",
               "| row | " + " | ".join(f"c={c}" for c in result["concurrency"]) + " |",
@@ -921,8 +918,6 @@ def gate_key(row: str) -> str | None:
     """The spec gate's key for a row's requests, None if the gate does not decide for them (fixed γ and
     plain decoding; the confidence schedule and the gated one are gated; the auto row: ``gate_keys``)."""
     spec = ROWS[row]
-    if spec["method"] == "auto":
-        return None
     if spec["schedule"] not in ("confidence", "gated"):
         return None
     return gate_key_name(spec["method"], spec["schedule"])

@@ -304,7 +304,7 @@ class SpecEngine(GateSteps):
             choice = chooser.choose(cls, bucket, candidates) if chooser is not None else None
             method = candidates[0] if choice is None else choice.method
             req.speculation, req.spec_schedule = method, self._auto_schedule(method)
-            self._assign_method(seq, method, self._gate_key_for(method, req))
+            self._assign_method(seq, method, self._admit_speculation(req)[1])   # kept per settings there
             seq.auto_choice = (chooser, cls, bucket)
             if choice is not None and choice.measures:     # drafts at every step, to measure the method
                 seq.gate_acceptance.measures = True        # (``MethodChoice.choose``)

@@ -116,8 +116,9 @@ class MethodChoice:
         tie) that has one. Why: every load of a class explored every candidate from nothing, and a cell of a
         closed-loop benchmark runs 8-32 requests a run (H100, session 56, run ND: knowledge c = 1 explored
         through all 16 of its timed requests; creative c = 1 gave dspark 10 of 16 and ran 1.14x `none`, where
-        ngram-gated ran 1.78x). Only the winner carries over, not the rates: per-user rates fall with the load for every
-        method, so a load's records compared with another's would favour whichever was measured lighter."""
+        ngram-gated ran 1.78x). Only the winner carries over, not the rates: per-user rates fall with the load
+        for every method, so a load's records compared with another's would favour whichever was measured
+        lighter."""
         best, far = None, None
         for (cls, b), cell in self.cells.items():
             if cls != prompt_class or b == bucket or cell.winner is None:
@@ -142,9 +143,9 @@ class MethodChoice:
         creative at c = 1 gave ngram 3 requests of 16; the auto runs rested 880-959 of their 951-1,014 steps
         (31-35 verifications, against 270-293 in the ngram-gated row's), and rated ngram at 507 tok/s a
         request against dspark's 497, where the ngram-gated row, every request ngram, ran 1,270-1,780 tok/s a
-        request (1.92x `none`). Drafting throughout, the
-        request measures what the method can do here; where that is slower than the winner's gated rate the
-        method loses, which is right, since gated it would rest and do no better than plain decoding."""
+        request (1.92x `none`). Drafting throughout, the request measures what the method can do here; where
+        that is slower than the winner's gated rate the method loses, which is right, since gated it would
+        rest and do no better than plain decoding."""
         if not candidates:
             raise ChoiceError("no candidate method to choose from")
         cell = self._cell((prompt_class, bucket))
@@ -224,9 +225,10 @@ class MethodChoice:
                 for (cls, bucket), cell in self.cells.items()]
 
     def stats(self) -> dict[str, int]:
-        """Requests given each method, and the probes among them."""
+        """Requests given each method, and the probes and measuring requests among them (named apart from
+        ``spec_auto_<method>_requests_total``, so a reader can take every such key as a method's)."""
         out = {f"spec_auto_{m}_requests_total": n for m, n in sorted(self.chosen.items())}
         out["spec_auto_probes_total"] = self.probes
-        out["spec_auto_measuring_requests_total"] = self.measured
+        out["spec_auto_measuring_total"] = self.measured
         out["spec_auto_cells"] = len(self.cells)
         return out

@@ -135,7 +135,7 @@ def test_requests_sent_to_measure_a_method_are_marked_and_draft_throughout():
     admit(chooser, 2, bucket=8, measures=flags)              # a new load: ngram inherited, then dspark explores
     admit(chooser, 1, bucket=8, measures=flags)
     assert flags == [True, True, False, False, True, False, False, True]
-    assert chooser.stats()["spec_auto_measuring_requests_total"] == 4
+    assert chooser.stats()["spec_auto_measuring_total"] == 4
     gate = SpecGate()
     assert gate.explores(Acceptance(measures=True))
     assert not gate.explores(Acceptance(group=ClassRecord(requests=5, samples=10)))
