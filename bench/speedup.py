@@ -53,6 +53,7 @@ from bench.row_profiles import RowProfiles, TorchProfiles
 from bench.stats import tau
 from specd.engine.gating import gate_key_name
 from kvd.gc_pauses import GENERATIONS, freeze_heap
+from specd.engine.gate_records import prompt_class
 from specd.engine.spec_gate import DRAFT_REASONS, load_bucket
 
 ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = the engine's (scheduled)
@@ -828,6 +829,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="every answer runs to its max tokens")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup-tokens", type=int, default=8, help="answer length of the untimed warm-up runs")
+    p.add_argument("--auto-warmups", type=non_negative_int, default=AUTO_WARMUPS,
+                   help="whole-answer untimed runs the auto row gets, at most, per cell while its method chooser "
+                        "still explores the cell's prompt classes at that load (on the workload's next eval "
+                        "sessions, other seeds); 0: none, so the chooser explores in the timed runs (session 56)")
     p.add_argument("--gamma", type=int, default=7, help="the engine's γ (the scheduled row's draft length)")
     p.add_argument("--tolerance", type=float, default=0.0,
                    help="'never slower' holds when the scheduled row's p50 ratios are ≥ 1 − tolerance")
@@ -957,6 +962,34 @@ def finish_exploring(engine, row: str, level: int, warm) -> dict[int, int]:
     return extra
 
 
+AUTO_WARMUPS = 3    # full-length warm-up runs the auto row gets, at most, while its chooser's cells still explore
+
+
+def explore_auto(engine, classes, level: int, warm, most: int = AUTO_WARMUPS) -> int:
+    """Run ``warm(tag)`` (one untimed closed-loop run of whole answers at this load) while the auto row's
+    method chooser (``SpecGate.methods``) still explores a cell of ``classes`` at this load, at most ``most``
+    times. Returns the runs made.
+
+    Why: the chooser rates a method by its finished requests' decode rate, and a cell explores each candidate
+    until it has finished ``EXPLORE`` requests and decoded ``EXPLORE_TOKENS`` tokens. The 8-token warm-ups
+    never get there, so in session 56's runs every cell explored in its timed runs, 8-32 requests a run
+    (H100, run ND: knowledge c = 1 explored through all 16 of its timed requests). ``finish_exploring`` does
+    the same for the spec gate's cells: the timed runs measure a server that has served this traffic before.
+    The warm-up prompts are the workload's next eval sessions after the timed ones, with other seeds, so the
+    chooser does not learn on the very answers it is then timed on. Where the workload has fewer sessions
+    than twice a cell's requests (the qs1000 stage has 16 eval sessions a workload: c ≥ 4), they are the same
+    sessions again with other seeds; a greedy workload (extraction) then answers alike, as the spec gate's
+    warm-ups also run the timed prompts."""
+    chooser = getattr(getattr(engine, "spec_gate", None), "methods", None)
+    if chooser is None:
+        return 0
+    bucket, runs = load_bucket(level), 0
+    while runs < most and chooser.young(classes, bucket):
+        warm(f"auto-{runs}")
+        runs += 1
+    return runs
+
+
 def measure(engine, args: argparse.Namespace, progress=print) -> dict:
     rows, skipped, cap = _available_rows(engine, args.rows)
     workloads: dict = {}
@@ -969,6 +1002,7 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
     if trace_steps is not None and getattr(engine, "spec_gate", None) is not None:
         engine.spec_gate.keep_trace(trace_steps)           # the rows' own gates copy it (``row_gate``)
     queued = getattr(args, "queued", 0)
+    auto_warmups = getattr(args, "auto_warmups", AUTO_WARMUPS)
     most = engine.scheduler.max_num_seqs         # with ``queued``, each load caps the batch (restored after)
     try:
         for wl_path in [Path(w.strip()) for w in args.workloads.split(",") if w.strip()]:
@@ -985,7 +1019,7 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                                            engine.max_model_len, args.gamma, args.seed)
                 runs: dict[str, list[RunResult]] = {row: [] for row in rows}
                 short = [Prompt(p.ids, p.params.model_copy(update={"max_tokens": args.warmup_tokens})) for p in prompts]
-                extra = {}
+                extra, auto_extra, explore = {}, {}, None
                 for row in rows:          # the same prompts and batch shapes, short answers: captures and compiles
                     with row_gate(engine, row, own_gates):
                         run_closed_loop(engine, short, row_fields(row, cap), level, f"warm-{name}-{level}-{row}",
@@ -994,6 +1028,16 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                         extra[row] = finish_exploring(engine, row, level, lambda tag, c: run_closed_loop(
                             engine, short if c == level else short[:requests_for(c, args.requests, args.waves)],
                             row_fields(row, cap), c, f"warm-{name}-{level}-{row}-{tag}", queued if c == level else 0))
+                        if ROWS[row]["method"] == "auto" and auto_warmups:
+                            if explore is None:       # the next eval sessions, other seeds (``explore_auto``)
+                                explore = workload_prompts(wl_path, engine.tokenizer, 2 * n, args.max_tokens,
+                                                           args.ignore_eos, engine.max_model_len, args.gamma,
+                                                           args.seed)[n:]
+                            auto_extra[row] = explore_auto(
+                                engine, [prompt_class(p.ids) for p in prompts], level,
+                                lambda tag: run_closed_loop(engine, explore, row_fields(row, cap), level,
+                                                            f"warm-{name}-{level}-{row}-{tag}", queued),
+                                auto_warmups)
                 if args.gc == "freeze":              # untimed: the warm-ups' objects too
                     freeze_heap(f"the warm-ups of {name} c={level}")
                 for rep in range(args.repeats):
@@ -1009,6 +1053,8 @@ def measure(engine, args: argparse.Namespace, progress=print) -> dict:
                         progress(f"{name} c={level} {row} rep {rep}: {r.throughput_tok_s:.1f} tok/s, tau {_num(r.tau)}")
                 workloads[name][str(level)] = summarize_cell(runs, args.tolerance)
                 workloads[name][str(level)]["gate_extra_warmups"] = {r: n for r, n in extra.items() if n}
+                if auto_extra:            # whole-answer warm-ups the auto row ran while its chooser explored
+                    workloads[name][str(level)]["auto_extra_warmups"] = auto_extra
                 # the spec gate's cells after this cell (measured rates per arm, samples, drafting or resting):
                 # why a gated row drafted or rested, readable from the JSON of any run
                 workloads[name][str(level)]["gate"] = {k: v for k, v in engine.stats().items()

@@ -206,6 +206,8 @@ speedup_run() {  # speedup_run GPU DRAFTERS ROWS BUDGET_S OUT: bench speedup on 
                  # --queued; session 33: a queued request had kept rest spans from forming)
                  # SPEED_SEEDS: by-repeat moves every request's seed each repeat (bench speedup's --seeds; session 45:
                  # at turn lengths a sampled row's fixed seeds gave the same answer lengths in every repeat)
+                 # SPEED_AUTO_WARMUPS: bench speedup's --auto-warmups (whole-answer warm-ups of the auto row while
+                 # its method chooser explores; default 3, 0: explore in the timed runs as in session 56)
   local W name len=(--max-tokens "${SPEED_MAX_TOKENS:-48}")
   if [ "${SPEED_MAX_TOKENS:-}" = turn ]; then len=(); fi   # each turn's own max_tokens (128): EOS ends answers
   W=$(ls "$(train_data)"/*.eval.jsonl | paste -sd, -)    # the eval sessions beside the training ones (TRAIN_DATA)
@@ -214,7 +216,7 @@ speedup_run() {  # speedup_run GPU DRAFTERS ROWS BUDGET_S OUT: bench speedup on 
   fi
   CUDA_VISIBLE_DEVICES=$1 python -m bench speedup --model "$MODEL" --drafters "$2" --rows "$3" --workloads "$W" \
     --concurrency "${SPEED_CONCURRENCY:-1,4,8,16,32}" --requests "${SPEED_REQUESTS:-8}" --waves "${SPEED_WAVES:-1}" \
-    "${len[@]}" ${SPEED_QUEUED:+--queued "$SPEED_QUEUED"} ${SPEED_SEEDS:+--seeds "$SPEED_SEEDS"} ${SPEED_GC:+--gc "$SPEED_GC"} ${SPEED_CPUS:+--cpus "$SPEED_CPUS"} ${SPEED_PROFILE:+--profile "$SPEED_PROFILE"} ${SPEED_TORCH_PROFILE:+--torch-profile "$SPEED_TORCH_PROFILE"} ${SPEED_GATE_TRACE:+--gate-trace-steps "$SPEED_GATE_TRACE"} \
+    "${len[@]}" ${SPEED_QUEUED:+--queued "$SPEED_QUEUED"} ${SPEED_SEEDS:+--seeds "$SPEED_SEEDS"} ${SPEED_GC:+--gc "$SPEED_GC"} ${SPEED_CPUS:+--cpus "$SPEED_CPUS"} ${SPEED_PROFILE:+--profile "$SPEED_PROFILE"} ${SPEED_TORCH_PROFILE:+--torch-profile "$SPEED_TORCH_PROFILE"} ${SPEED_GATE_TRACE:+--gate-trace-steps "$SPEED_GATE_TRACE"} ${SPEED_AUTO_WARMUPS:+--auto-warmups "$SPEED_AUTO_WARMUPS"} \
     --repeats "${SPEED_REPEATS:-2}" --device cuda --budget-s "$4" --out "$5" > /tmp/logs/speedup.log 2>&1
   echo "speedup rc=$?"
 }

@@ -215,6 +215,18 @@ class MethodChoice:
             if held is not None and self._winner(cell, list(cell.arms)) == held:
                 cell.wait = min(self.probe_most, cell.wait * 2)
 
+    def young(self, classes, bucket: int) -> int:
+        """How many of ``classes``' cells at load ``bucket`` still explore: not yet made, or with a candidate
+        short of ``explore`` finished requests or ``explore_tokens`` decoded tokens. A benchmark's untimed
+        warm-ups run until it is 0 (``bench.speedup.explore_auto``), as a server that has served the class at
+        this load before would have explored it."""
+        n = 0
+        for cls in set(classes):
+            cell = self.cells.get((cls, bucket))
+            n += cell is None or not cell.arms or any(
+                a.finished < self.explore or a.decoded < self.explore_tokens for a in cell.arms.values())
+        return n
+
     def snapshot(self) -> list[dict]:
         """Every cell's state, for the records (``bench speedup`` writes it per cell): its class as a short
         hash, its load bucket, its winner and probe wait, and each candidate's rate and counts."""

@@ -151,6 +151,9 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                 elif row == "dspark-g7":
                     assert r["tau"] > 1.0 and 1.0 <= r["mean_verified"] <= 7.0
                     assert all(x["step_kinds"]["draft"]["steps"] >= 1 for x in r["runs"])
+            # 12-token answers never decode EXPLORE_TOKENS a method, so every cell's chooser still explores
+            # after each whole-answer warm-up, and the auto row gets all AUTO_WARMUPS of them
+            assert cell["auto_extra_warmups"] == {"auto": 3}
             s = cell["rows"][SCHEDULED]
             assert cell["never_slower"] == (s["throughput_ratio"]["p50"] >= 1 and s["per_user_ratio"]["p50"] >= 1)
             # every scheduled step either went through the confidence scheduler or was rested by the
@@ -732,3 +735,31 @@ def test_the_markov_ref_row_runs_the_slot_references_in_rounds_of_its_own(monkey
     assert os.environ[MARKOV_SLOT_ENV] == "1"
     with row_gate(engine, "dspark", own):
         assert proposer.rounds is rounds and os.environ[MARKOV_SLOT_ENV] == "1"
+
+
+def test_explore_auto_warms_while_the_choosers_cells_of_the_prompts_explore():
+    """The auto row's whole-answer warm-ups: run while a cell of the cell's prompt classes at this load still
+    explores (here each warm-up finishes one 200-token request of each method), at most ``most`` times, and
+    none without a chooser."""
+    from types import SimpleNamespace
+
+    from bench.speedup import explore_auto
+    from specd.engine.method_choice import MethodChoice
+
+    chooser = MethodChoice(explore=2, explore_tokens=256)
+    engine = SimpleNamespace(spec_gate=SimpleNamespace(methods=chooser))
+    calls = []
+
+    def warm(tag):
+        calls.append(tag)
+        for _ in range(2):
+            c = chooser.choose((1, 2), 4, ("dspark", "ngram"))
+            chooser.observe((1, 2), 4, c.method, 200, 1.0, measured=c.measures)
+
+    assert explore_auto(engine, [(1, 2), (1, 2)], 4, warm) == 2       # 2 requests and 400 tokens a method
+    assert calls == ["auto-0", "auto-1"] and chooser.young([(1, 2)], 4) == 0
+    assert chooser.young([(1, 2)], 8) == 1 and chooser.young([(1, 2), (3,)], 4) == 1   # another load, class
+    assert explore_auto(engine, [(1, 2)], 4, warm) == 0               # explored: nothing to do
+    calls.clear()
+    assert explore_auto(engine, [(5,)], 4, lambda tag: calls.append(tag), most=3) == 3   # never explored: capped
+    assert explore_auto(SimpleNamespace(spec_gate=None), [(5,)], 4, warm) == 0
