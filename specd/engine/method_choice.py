@@ -208,8 +208,11 @@ class MethodChoice:
             arm.seconds = arm.seconds * self.decay + seconds
             arm.finished += 1
             arm.decoded += tokens
-        if cell.probing == method:                # the probe's answer (an empty one too: an aborted probe must
-                                                  # not stop the probes): the winner held, or it lost its place
+        if cell.probing == method and measured:   # the probe's answer (an empty one too: an aborted probe must
+                                                  # not stop the probes): the winner held, or it lost its place.
+                                                  # Not a gated request of the same method (one the cell gave
+                                                  # while that method held it, still in flight): it did not draft
+                                                  # throughout, so it is not the probe's measurement
             cell.probing = None
             held = cell.winner
             if held is not None and self._winner(cell, list(cell.arms)) == held:

@@ -28,9 +28,11 @@ def admit(chooser: MethodChoice, n: int, bucket: int = 1, cls=CLS, measures: lis
     return [c.method for c in got]
 
 
-def finish(chooser: MethodChoice, method: str, rate: float, n: int = 1, bucket: int = 1, cls=CLS) -> None:
+def finish(chooser: MethodChoice, method: str, rate: float, n: int = 1, bucket: int = 1, cls=CLS,
+           measured: bool = True) -> None:
+    """n requests of ``method`` finish at ``rate``; sent to measure it (exploring, probing) unless told."""
     for _ in range(n):
-        chooser.observe(cls, bucket, method, 100, 100 / rate)
+        chooser.observe(cls, bucket, method, 100, 100 / rate, measured=measured)
 
 
 def test_every_candidate_is_explored_before_any_comparison():
@@ -83,6 +85,24 @@ def test_the_faster_candidate_wins_and_the_loser_is_probed_ever_more_rarely():
     admit(chooser, 17)
     finish(chooser, "dspark", 100.0)
     assert cell.wait == 16                           # at most probe_most
+
+
+def test_only_a_measuring_request_answers_a_probe():
+    """A gated request of the probed method, given while that method held the cell and finishing after the
+    probe began, did not draft throughout: it leaves the probe open, and the wait does not double on it."""
+    chooser = MethodChoice(explore=1, probe_first=2, decay=0.0, explore_tokens=0)
+    admit(chooser, 2)
+    finish(chooser, "dspark", 300.0)
+    finish(chooser, "ngram", 100.0)
+    assert admit(chooser, 1) == ["dspark"]           # dspark holds; this one is gated (not measuring)
+    finish(chooser, "dspark", 50.0, measured=False)  # dspark slows: ngram takes the cell
+    assert admit(chooser, 3) == ["ngram", "ngram", "dspark"]     # the third probes dspark
+    cell = chooser.cells[(CLS, 1)]
+    assert cell.winner == "ngram" and cell.probing == "dspark"
+    finish(chooser, "dspark", 50.0, measured=False)  # an older gated dspark request: not the probe
+    assert cell.probing == "dspark" and cell.wait == 2
+    finish(chooser, "dspark", 50.0)                  # the probe: ngram holds, the wait doubles
+    assert cell.probing is None and cell.wait == 4
 
 
 def test_a_probe_that_finds_the_loser_faster_hands_it_the_cell():
@@ -182,7 +202,7 @@ def test_an_empty_or_aborted_request_says_nothing_but_ends_its_probe():
     finish(chooser, "dspark", 100.0)
     finish(chooser, "ngram", 300.0)
     assert admit(chooser, 2) == ["ngram", "dspark"]
-    chooser.observe(CLS, 1, "dspark", 0, 0.0)        # the probe was aborted before its second token
+    chooser.observe(CLS, 1, "dspark", 0, 0.0, measured=True)    # the probe, aborted before its second token
     assert chooser.cells[(CLS, 1)].probing is None
     assert "dspark" in admit(chooser, 3)             # and the probes go on
     chooser.observe((7,), 4, "dspark", 10, 1.0)      # a cell never chosen in: ignored
