@@ -3,7 +3,7 @@
 
     python -m bench.auto_replay RESULT/speedup.json.gz [--concurrency 1] \\
         [--gated dspark=dspark,ngram=ngram-gated] [--measuring dspark=dspark-g7,ngram=ngram] \\
-        [--explore 2] [--explore-tokens 256] [--probe-first 8]
+        [--explore 2] [--explore-tokens 256] [--probe-first 8] [--warm-repeats 0]
 
 Why: each version of the chooser took a GPU run to judge (session 56: three runs, ~900 s of device time),
 and each run showed a different way for it to go wrong. The rows `dspark` and `ngram-gated` already measure
@@ -58,10 +58,11 @@ def _records(cell: dict, row: str, where: str) -> list[dict[int, tuple[int, floa
 
 
 def replay(result: dict, gated: dict[str, str], measuring: dict[str, str], levels: list[str],
-           chooser: MethodChoice) -> list[dict]:
+           chooser: MethodChoice, warm: int = 0) -> list[dict]:
     """One dict per (workload, concurrency) cell replayed, in the bench's order: the per-user rate (tokens over
     seconds, summed over the cell's requests) of `none`, of each candidate's row, and of the chooser's
-    picks, and the requests it gave each method."""
+    picks, and the requests it gave each method. The first ``warm`` repeats of each cell go through the
+    chooser uncounted, as the auto row's whole-answer warm-ups do (``bench.speedup.explore_auto``)."""
     candidates = tuple(gated)
     out = []
     for workload, cells in result["workloads"].items():
@@ -74,6 +75,8 @@ def replay(result: dict, gated: dict[str, str], measuring: dict[str, str], level
             base = _records(cell, "none", where)
             totals = {name: [0, 0.0] for name in ("none", *gated.values(), "auto")}
             given: dict[str, int] = {}
+            if warm >= len(base):
+                raise ReplayError(f"{where}: {len(base)} repeats, none left after {warm} warm ones")
             for rep, plain in enumerate(base):
                 for i in sorted(plain):           # the closed loop admits the prompts in index order
                     choice = chooser.choose(workload, load_bucket(int(level)), candidates)
@@ -83,6 +86,8 @@ def replay(result: dict, gated: dict[str, str], measuring: dict[str, str], level
                     tokens, seconds = source[choice.method][rep][i]
                     chooser.observe(workload, load_bucket(int(level)), choice.method, max(0, tokens - 1), seconds,
                                     measured=choice.measures)
+                    if rep < warm:                # primes the chooser, uncounted
+                        continue
                     given[choice.method] = given.get(choice.method, 0) + 1
                     for name, recs in (("none", plain), *((gated[m], rows[m][rep]) for m in candidates)):
                         totals[name][0] += recs[i][0]
@@ -123,12 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--explore", type=int, default=EXPLORE, help="MethodChoice's explore (requests)")
     p.add_argument("--explore-tokens", type=int, default=EXPLORE_TOKENS, help="MethodChoice's explore_tokens")
     p.add_argument("--probe-first", type=int, default=PROBE_FIRST, help="MethodChoice's probe_first")
+    p.add_argument("--warm-repeats", type=int, default=0,
+                   help="repeats of each cell that prime the chooser uncounted (the auto row's whole-answer "
+                        "warm-ups); the rest are counted")
     args = p.parse_args(argv)
     try:
         chooser = MethodChoice(explore=args.explore, explore_tokens=args.explore_tokens,
                                probe_first=args.probe_first, probe_most=max(64, args.probe_first))
         cells = replay(load(args.result), args.gated, args.measuring,
-                       [c.strip() for c in args.concurrency.split(",") if c.strip()], chooser)
+                       [c.strip() for c in args.concurrency.split(",") if c.strip()], chooser,
+                       args.warm_repeats)
     except (ReplayError, PoolError, ValueError) as exc:
         print(f"auto_replay: {exc}", file=sys.stderr)
         return 2

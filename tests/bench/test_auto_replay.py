@@ -42,6 +42,20 @@ def test_the_replay_settles_on_each_workloads_faster_method():
         assert sum(c["given"].values()) == 32
 
 
+def test_warm_repeats_prime_the_chooser_uncounted():
+    """With the first repeat as a warm-up the exploration is over before the counted requests: more of them
+    go to each workload's faster method, and only the second repeat's 16 are counted."""
+    res = result({"coding": "dspark", "creative": "ngram"})
+    cold = replay(res, GATED, {}, ["1"], MethodChoice(explore=2, explore_tokens=0))
+    warm = replay(res, GATED, {}, ["1"], MethodChoice(explore=2, explore_tokens=0), warm=1)
+    for c, w, fast in zip(cold, warm, ("dspark", "ngram")):
+        assert sum(w["given"].values()) == 16
+        assert w["given"][fast] / 16 > c["given"][fast] / 32
+        assert w["per_user_tok_s"]["auto"] > c["per_user_tok_s"]["auto"]
+    with pytest.raises(ReplayError, match="none left after 2 warm ones"):
+        replay(res, GATED, {}, ["1"], MethodChoice(), warm=2)
+
+
 def test_measuring_requests_take_the_measuring_rows_records():
     """Exploring and probing requests take the measuring row's records: with ngram's drafting-throughout row
     at 400 tok/s it wins the exploration and gets more requests than with its gated row's alone."""
