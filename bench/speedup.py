@@ -908,13 +908,11 @@ def _available_rows(engine, rows: list[str]) -> tuple[list[str], list[str], dict
 EXTRA_WARMUPS = 3   # more warm-up runs a gated row gets, at most, while its gate cell still explores
 
 
-AUTO_KEYS = ("dspark", "ngram_gated")   # the gate keys of the auto row's requests (the default auto_methods)
-
-
-def gate_keys(row: str) -> tuple[str, ...]:
-    """Every gate key a row's requests may run under: the auto row's candidates', else ``gate_key``'s."""
+def gate_keys(row: str, engine=None) -> tuple[str, ...]:
+    """Every gate key a row's requests may run under: for the auto row its candidates' (the engine's
+    ``auto_gate_keys``; none without an engine), else ``gate_key``'s."""
     if ROWS[row]["method"] == "auto":
-        return AUTO_KEYS
+        return () if engine is None else tuple(engine.auto_gate_keys())
     key = gate_key(row)
     return () if key is None else (key,)
 
@@ -947,7 +945,7 @@ def finish_exploring(engine, row: str, level: int, warm) -> dict[int, int]:
     too, 5-19 such decisions a run on coding. A server that has seen these loads once has explored them.
     The timed runs measure the steady state, probes included; the JSON lists the extra warm-ups per cell
     and bucket (``gate_extra_warmups``)."""
-    keys, gate = gate_keys(row), getattr(engine, "spec_gate", None)
+    keys, gate = gate_keys(row, engine), getattr(engine, "spec_gate", None)
     if not keys or gate is None:
         return {}
     top = load_bucket(level)

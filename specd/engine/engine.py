@@ -31,7 +31,7 @@ from specd.engine.proposers import load_proposer
 from specd.engine.scheduler import ScheduledSeq, Scheduler
 from specd.engine.greedy_verify import GreedyVerify
 from specd.engine.speculation import METHODS, Draft, MixedVerify, VerifyInputs, prepare_verify, verify_prepared
-from specd.engine.gating import GateSteps, confidence_scheduled
+from specd.engine.gating import GateSteps, confidence_scheduled, gate_key_name
 from specd.engine.spec_gate import SpecGate, load_bucket, prompt_class
 from specd.engine.spec_scheduler import SpsProfile, calibrate, profile_points, schedule_verify
 from specd.engine.sequence import Sequence, SeqStatus
@@ -277,6 +277,11 @@ class SpecEngine(GateSteps):
                                                  f"{self.config.auto_methods!r}")
             self._auto_candidates = tuple(served)
         return self._auto_candidates
+
+    def auto_gate_keys(self) -> tuple[str, ...]:
+        """The spec gate keys an auto request may run under: each candidate's with its auto schedule (a
+        benchmark warms those cells before timing an auto row, ``bench.speedup.finish_exploring``)."""
+        return tuple(gate_key_name(m, self._auto_schedule(m)) for m in self.auto_candidates())
 
     def _auto_schedule(self, method: str) -> str:
         """An auto request's schedule: the confidence schedule where the drafter has a confidence head, else

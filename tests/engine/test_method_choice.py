@@ -269,6 +269,7 @@ def test_auto_requests_run_both_candidates_and_match_plain_decoding(engine):
     assert len(chosen) == 24
     assert {c[0] for c in chosen} == {"dspark", "ngram"}
     assert {(m, s, k) for m, s, k in chosen} <= {("dspark", "confidence", "dspark"), ("ngram", "gated", "ngram_gated")}
+    assert engine.auto_gate_keys() == ("dspark", "ngram_gated")      # what a benchmark warms for the auto row
     stats = engine.stats()
     assert stats["spec_auto_dspark_requests_total"] + stats["spec_auto_ngram_requests_total"] == 24
     assert engine.stats()["spec_verifications_total"] > verified, "no auto request drafted: nothing was checked"
@@ -304,6 +305,7 @@ def test_auto_with_a_schedule_is_refused(engine, fields, words):
 def test_auto_leaves_out_what_it_cannot_serve():
     e = SpecEngine.from_config(EngineConfig(max_num_seqs=2, num_local_blocks=256, device="cpu"))
     assert e.auto_candidates() == ("ngram",)          # no dspark drafter: ngram alone
+    assert e.auto_gate_keys() == ("ngram_gated",)
     e2 = SpecEngine.from_config(EngineConfig(max_num_seqs=2, num_local_blocks=256, device="cpu",
                                              auto_methods="dflash"))
     with pytest.raises(EngineError, match="no method it can serve"):
