@@ -313,6 +313,10 @@ class SpecEngine(GateSteps):
             seq.auto_choice = (chooser, cls, bucket)
             if choice is not None and choice.measures:     # drafts at every step, to measure the method
                 seq.gate_acceptance.measures = True        # (``MethodChoice.choose``)
+            # a rest span let it in as a `none` request at admission (``_join_span``); weighed now as what it
+            # is, it joins the rest's bound or ends the span (a measuring request always ends it), so it
+            # does not rest under a span that never asked about it
+            self._join_span(seq)
 
     def warm(self, prompt_ids: list[int]) -> bool:
         """Prefetch on arrival: have kvd start promoting the prompt's cached prefix now, before the request

@@ -12,8 +12,8 @@ losslessness. The drafters are trained for 150 steps on the target's own continu
 
 Then every method (dspark with the committed drafter, dflash, eagle3, ngram) at 1, 4 and 16 requests a
 step: greedy outputs equal plain decoding's except at counted top-2 ties within ``TIE_ULPS`` float32 ULPs,
-and the statistical check in both settings; a draft verified against its neighbour's distribution (a
-per-sequence bug) passes alone and is rejected in a batch of 16.
+and the statistical check in both settings (method `auto` too, at 16); a draft verified against its
+neighbour's distribution (a per-sequence bug) passes alone and is rejected in a batch of 16.
 """
 from __future__ import annotations
 
@@ -226,6 +226,38 @@ def test_sampled_tokens_follow_the_target_distribution_in_a_batch(batch_engines,
     assert drafted >= least and accepted > 0.1 * drafted, (drafted, accepted)      # verified, and often kept
     p = min_p_value(plain, spec)
     assert p > ALPHA, f"{method} at c={concurrency}: distributions differ (p={p:.2e}, accepted {accepted} of {drafted})"
+
+
+@pytest.mark.parametrize("setting", [0, 1], ids=["T1", "T0.7-p0.9-k20"])
+def test_auto_sampled_tokens_follow_the_target_distribution_in_a_batch(batch_engines, setting, monkeypatch):
+    """Method `auto` at 16 requests a step: each request runs the method the chooser gives it, chosen from
+    requests that finished before, so the mixture follows plain decoding's distribution too. The chooser is
+    one that never stops exploring (every request measures its method, round robin), so dspark and ngram
+    requests share every step and each drafts at every step: with the default chooser these 3-token
+    answers rest nearly throughout (22 drafted tokens in 1,000 requests), and a check of so few verified
+    tokens would say nothing. The requests come in waves of 16: auto's schedules (dspark's confidence
+    schedule, gated ngram) do not draft in steps with prompt chunks, and with all 1,000 queued at once
+    nearly every step had some (34 of 38 steps paused on a 200-request probe). Both methods must have been
+    given requests, and drafts verified."""
+    from specd.engine.method_choice import MethodChoice
+
+    engine = batch_engines[16]
+    monkeypatch.setattr(engine.spec_gate, "methods", MethodChoice(explore=10 * N, explore_tokens=0))
+    params = [PARAMS[setting].model_copy(update={"seed": 60_000 + i}) for i in range(N)]
+    plain = batch_plain(engine, PROMPT, setting)
+    before = engine.stats()
+    spec = [out for start in range(0, N, 16)
+            for out in batch_outputs(engine, f"sauto{setting}-{start}-", [PROMPT] * len(params[start:start + 16]),
+                                     params[start:start + 16], "auto")]
+    after = engine.stats()
+    given = {m: after.get(f"spec_auto_{m}_requests_total", 0) - before.get(f"spec_auto_{m}_requests_total", 0)
+             for m in ("dspark", "ngram")}
+    assert sum(given.values()) == N and all(given.values()), given
+    drafted = after["spec_drafted_tokens_total"] - before["spec_drafted_tokens_total"]
+    accepted = after["spec_accepted_tokens_total"] - before["spec_accepted_tokens_total"]
+    assert drafted >= N // 4 and accepted > 0.1 * drafted, (drafted, accepted)    # ~500 drafted here
+    p = min_p_value(plain, spec)
+    assert p > ALPHA, f"auto: distributions differ (p={p:.2e}, given {given}, accepted {accepted} of {drafted})"
 
 
 _PLAIN: dict = {}
