@@ -252,11 +252,14 @@ class SpecEngine(GateSteps):
         self._counters["requests_total"] += 1
         self._counters["prompt_tokens_total"] += n
 
-    def _assign_method(self, seq: Sequence, method: str, gate_key: str | None) -> None:
-        """Fix a queued request's method and gate key for its whole life, with its gate record."""
+    def _assign_method(self, seq: Sequence, method: str, gate_key: str | None, measures: bool = False) -> None:
+        """Fix a queued request's method and gate key for its whole life, with its gate record (``measures``:
+        an auto request sent to measure its method, ``MethodChoice.choose``: it drafts at every step, so it
+        must be marked before a rest span weighs it)."""
         seq.method, seq.gate_key = method, gate_key
         if seq.gate_key is not None and self.spec_gate is not None:
             seq.gate_acceptance = self.spec_gate.record(seq.gate_key, seq.request.prompt_ids)
+        seq.gate_acceptance.measures = measures
         if self._rest_chain is not None and self._rest_chain.span:
             self._join_span(seq)            # a rest span covers the requests that join its bound (gating.py)
 
@@ -309,14 +312,11 @@ class SpecEngine(GateSteps):
             choice = chooser.choose(cls, bucket, candidates) if chooser is not None else None
             method = candidates[0] if choice is None else choice.method
             req.speculation, req.spec_schedule = method, self._auto_schedule(method)
-            self._assign_method(seq, method, self._admit_speculation(req)[1])   # kept per settings there
+            # kept per settings there; a rest span let it in as a `none` request at admission, and weighs it
+            # again here as what it now is (``_join_span``): a measuring request ends the span
+            self._assign_method(seq, method, self._admit_speculation(req)[1],
+                                measures=choice is not None and choice.measures)
             seq.auto_choice = (chooser, cls, bucket)
-            if choice is not None and choice.measures:     # drafts at every step, to measure the method
-                seq.gate_acceptance.measures = True        # (``MethodChoice.choose``)
-            # a rest span let it in as a `none` request at admission (``_join_span``); weighed now as what it
-            # is, it joins the rest's bound or ends the span (a measuring request always ends it), so it
-            # does not rest under a span that never asked about it
-            self._join_span(seq)
 
     def warm(self, prompt_ids: list[int]) -> bool:
         """Prefetch on arrival: have kvd start promoting the prompt's cached prefix now, before the request

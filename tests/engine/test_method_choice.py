@@ -244,9 +244,9 @@ def test_auto_requests_run_both_candidates_and_match_plain_decoding(engine):
     chosen = []
     real = engine._assign_method
 
-    def spy(seq, method, gate_key):
+    def spy(seq, method, gate_key, measures=False):
         chosen.append((seq.request.speculation, seq.request.spec_schedule, gate_key))
-        return real(seq, method, gate_key)
+        return real(seq, method, gate_key, measures)
 
     engine._assign_method = spy
     verified = engine.stats()["spec_verifications_total"]

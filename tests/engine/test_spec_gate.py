@@ -3375,3 +3375,49 @@ def test_a_kept_contexts_absorb_is_no_plain_sample_and_is_charged_to_drafting():
     assert all(seen == [] and charged == [("dspark", 4)] and kind == "capture"
                for _, seen, charged, kind in absorbing)
     assert all(seen == [False] and charged == [] for _, seen, charged, _ in others)
+
+
+def test_a_measuring_auto_request_chosen_inside_a_rest_span_ends_it_and_drafts():
+    """An auto request is queued as `none` (a span lets it pass) and gets its method at the top of its first
+    step (``SpecEngine._resolve_auto``). One sent to measure dspark (``Choice.measures``) must be marked so
+    before the span weighs it again as a dspark request: then it ends the span, keeps its prompt's
+    features (not prompt-less), drafts, and its tokens are plain decoding's. Marked after (session 56's
+    order), the span weighed it as an ordinary request and it could join the rest without its prompt."""
+    from resting_probe_engine import BASE, resting_engine
+
+    from specd.engine.method_choice import MethodChoice
+    from specd.engine.request import Request
+    from specd.sampling_params import SamplingParams
+
+    engine = resting_engine(4, num_local_blocks=512)
+    engine.spec_gate.explores = staticmethod(lambda record: record.measures)    # class exploration off
+    engine.spec_gate.methods = MethodChoice(explore=100, explore_tokens=0)       # every auto request measures
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = [engine.tokenizer.encode(p) for p in BASE[:4]]
+
+    def serve(spec: str, late: str) -> tuple[dict, object, int]:
+        got, seq, verified = collections.defaultdict(list), None, 0
+        for i in range(3):
+            engine.add_request(Request(f"{spec}{i}", prompts[i], params, speculation=spec))
+        steps = 0
+        while engine.has_work():
+            steps += 1
+            if steps == 10:
+                chain = engine._rest_chain
+                assert spec == "none" or chain is not None and chain.span and chain.lease   # inside a span
+                engine.add_request(Request("late", prompts[3], params, speculation=late))
+                assert spec == "none" or not chain.broken           # passed as a `none` request, for now
+                verified = engine.stats()["spec_verifications_total"]
+            for out in engine.step():
+                got[out.id] += out.token_ids
+            if steps == 10:
+                seq = next(s for s in engine.scheduler.running if s.request.id == "late")
+                if spec != "none":
+                    assert chain.broken and not chain.lease         # weighed as a measuring dspark request
+        return dict(got), seq, engine.stats()["spec_verifications_total"] - verified
+
+    want, _, _ = serve("none", "none")
+    got, seq, verified = serve("dspark", "auto")
+    assert seq.method == "dspark" and seq.gate_acceptance.measures and not seq.gate_acceptance.lacks_prompt
+    assert verified > 0
+    assert got == {k.replace("none", "dspark"): v for k, v in want.items()}
