@@ -150,8 +150,7 @@ class MethodChoice:
             raise ChoiceError("no candidate method to choose from")
         cell = self._cell((prompt_class, bucket))
         arms = [cell.arms.setdefault(m, Arm()) for m in candidates]
-        young = [(arm.admitted, i) for i, arm in enumerate(arms)
-                 if arm.finished < self.explore or arm.decoded < self.explore_tokens]
+        young = [(arm.admitted, i) for i, arm in enumerate(arms) if self._explores(arm)]
         prior = cell.prior if cell.prior in candidates else None
         measures = True
         if young and prior is not None:           # explore behind the nearest load's winner
@@ -226,9 +225,13 @@ class MethodChoice:
         n = 0
         for cls in set(classes):
             cell = self.cells.get((cls, bucket))
-            n += cell is None or not cell.arms or any(
-                a.finished < self.explore or a.decoded < self.explore_tokens for a in cell.arms.values())
+            n += cell is None or not cell.arms or any(map(self._explores, cell.arms.values()))
         return n
+
+    def _explores(self, arm: Arm) -> bool:
+        """Is this candidate still explored in its cell: short of ``explore`` finished requests, or of
+        ``explore_tokens`` decoded tokens? (``choose`` and ``young`` share the rule.)"""
+        return arm.finished < self.explore or arm.decoded < self.explore_tokens
 
     def snapshot(self) -> list[dict]:
         """Every cell's state, for the records (``bench speedup`` writes it per cell): its class as a short
