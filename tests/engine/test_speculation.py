@@ -140,6 +140,28 @@ def test_the_statistical_test_catches_a_planted_bug(engine, monkeypatch):
     assert min(token_p_value([r[pos] for r in plain], [r[pos] for r in buggy]) for pos in (1, 2)) < ALPHA
 
 
+def test_the_statistical_test_catches_a_verifier_that_accepts_every_draft(engine, monkeypatch):
+    """Plant the other classic bug: every accept draw is 0, so a draft token is kept whenever the target
+    gives it any mass at all (at T = 1, always). The output then follows the proposer's q, not the target.
+    Why here and not with the committed dspark drafter: that drafter is so close to the target that this
+    bug moves the output by less than N = 1,000 runs can see (session 57 measured p = 0.005 against
+    alpha = 1e-3); the verify path is the same for every method, and a proposer far from the target shows
+    the bug at once."""
+    import specd.engine.speculation as speculation
+
+    real = speculation.kernels.rejection_sample
+
+    def accept_all(p_t, p_d, toks, num, uniforms, bonus):
+        return real(p_t, p_d, toks, num, torch.zeros_like(uniforms), bonus)
+
+    params = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
+    n = 1500
+    plain = _sample_runs(engine, n, params, None)
+    monkeypatch.setattr(speculation.kernels, "rejection_sample", accept_all)
+    buggy = _sample_runs(engine, n, params, NoisyProposer(engine.model.config.vocab_size))
+    assert min(token_p_value([r[pos] for r in plain], [r[pos] for r in buggy]) for pos in (1, 2)) < ALPHA
+
+
 def test_usage_reports_speculation_counts(engine):
     engine._proposers["stub"] = RepeatProposer()
     engine.add_request(Request("u", engine.tokenizer.encode(PROMPTS[1]),
