@@ -3,15 +3,16 @@
 
     python -m bench.auto_replay RESULT/speedup.json.gz [--concurrency 1] \\
         [--gated dspark=dspark,ngram=ngram-gated] [--measuring dspark=dspark-g7,ngram=ngram] \\
-        [--explore 2] [--explore-tokens 256] [--probe-first 8] [--warm-repeats 0]
+        [--explore 2] [--explore-tokens 256] [--probe-first 8] [--draft-most 1] [--warm-repeats 0]
 
 Why: each version of the chooser took a GPU run to judge (session 56: three runs, ~900 s of device time),
 and each run showed a different way for it to go wrong. The rows `dspark` and `ngram-gated` already measure
 every request under each candidate: the same prompts, the same seeds, in the same order. So a chooser can be
 run over them here: at each request of a cell it picks a method, and the replay takes that method's row's
 record of the same request (its tokens, and its seconds from first token to finish) as the outcome, feeding
-it back as the engine does. A request the chooser sends to measure its method (``Choice.measures``, which drafts
-at every step) takes the ``--measuring`` row's record (fixed γ: `dspark-g7`, `ngram`) where the run has it.
+it back as the engine does. A request the chooser sends to measure its method and that drafts at every step
+(``Choice.drafts``: at load bucket 1 by default) takes the ``--measuring`` row's record (fixed γ: `dspark-g7`,
+`ngram`) where the run has it.
 
 What it is and is not: at c = 1 a request's decode time does not depend on the others, so the replay is
 close to what the engine would do (prompt steps and gaps between requests left out). At c > 1 a request's
@@ -27,7 +28,7 @@ import sys
 from pathlib import Path
 
 from bench.speedup_pool import PoolError, load
-from specd.engine.method_choice import EXPLORE, EXPLORE_TOKENS, PROBE_FIRST, MethodChoice
+from specd.engine.method_choice import DRAFT_MOST, EXPLORE, EXPLORE_TOKENS, PROBE_FIRST, MethodChoice
 from specd.engine.spec_gate import load_bucket
 
 
@@ -80,7 +81,7 @@ def replay(result: dict, gated: dict[str, str], measuring: dict[str, str], level
             for rep, plain in enumerate(base):
                 for i in sorted(plain):           # the closed loop admits the prompts in index order
                     choice = chooser.choose(workload, load_bucket(int(level)), candidates)
-                    source = fixed if choice.measures and choice.method in fixed else rows
+                    source = fixed if choice.drafts and choice.method in fixed else rows
                     if any(i not in recs[rep] for recs in (*rows.values(), *fixed.values())):
                         raise ReplayError(f"{where}: request {i} of repeat {rep} is missing from a row")
                     tokens, seconds = source[choice.method][rep][i]
@@ -128,13 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--explore", type=int, default=EXPLORE, help="MethodChoice's explore (requests)")
     p.add_argument("--explore-tokens", type=int, default=EXPLORE_TOKENS, help="MethodChoice's explore_tokens")
     p.add_argument("--probe-first", type=int, default=PROBE_FIRST, help="MethodChoice's probe_first")
+    p.add_argument("--draft-most", type=int, default=DRAFT_MOST,
+                   help="MethodChoice's draft_most: the largest load bucket where a measuring request drafts "
+                        "throughout (and takes --measuring's record)")
     p.add_argument("--warm-repeats", type=int, default=0,
                    help="repeats of each cell that prime the chooser uncounted (the auto row's whole-answer "
                         "warm-ups); the rest are counted")
     args = p.parse_args(argv)
     try:
         chooser = MethodChoice(explore=args.explore, explore_tokens=args.explore_tokens,
-                               probe_first=args.probe_first, probe_most=max(64, args.probe_first))
+                               probe_first=args.probe_first, probe_most=max(64, args.probe_first),
+                               draft_most=args.draft_most)
         cells = replay(load(args.result), args.gated, args.measuring,
                        [c.strip() for c in args.concurrency.split(",") if c.strip()], chooser,
                        args.warm_repeats)

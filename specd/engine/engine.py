@@ -254,8 +254,8 @@ class SpecEngine(GateSteps):
 
     def _assign_method(self, seq: Sequence, method: str, gate_key: str | None, measures: bool = False) -> None:
         """Fix a queued request's method and gate key for its whole life, with its gate record (``measures``:
-        an auto request sent to measure its method, ``MethodChoice.choose``: it drafts at every step, so it
-        must be marked before a rest span weighs it)."""
+        an auto request that drafts at every step to measure its method, ``Choice.drafts``, so it must be
+        marked before a rest span weighs it)."""
         seq.method, seq.gate_key = method, gate_key
         if seq.gate_key is not None and self.spec_gate is not None:
             seq.gate_acceptance = self.spec_gate.record(seq.gate_key, seq.request.prompt_ids)
@@ -315,8 +315,8 @@ class SpecEngine(GateSteps):
             # kept per settings there; a rest span let it in as a `none` request at admission, and weighs it
             # again here as what it now is (``_join_span``): a measuring request ends the span
             self._assign_method(seq, method, self._admit_speculation(req)[1],
-                                measures=choice is not None and choice.measures)
-            seq.auto_choice = (chooser, cls, bucket)
+                                measures=choice is not None and choice.drafts)
+            seq.auto_choice = (chooser, cls, bucket, choice is not None and choice.measures)
 
     def warm(self, prompt_ids: list[int]) -> bool:
         """Prefetch on arrival: have kvd start promoting the prompt's cached prefix now, before the request
@@ -939,10 +939,9 @@ class SpecEngine(GateSteps):
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
         self._seqs.pop(seq.id, None)
         if seq.auto_choice is not None and seq.auto_choice[0] is not None:   # its decode rate, for the next
-            chooser, cls, bucket = seq.auto_choice                            # auto requests of its class
+            chooser, cls, bucket, measured = seq.auto_choice                  # auto requests of its class
             decoded = 0.0 if seq.first_token_s is None else max(0.0, time.monotonic() - seq.first_token_s)
-            chooser.observe(cls, bucket, seq.method, max(0, len(seq.output_ids) - 1), decoded,
-                            measured=seq.gate_acceptance.measures)
+            chooser.observe(cls, bucket, seq.method, max(0, len(seq.output_ids) - 1), decoded, measured=measured)
         self._counters["requests_finished"] += 1
 
     def _fail_unschedulable(self, outputs: list[RequestOutput]) -> None:

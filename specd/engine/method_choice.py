@@ -36,6 +36,7 @@ PROBE_FIRST = 8      # admissions a cell gives its winner before the first reque
 PROBE_MOST = 64      # the longest wait: it doubles each time a probe finds the winner still ahead (a loser
                      # 2x slower costs ≤ 1/64 of a request's worth of time at the longest wait, ~0.8%)
 MARGIN = 0.02        # a candidate takes over from the winner only when faster by this fraction (noise)
+DRAFT_MOST = 1       # the largest load bucket where a measuring request drafts at every step (``Choice.drafts``)
 MAX_CELLS = 4096     # (class, bucket) cells remembered, least recently used forgotten first
 
 
@@ -44,11 +45,13 @@ class ChoiceError(ValueError):
 
 
 class Choice(NamedTuple):
-    """A request's method, and whether it goes there to measure it (exploring the cell, or probing a loser):
-    such a request drafts at every step whatever the spec gate decides (``Acceptance.measures``)."""
+    """A request's method; whether it goes there to measure it (exploring the cell, or probing a loser); and
+    whether it drafts at every step whatever the spec gate decides (``Acceptance.measures``): a measuring
+    request at a load bucket of at most ``MethodChoice.draft_most``."""
 
     method: str
     measures: bool
+    drafts: bool = False
 
 
 @dataclass
@@ -89,12 +92,14 @@ class MethodChoice:
 
     def __init__(self, explore: int = EXPLORE, decay: float = DECAY, probe_first: int = PROBE_FIRST,
                  probe_most: int = PROBE_MOST, margin: float = MARGIN, max_cells: int = MAX_CELLS,
-                 explore_tokens: int = EXPLORE_TOKENS):
+                 explore_tokens: int = EXPLORE_TOKENS, draft_most: int = DRAFT_MOST):
         if (explore < 1 or not 0.0 <= decay < 1.0 or probe_first < 1 or probe_most < probe_first or margin < 0
-                or explore_tokens < 0):
+                or explore_tokens < 0 or draft_most < 0):
             raise ChoiceError(f"bad method choice settings: explore={explore}, decay={decay}, probe_first="
-                              f"{probe_first}, probe_most={probe_most}, margin={margin}, explore_tokens={explore_tokens}")
+                              f"{probe_first}, probe_most={probe_most}, margin={margin}, explore_tokens="
+                              f"{explore_tokens}, draft_most={draft_most}")
         self.explore, self.decay, self.margin, self.explore_tokens = explore, decay, margin, explore_tokens
+        self.draft_most = draft_most
         self.probe_first, self.probe_most, self.max_cells = probe_first, probe_most, max_cells
         self.cells: OrderedDict[tuple, ChoiceCell] = OrderedDict()
         self.chosen: dict[str, int] = {}          # requests given each method, in all (stats)
@@ -136,7 +141,8 @@ class MethodChoice:
         ``explore`` measuring requests in flight (a heavy load's first wave would otherwise draft throughout:
         fixed γ = 7 ran 0.65x `none` at c = 32 in run NC).
 
-        Why a measuring request drafts at every step: each method runs behind the spec gate, whose cells
+        Why a measuring request drafts at every step at load bucket 1 (``Choice.drafts``): each method runs
+        behind the spec gate, whose cells
         (method, load) and class records learn from the requests they serve. A method that a cell gives one
         request in eight or fewer has its gate records starved, and they rest its requests: the chooser then
         measures it at plain decoding's rate, and it never wins. H100, session 56, run NF (tree 70cceea):
@@ -145,7 +151,16 @@ class MethodChoice:
         request against dspark's 497, where the ngram-gated row, every request ngram, ran 1,270-1,780 tok/s a
         request (1.92x `none`). Drafting throughout, the request measures what the method can do here; where
         that is slower than the winner's gated rate the method loses, which is right, since gated it would
-        rest and do no better than plain decoding."""
+        rest and do no better than plain decoding.
+
+        Why only there (``draft_most``): in a batch, one request that drafts makes the step a drafting step for
+        every request in it, so the batch pays the draft pass and the verify rows while the resting others
+        gain nothing. H100, session 58, runs QA-QD (tree 96667d0): in the auto row the steps drafted for
+        measuring requests alone (the gate's "class" reason; 0 in the single-method rows) were 61-301 a run
+        at c = 16 and 32, each 4.2-9 ms against a plain step's 2.5-3.7 ms for about a plain step's tokens
+        (16 against 15 at c = 16); the row ran 0.93 / 0.95x `none` there, below both `dspark` (1.07 / 0.99)
+        and `ngram-gated` (1.09 / 1.09), and its runs with 3-4 measuring requests ran 0.76-0.90x. At c = 1
+        the drafting costs only the request itself, and that is where run NF found the starvation."""
         if not candidates:
             raise ChoiceError("no candidate method to choose from")
         cell = self._cell((prompt_class, bucket))
@@ -177,7 +192,7 @@ class MethodChoice:
         cell.arms[method].measuring += measures
         self.chosen[method] = self.chosen.get(method, 0) + 1
         self.measured += measures
-        return Choice(method, measures)
+        return Choice(method, measures, measures and bucket <= self.draft_most)
 
     def _winner(self, cell: ChoiceCell, candidates) -> str:
         """The fastest candidate; the holder keeps its place unless another beats it by ``margin``."""

@@ -50,7 +50,8 @@ class Sequence:
     spec_accepted: int = 0
     gate_acceptance: Acceptance = field(default_factory=Acceptance)   # its drafting steps, for the spec gate
     gate_key: str | None = None                 # its spec gate cell family (None: not gated), set at admission
-    auto_choice: tuple | None = None            # admitted as auto: (chooser or None, prompt class, load bucket)
+    auto_choice: tuple | None = None            # admitted as auto: (chooser or None, prompt class, load bucket,
+                                                # sent to measure its method: ``Choice.measures``)
                                                 # that chose its method, told its decode rate when it finishes
     method: str = "none"                        # its speculation method: the request's, else the deployment's,
                                                 # set at admission; an attribute, not a lookup: every step's

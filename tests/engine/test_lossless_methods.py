@@ -232,8 +232,9 @@ def test_sampled_tokens_follow_the_target_distribution_in_a_batch(batch_engines,
 def test_auto_sampled_tokens_follow_the_target_distribution_in_a_batch(batch_engines, setting, monkeypatch):
     """Method `auto` at 16 requests a step: each request runs the method the chooser gives it, chosen from
     requests that finished before, so the mixture follows plain decoding's distribution too. The chooser is
-    one that never stops exploring (every request measures its method, round robin), so dspark and ngram
-    requests share every step and each drafts at every step: with the default chooser these 3-token
+    one that never stops exploring (every request measures its method, round robin) and lets measuring
+    requests draft throughout at this load (``draft_most``), so dspark and ngram requests share every step and
+    each drafts at every step: with the default chooser these 3-token
     answers rest nearly throughout (22 drafted tokens in 1,000 requests), and a check of so few verified
     tokens would say nothing. The requests come in waves of 16: auto's schedules (dspark's confidence
     schedule, gated ngram) do not draft in steps with prompt chunks, and with all 1,000 queued at once
@@ -242,7 +243,7 @@ def test_auto_sampled_tokens_follow_the_target_distribution_in_a_batch(batch_eng
     from specd.engine.method_choice import MethodChoice
 
     engine = batch_engines[16]
-    monkeypatch.setattr(engine.spec_gate, "methods", MethodChoice(explore=10 * N, explore_tokens=0))
+    monkeypatch.setattr(engine.spec_gate, "methods", MethodChoice(explore=10 * N, explore_tokens=0, draft_most=16))
     params = [PARAMS[setting].model_copy(update={"seed": 60_000 + i}) for i in range(N)]
     plain = batch_plain(engine, PROMPT, setting)
     before = engine.stats()

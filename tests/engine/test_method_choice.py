@@ -156,9 +156,23 @@ def test_requests_sent_to_measure_a_method_are_marked_and_draft_throughout():
     admit(chooser, 1, bucket=8, measures=flags)
     assert flags == [True, True, False, False, True, False, False, True]
     assert chooser.stats()["spec_auto_measuring_total"] == 4
+    assert chooser.choose(CLS, 1, ("dspark", "ngram")).drafts is False     # the winner's: measures nothing
     gate = SpecGate()
     assert gate.explores(Acceptance(measures=True))
     assert not gate.explores(Acceptance(group=ClassRecord(requests=5, samples=10)))
+
+
+def test_only_a_light_loads_measuring_requests_draft_throughout():
+    """A measuring request drafts at every step only at load buckets up to ``draft_most`` (1 by default):
+    in a batch its drafting makes every request's step a drafting one (session 58, runs QA-QD)."""
+    for bucket, drafts in ((1, True), (2, False), (8, False), (32, False)):
+        choice = MethodChoice(explore=1, explore_tokens=0).choose(CLS, bucket, ("dspark", "ngram"))
+        assert choice.measures and choice.drafts is drafts, bucket
+    wide = MethodChoice(explore=1, explore_tokens=0, draft_most=8)
+    assert wide.choose(CLS, 8, ("dspark", "ngram")).drafts and not wide.choose(CLS, 16, ("dspark", "ngram")).drafts
+    assert not MethodChoice(draft_most=0).choose(CLS, 1, ("dspark", "ngram")).drafts
+    with pytest.raises(ChoiceError):
+        MethodChoice(draft_most=-1)
 
 
 def test_a_heavy_loads_first_wave_measures_only_explore_requests_a_method():
@@ -263,9 +277,9 @@ def test_auto_requests_run_both_candidates_and_match_plain_decoding(engine):
     # each auto request's usage says which method it ran, drafted or not
     assert [seq.usage().speculation["method"] for seq in finished] == [seq.method for seq in finished]
     assert {seq.method for seq in finished} == {"dspark", "ngram"}
-    # the requests sent to measure dspark drafted, whatever the gate decided for the rest
-    measuring = [seq for seq in finished if seq.gate_acceptance.measures and seq.method == "dspark"]
-    assert measuring and all(seq.spec_verifications > 0 for seq in measuring)
+    # requests were sent to measure a method, but at load 8 none drafts throughout (``Choice.drafts``)
+    assert any(seq.auto_choice[3] for seq in finished)
+    assert not any(seq.gate_acceptance.measures for seq in finished)
     assert len(chosen) == 24
     assert {c[0] for c in chosen} == {"dspark", "ngram"}
     assert {(m, s, k) for m, s, k in chosen} <= {("dspark", "confidence", "dspark"), ("ngram", "gated", "ngram_gated")}
@@ -276,6 +290,25 @@ def test_auto_requests_run_both_candidates_and_match_plain_decoding(engine):
     cells = engine.spec_gate.methods.cells
     assert all(b == 8 for _, b in cells), "a wave of 8 added before one step is chosen at load 8"
     assert sum(a.finished for c in cells.values() for a in c.arms.values()) == 24
+
+
+def test_a_request_measuring_a_method_alone_drafts_throughout(engine):
+    """At load 1 a request sent to measure its method drafts at every step whatever the gate decides, and its
+    answer is plain decoding's. A new class explores from nothing, so its first request measures."""
+    prompt = "A lonely fox walked in the snow. The fox"
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want = batch_outputs(engine, "alone-plain-", [prompt], [params], "none")
+    finished = []
+    real_finish = engine._finish
+    engine._finish = lambda seq, reason: (finished.append(seq), real_finish(seq, reason))[1]
+    try:
+        got = batch_outputs(engine, "alone-", [prompt], [params], None)
+    finally:
+        engine._finish = real_finish
+    assert got == want
+    (seq,) = finished
+    assert seq.auto_choice[2] == 1 and seq.auto_choice[3], "the class's first request at load 1 measures"
+    assert seq.gate_acceptance.measures and seq.spec_verifications > 0
 
 
 def test_a_burst_is_chosen_at_the_load_it_runs_at(engine):

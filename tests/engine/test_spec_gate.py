@@ -3379,7 +3379,7 @@ def test_a_kept_contexts_absorb_is_no_plain_sample_and_is_charged_to_drafting():
 
 def test_a_measuring_auto_request_chosen_inside_a_rest_span_ends_it_and_drafts():
     """An auto request is queued as `none` (a span lets it pass) and gets its method at the top of its first
-    step (``SpecEngine._resolve_auto``). One sent to measure dspark (``Choice.measures``) must be marked so
+    step (``SpecEngine._resolve_auto``). One sent to measure dspark and draft throughout (``Choice.drafts``) must be marked so
     before the span weighs it again as a dspark request: then it ends the span, keeps its prompt's
     features (not prompt-less), drafts, and its tokens are plain decoding's. Marked after (session 56's
     order), the span weighed it as an ordinary request and it could join the rest without its prompt."""
@@ -3391,7 +3391,8 @@ def test_a_measuring_auto_request_chosen_inside_a_rest_span_ends_it_and_drafts()
 
     engine = resting_engine(4, num_local_blocks=512)
     engine.spec_gate.explores = staticmethod(lambda record: record.measures)    # class exploration off
-    engine.spec_gate.methods = MethodChoice(explore=100, explore_tokens=0)       # every auto request measures
+    engine.spec_gate.methods = MethodChoice(explore=100, explore_tokens=0, draft_most=4)   # every auto request
+    # measures, and at load 4 drafts throughout
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     prompts = [engine.tokenizer.encode(p) for p in BASE[:4]]
 
