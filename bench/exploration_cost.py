@@ -10,7 +10,7 @@ top-p workloads, session 30), and a step before a probe captures features. A thr
 the same run is measured directly. This prints, per concurrency, over every repeat of the cells where the
 row never drafted as the winner (the gate rested: drafting there is exploration only):
 
-- drafting and capture steps a run, and the gate's reasons counted in them (probe, explore, class);
+- drafting and capture steps a run, and the gate's reasons counted in them (probe, explore, class, measure);
 - excess: the drafting (capture) steps' ms over as many plain steps of the same run, as % of the row's wall;
 - gain: the drafting steps' tokens beyond a plain step's, priced at the run's plain ms per token, as %;
 - net: excess of both kinds less the gain: what the exploration cost the row.
@@ -24,7 +24,7 @@ from collections import defaultdict
 
 from bench.speedup_pool import each_run_pairs, row_tool_main, step_kind
 
-REASONS = ("probe", "explore", "class")
+REASONS = ("probe", "explore", "class", "measure")
 
 
 def run_cost(run: dict) -> dict | None:
@@ -66,7 +66,7 @@ def by_level(runs: list[dict], row: str) -> dict[int, dict]:
 def table(levels: dict[int, dict], row: str) -> str:
     if not levels:
         return f"No resting cell of {row} (every cell drafted as the winner, or no plain steps)."
-    lines = ["| c | resting cells | repeats | drafting steps/run | of them probe / explore / class | capture steps/run "
+    lines = ["| c | resting cells | repeats | drafting steps/run | of them probe / explore / class / measure | capture steps/run "
              "| drafting excess | drafting gain | capture excess | net |", "|---" * 10 + "|"]
     for level, a in levels.items():
         n, pct = a["repeats"], lambda key: 100 * a[key] / a["wall_ms"]      # noqa: E731

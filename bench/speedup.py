@@ -322,8 +322,8 @@ class RunResult:
 PHASES = ("schedule_seconds_total", "forward_seconds_total", "output_seconds_total", "commit_seconds_total")
 STAT_KEYS = ("steps_total", "spec_verifications_total", "spec_drafted_tokens_total", "spec_accepted_tokens_total",
              "admission_seconds_total", "spec_scheduler_seconds_total", "spec_paused_steps_total",
-             "spec_class_explore_steps_total", "spec_rest_again_steps_total", "spec_rest_leased_steps_total",
-             "spec_rest_whole_batch_steps_total", "spec_rest_span_steps_total",
+             "spec_class_explore_steps_total", "spec_measure_steps_total", "spec_rest_again_steps_total",
+             "spec_rest_leased_steps_total", "spec_rest_whole_batch_steps_total", "spec_rest_span_steps_total",
              "spec_promptless_requests_total", "spec_prompts_captured_anyway_total", "spec_context_kept_steps_total",
              "spec_gate_probes_total",
              "spec_gate_probes_cut_total") + PHASES
@@ -418,7 +418,8 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         graph_captures=graphs1 - graphs0, eager_steps=eager1 - eager0, triton_compiles=compiles1 - compiles0,
         gate_rested_steps=int(d["spec_paused_steps_total"]),
         gate_drafted_by={**{r: int(d.get(f"spec_gate_drafted_{r}_steps_total", 0)) for r in DRAFT_REASONS},
-                         "class": int(d["spec_class_explore_steps_total"])},
+                         "class": int(d["spec_class_explore_steps_total"]),
+                         "measure": int(d.get("spec_measure_steps_total", 0))},
         gate_rest_again_steps=int(d["spec_rest_again_steps_total"]),
         gate_rest_leased_steps=int(d["spec_rest_leased_steps_total"]),
         gate_rest_whole_batch_steps=int(d.get("spec_rest_whole_batch_steps_total", 0)),

@@ -122,7 +122,7 @@ class SpecEngine(GateSteps):
                               schedule_seconds_total=0.0, forward_seconds_total=0.0, output_seconds_total=0.0,
                               commit_seconds_total=0.0, spec_verifications_total=0,
                               spec_drafted_tokens_total=0, spec_accepted_tokens_total=0, spec_paused_steps_total=0,
-                              spec_class_explore_steps_total=0, spec_scheduled_requests_total=0,
+                              spec_class_explore_steps_total=0, spec_measure_steps_total=0, spec_scheduled_requests_total=0,
                               spec_scheduled_tokens_total=0, admission_seconds_total=0.0,
                               spec_scheduler_seconds_total=0.0, spec_rest_again_steps_total=0,
                               spec_rest_leased_steps_total=0, spec_rest_whole_batch_steps_total=0,

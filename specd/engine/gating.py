@@ -903,7 +903,10 @@ class GateSteps:
                          if self.spec_gate.explores(s.seq.gate_acceptance)} if self._decode_step else ()
             if explorers:                                # they draft to measure their class (``explores``);
                 self._gate_arms.pop(key, None)            # the step is no sample of the cell
-                self._counters["spec_class_explore_steps_total"] += 1
+                # counted apart where an auto request measuring its method drafts (``Choice.drafts``): the
+                # steps a batch paid for the chooser's measurements (session 58, runs QA-QD)
+                measuring = any(s.seq.gate_acceptance.measures for s in members if id(s) in explorers)
+                self._counters["spec_measure_steps_total" if measuring else "spec_class_explore_steps_total"] += 1
                 self._gate_drafting.setdefault(key, []).extend(s.seq for s in members if id(s) in explorers)
                 members = [s for s in members if id(s) not in explorers]
             if members:

@@ -45,7 +45,7 @@ def test_levels_keep_resting_cells_only_and_print_percent_of_wall(tmp_path, caps
     out = capsys.readouterr().out
     excess, gain, capture = 18.4 - 4.6, 2.3, 0.2            # ms; of 1,069.7 ms of wall
     net = 100 * (excess + capture - gain) / 1069.7
-    assert (f"| 16 | 1 | 2 | 1.00 | 1.50 / 0.00 / 0.00 | 0.50 | {100 * excess / 1069.7:.2f}% | "
+    assert (f"| 16 | 1 | 2 | 1.00 | 1.50 / 0.00 / 0.00 / 0.00 | 0.50 | {100 * excess / 1069.7:.2f}% | "
             f"{100 * gain / 1069.7:.2f}% | {100 * capture / 1069.7:.2f}% | {net:.2f}% |") in out
     assert table({}, "dspark").startswith("No resting cell")
 

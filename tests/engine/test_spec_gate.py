@@ -3418,7 +3418,12 @@ def test_a_measuring_auto_request_chosen_inside_a_rest_span_ends_it_and_drafts()
         return dict(got), seq, engine.stats()["spec_verifications_total"] - verified
 
     want, _, _ = serve("none", "none")
+    before = engine.stats()
     got, seq, verified = serve("dspark", "auto")
+    after = engine.stats()
     assert seq.method == "dspark" and seq.gate_acceptance.measures and not seq.gate_acceptance.lacks_prompt
     assert verified > 0
+    # the steps it drafted where the gate rested are counted as measuring steps, not as a class's exploration
+    assert after["spec_measure_steps_total"] > before["spec_measure_steps_total"]
+    assert after["spec_class_explore_steps_total"] == before["spec_class_explore_steps_total"]
     assert got == {k.replace("none", "dspark"): v for k, v in want.items()}
