@@ -159,8 +159,9 @@ class MethodChoice:
         measuring requests alone (the gate's "class" reason; 0 in the single-method rows) were 61-301 a run
         at c = 16 and 32, each 4.2-9 ms against a plain step's 2.5-3.7 ms for about a plain step's tokens
         (16 against 15 at c = 16); the row ran 0.93 / 0.95x `none` there, below both `dspark` (1.07 / 0.99)
-        and `ngram-gated` (1.09 / 1.09), and its runs with 3-4 measuring requests ran 0.76-0.90x. At c = 1
-        the drafting costs only the request itself, and that is where run NF found the starvation."""
+        and `ngram-gated` (1.09 / 1.09). Its runs where such steps were over 10% of the steps ran 0.92x
+        (c = 4-8) and 0.87x (c >= 16) the same repeat's row of their main method, the others 1.01x and 0.95x.
+        At c = 1 the drafting costs only the request itself, and that is where run NF found the starvation."""
         if not candidates:
             raise ChoiceError("no candidate method to choose from")
         cell = self._cell((prompt_class, bucket))
