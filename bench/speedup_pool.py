@@ -134,9 +134,10 @@ def row_tool_main(prog: str, description: str, render, argv: list[str] | None, r
                                                           "with the same cells (pooled repeat by repeat)")
     p.add_argument("--row", default="dspark", help=row_help)
     views = [other] if isinstance(other, tuple) else list(other or [])
-    group = p.add_mutually_exclusive_group()
-    for i, (flag, help_text, _render) in enumerate(views):
-        group.add_argument(flag, action="store_const", const=i, dest="view", help=help_text)
+    if views:        # an empty group breaks argparse's --help (Python 3.11: "empty group")
+        group = p.add_mutually_exclusive_group()
+        for i, (flag, help_text, _render) in enumerate(views):
+            group.add_argument(flag, action="store_const", const=i, dest="view", help=help_text)
     args = p.parse_args(argv)
     if getattr(args, "view", None) is not None:
         render = views[args.view][2]

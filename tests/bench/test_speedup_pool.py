@@ -223,3 +223,16 @@ def test_the_median_flag_says_which_centre_the_cells_hold(tmp_path, capsys):
     assert "Each cell: the median of every run's" in out and "0.990 (" in out
     assert main([str(path), "--resamples", "200"]) == 0
     assert "Each cell: the geometric mean of every run's" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tool", ["exploration_cost", "draft_step_cost", "step_split", "run_kinds"])
+def test_every_row_tool_explains_itself(tool, capsys):
+    """``--help`` of each tool built on ``row_tool_main`` prints its usage and exits 0. Until session 58 the
+    tools without a second view crashed there (argparse refuses to format an empty exclusive group)."""
+    import importlib
+
+    module = importlib.import_module(f"bench.{tool}")
+    with pytest.raises(SystemExit) as exit_:
+        module.main(["--help"])
+    assert exit_.value.code == 0
+    assert f"python -m bench.{tool}" in capsys.readouterr().out
