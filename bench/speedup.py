@@ -446,14 +446,18 @@ def auto_split(d: dict) -> dict[str, int]:
 
 
 def auto_line(runs: list[dict]) -> str:
-    """One cell's auto requests over its runs: "dspark 12, ngram 52 (probes 3)"; "" without any."""
+    """One cell's auto requests over its runs: "dspark 12, ngram 52 (probes 3, measuring 3, measuring steps
+    40)"; "" without any. Measuring steps: steps drafted only because a measuring request drafts throughout
+    (``gate_drafted_by["measure"]``), which every request of the batch pays for (session 58)."""
     total: Counter = Counter()
     for r in runs:
         total.update(r.get("auto_methods", {}))
     probes, measuring = total.pop("probes", 0), total.pop("measuring", 0)
     if not total:
         return ""
-    notes = [f"probes {probes}"] * bool(probes) + [f"measuring {measuring}"] * bool(measuring)
+    steps = sum(r.get("gate_drafted_by", {}).get("measure", 0) for r in runs)
+    notes = ([f"probes {probes}"] * bool(probes) + [f"measuring {measuring}"] * bool(measuring)
+             + [f"measuring steps {steps}"] * bool(steps))
     return ", ".join(f"{m} {n}" for m, n in sorted(total.items())) + (f" ({', '.join(notes)})" if notes else "")
 
 

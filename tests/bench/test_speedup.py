@@ -763,3 +763,15 @@ def test_explore_auto_warms_while_the_choosers_cells_of_the_prompts_explore():
     calls.clear()
     assert explore_auto(engine, [(5,)], 4, lambda tag: calls.append(tag), most=3) == 3   # never explored: capped
     assert explore_auto(SimpleNamespace(spec_gate=None), [(5,)], 4, warm) == 0
+
+
+def test_auto_line_counts_the_steps_drafted_for_measuring_requests():
+    """The markdown's auto line adds the steps drafted only for measuring requests (``gate_drafted_by``'s
+    "measure"), summed over the cell's runs, and leaves it out where there were none."""
+    from bench.speedup import auto_line
+
+    runs = [{"auto_methods": {"dspark": 3, "ngram": 1, "measuring": 1}, "gate_drafted_by": {"measure": 40, "class": 2}},
+            {"auto_methods": {"dspark": 4, "probes": 1, "measuring": 1}, "gate_drafted_by": {"measure": 2}}]
+    assert auto_line(runs) == "dspark 7, ngram 1 (probes 1, measuring 2, measuring steps 42)"
+    assert auto_line([{"auto_methods": {"ngram": 8}, "gate_drafted_by": {"class": 3}}]) == "ngram 8"
+    assert auto_line([{"auto_methods": {}}]) == ""
