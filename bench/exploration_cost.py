@@ -66,8 +66,8 @@ def by_level(runs: list[dict], row: str) -> dict[int, dict]:
 def table(levels: dict[int, dict], row: str) -> str:
     if not levels:
         return f"No resting cell of {row} (every cell drafted as the winner, or no plain steps)."
-    lines = ["| c | resting cells | repeats | drafting steps/run | of them probe / explore / class / measure | capture steps/run "
-             "| drafting excess | drafting gain | capture excess | net |", "|---" * 10 + "|"]
+    lines = ["| c | resting cells | repeats | drafting steps/run | of them probe / explore / class / measure "
+             "| capture steps/run | drafting excess | drafting gain | capture excess | net |", "|---" * 10 + "|"]
     for level, a in levels.items():
         n, pct = a["repeats"], lambda key: 100 * a[key] / a["wall_ms"]      # noqa: E731
         net = 100 * (a["draft_excess_ms"] + a["capture_excess_ms"] - a["gain_ms"]) / a["wall_ms"]

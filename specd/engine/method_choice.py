@@ -142,8 +142,7 @@ class MethodChoice:
         fixed γ = 7 ran 0.65x `none` at c = 32 in run NC).
 
         Why a measuring request drafts at every step at load bucket 1 (``Choice.drafts``): each method runs
-        behind the spec gate, whose cells
-        (method, load) and class records learn from the requests they serve. A method that a cell gives one
+        behind the spec gate, whose cells (method, load) and class records learn from the requests they serve. A method that a cell gives one
         request in eight or fewer has its gate records starved, and they rest its requests: the chooser then
         measures it at plain decoding's rate, and it never wins. H100, session 56, run NF (tree 70cceea):
         creative at c = 1 gave ngram 3 requests of 16; the auto runs rested 880-959 of their 951-1,014 steps
@@ -226,8 +225,8 @@ class MethodChoice:
         if cell.probing == method and measured:   # the probe's answer (an empty one too: an aborted probe must
                                                   # not stop the probes): the winner held, or it lost its place.
                                                   # Not a gated request of the same method (one the cell gave
-                                                  # while that method held it, still in flight): it did not draft
-                                                  # throughout, so it is not the probe's measurement
+                                                  # while that method held it, still in flight): it was not sent
+                                                  # to measure, so it is not the probe's measurement
             cell.probing = None
             held = cell.winner
             if held is not None and self._winner(cell, list(cell.arms)) == held:

@@ -51,7 +51,7 @@ class Sequence:
     gate_acceptance: Acceptance = field(default_factory=Acceptance)   # its drafting steps, for the spec gate
     gate_key: str | None = None                 # its spec gate cell family (None: not gated), set at admission
     auto_choice: tuple | None = None            # admitted as auto: (chooser or None, prompt class, load bucket,
-                                                # sent to measure its method: ``Choice.measures``)
+                                                # sent to measure its method: ``Choice.measures``), the chooser
                                                 # that chose its method, told its decode rate when it finishes
     method: str = "none"                        # its speculation method: the request's, else the deployment's,
                                                 # set at admission; an attribute, not a lookup: every step's

@@ -3379,9 +3379,9 @@ def test_a_kept_contexts_absorb_is_no_plain_sample_and_is_charged_to_drafting():
 
 def test_a_measuring_auto_request_chosen_inside_a_rest_span_ends_it_and_drafts():
     """An auto request is queued as `none` (a span lets it pass) and gets its method at the top of its first
-    step (``SpecEngine._resolve_auto``). One sent to measure dspark and draft throughout (``Choice.drafts``) must be marked so
-    before the span weighs it again as a dspark request: then it ends the span, keeps its prompt's
-    features (not prompt-less), drafts, and its tokens are plain decoding's. Marked after (session 56's
+    step (``SpecEngine._resolve_auto``). One sent to measure dspark and draft throughout (``Choice.drafts``)
+    must be marked so before the span weighs it again as a dspark request: then it ends the span, keeps its
+    prompt's features (not prompt-less), drafts, and its tokens are plain decoding's. Marked after (session 56's
     order), the span weighed it as an ordinary request and it could join the rest without its prompt."""
     from resting_probe_engine import BASE, resting_engine
 
