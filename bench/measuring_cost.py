@@ -1,0 +1,100 @@
+"""What the auto row's measuring requests cost their batches: each auto run against its main method's row.
+
+    python -m bench.measuring_cost docs/results/gpu/s58/runQA/speedup/speedup.json.gz [more results] \\
+        [--share 0.10] [--rows dspark=dspark,ngram=ngram-gated]
+
+Why: a request the method chooser sends to measure its method may draft at every step (``Choice.drafts``),
+and in a batch one drafting request makes the step a drafting step for every request in it. Session 58's runs
+(H100, QA-QD) showed the auto row below both single-method rows at c >= 16; this splits that by how many of a
+run's steps were drafted for measuring requests alone.
+
+Per load group (c = 1, c = 2-8, c >= 16) it prints, over every timed auto run, the geometric mean of the run's
+throughput over the same repeat's run of the row of the method it gave most requests (`dspark` or
+`ngram-gated`), apart for runs where such steps were at most ``--share`` of the run's steps and runs where
+they were more. Such steps are ``gate_drafted_by["measure"]``; runs recorded before that count existed
+(session 58's own) counted them under "class", which is used there (it also holds a recurring class's few
+exploring steps: 0 in the single-method rows of those runs). Reads only what ``bench speedup`` records.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from bench.speedup_pool import PoolError, load
+from bench.auto_replay import pairs
+
+GROUPS = ((1, 1, "c = 1"), (2, 8, "c = 2-8"), (16, 1 << 30, "c >= 16"))
+
+
+def measure_steps(run: dict) -> int:
+    """Steps drafted only for measuring requests; "class" in runs recorded before "measure" existed."""
+    reasons = run.get("gate_drafted_by", {})
+    return reasons["measure"] if "measure" in reasons else reasons.get("class", 0)
+
+
+def group_of(level: int) -> str:
+    return next(name for low, high, name in GROUPS if low <= level <= high)
+
+
+def split(results: list[dict], rows: dict[str, str], share: float) -> dict[tuple[str, bool], list[float]]:
+    """(load group, over ``share``) -> each auto run's throughput over its main method's row, same repeat."""
+    out: dict[tuple[str, bool], list[float]] = defaultdict(list)
+    for result in results:
+        for workload, levels in result["workloads"].items():
+            for level, cell in levels.items():
+                cell_rows = cell["rows"]
+                if "auto" not in cell_rows:
+                    continue
+                for rep, run in enumerate(cell_rows["auto"]["runs"]):
+                    given = {m: n for m, n in run.get("auto_methods", {}).items() if m in rows}
+                    if not given or not run.get("steps"):
+                        continue
+                    main = max(given, key=lambda m: (given[m], m))
+                    ref_row = rows[main]
+                    if ref_row not in cell_rows:
+                        raise PoolError(f"{workload} c = {level}: no {ref_row!r} row to compare auto's {main} with")
+                    ref = cell_rows[ref_row]["runs"][rep]
+                    ratio = (run["tokens"] / run["wall_s"]) / (ref["tokens"] / ref["wall_s"])
+                    out[(group_of(int(level)), measure_steps(run) / run["steps"] > share)].append(ratio)
+    return out
+
+
+def table(groups: dict[tuple[str, bool], list[float]], share: float) -> str:
+    pct = f"{100 * share:g}%"
+    lines = [f"| load | share ≤ {pct}: ratio (runs) | share > {pct}: ratio (runs) |", "|---|---|---|"]
+    for _low, _high, name in GROUPS:
+        cells = []
+        for over in (False, True):
+            v = groups.get((name, over), [])
+            cells.append(f"{math.exp(sum(map(math.log, v)) / len(v)):.3f} ({len(v)})" if v else "–")
+        if any(c != "–" for c in cells):
+            lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    lines += ["", "Each auto run's throughput over the same repeat's run of its main method's row (geometric mean), "
+              "by the share of its steps drafted for measuring requests alone."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.measuring_cost", description=__doc__.split("\n\n")[0])
+    p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz of bench speedup runs with an auto row")
+    p.add_argument("--share", type=float, default=0.10, help="the split: share of a run's steps (default 0.10)")
+    p.add_argument("--rows", type=pairs, default=pairs("dspark=dspark,ngram=ngram-gated"),
+                   help="method=row each auto run is compared with, by the method it gave most requests")
+    args = p.parse_args(argv)
+    try:
+        groups = split([load(path) for path in args.result], args.rows, args.share)
+    except PoolError as exc:
+        print(f"measuring_cost: {exc}", file=sys.stderr)
+        return 2
+    if not groups:
+        print("measuring_cost: no auto run in these results", file=sys.stderr)
+        return 2
+    sys.stdout.write(table(groups, args.share))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
