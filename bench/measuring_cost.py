@@ -1,7 +1,7 @@
 """What the auto row's measuring requests cost their batches: each auto run against its main method's row.
 
     python -m bench.measuring_cost docs/results/gpu/s58/runQA/speedup/speedup.json.gz [more results] \\
-        [--share 0.10] [--rows dspark=dspark,ngram=ngram-gated]
+        [--share 0.10] [--mixed 0.15] [--rows dspark=dspark,ngram=ngram-gated]
 
 Why: a request the method chooser sends to measure its method may draft at every step (``Choice.drafts``),
 and in a batch one drafting request makes the step a drafting step for every request in it. Session 58's runs
@@ -13,7 +13,15 @@ throughput over the same repeat's run of the row of the method it gave most requ
 `ngram-gated`), apart for runs where such steps were at most ``--share`` of the run's steps and runs where
 they were more. Such steps are ``gate_drafted_by["measure"]``; runs recorded before that count existed
 (session 58's own) counted them under "class", which is used there (it also holds a recurring class's few
-exploring steps: 0 in the single-method rows of those runs). Reads only what ``bench speedup`` records.
+exploring steps: 0 in the single-method rows of those runs).
+
+A second table splits the rest of the gap into the choice and the mixing. Each auto run is set against the blend
+of the two rows' runs of the same repeat, weighted by the requests it gave each method (the time the same
+requests would have taken, each at its own method's row's rate), and that blend against the faster of the two
+rows. auto over the blend is what running the methods side by side in one batch cost; the blend over the faster
+row is what the choices cost. Apart for runs whose minority method had more than ``--mixed`` of the requests
+(mixed batches) and the others. Session 59 (H100, runs RA-RC): at c >= 16 the runs of one method ran 1.000x
+their blend and the mixed ones 0.940x. Reads only what ``bench speedup`` records.
 """
 from __future__ import annotations
 
@@ -62,6 +70,54 @@ def split(results: list[dict], rows: dict[str, str], share: float) -> dict[tuple
     return out
 
 
+def mixing(results: list[dict], rows: dict[str, str], mixed: float) -> dict[tuple[str, bool], list[tuple[float, float]]]:
+    """(load group, minority share over ``mixed``) -> each auto run's (throughput over the blend of the rows by its
+    requests per method, the blend over the faster row), same repeat. Runs that gave no request to a method in
+    ``rows`` are skipped."""
+    out: dict[tuple[str, bool], list[tuple[float, float]]] = defaultdict(list)
+    for result in results:
+        for workload, levels in result["workloads"].items():
+            for level, cell in levels.items():
+                cell_rows = cell["rows"]
+                if "auto" not in cell_rows:
+                    continue
+                for rep, run in enumerate(cell_rows["auto"]["runs"]):
+                    given = {m: n for m, n in run.get("auto_methods", {}).items() if m in rows and n > 0}
+                    total = sum(given.values())
+                    if not total:
+                        continue
+                    rates = {}
+                    for method, row in rows.items():
+                        if row not in cell_rows:
+                            raise PoolError(f"{workload} c = {level}: no {row!r} row to blend auto's {method} with")
+                        ref = cell_rows[row]["runs"][rep]
+                        rates[method] = ref["tokens"] / ref["wall_s"]
+                    blend = 1.0 / sum(n / total / rates[m] for m, n in given.items())
+                    minority = 1.0 - max(given.values()) / total
+                    out[(group_of(int(level)), minority > mixed)].append(
+                        ((run["tokens"] / run["wall_s"]) / blend, blend / max(rates.values())))
+    return out
+
+
+def mixing_table(groups: dict[tuple[str, bool], list[tuple[float, float]]], mixed: float) -> str:
+    def gm(values: list[float]) -> float:
+        return math.exp(sum(map(math.log, values)) / len(values))
+    pct = f"{100 * mixed:g}%"
+    lines = [f"| load | one method (minority ≤ {pct}): auto / blend, blend / best (runs) "
+             f"| mixed (minority > {pct}): auto / blend, blend / best (runs) |", "|---|---|---|"]
+    for _low, _high, name in GROUPS:
+        cells = []
+        for over in (False, True):
+            v = groups.get((name, over), [])
+            cells.append(f"{gm([a for a, _ in v]):.3f}, {gm([b for _, b in v]):.3f} ({len(v)})" if v else "–")
+        if any(c != "–" for c in cells):
+            lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    lines += ["", "auto / blend: each auto run's throughput over the same repeat's rows blended by the requests it gave "
+              "each method (what running them in one batch cost); blend / best: that blend over the faster row (what "
+              "the choices cost). Geometric means."]
+    return "\n".join(lines) + "\n"
+
+
 def table(groups: dict[tuple[str, bool], list[float]], share: float) -> str:
     pct = f"{100 * share:g}%"
     lines = [f"| load | share ≤ {pct}: ratio (runs) | share > {pct}: ratio (runs) |", "|---|---|---|"]
@@ -81,18 +137,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.measuring_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz of bench speedup runs with an auto row")
     p.add_argument("--share", type=float, default=0.10, help="the split: share of a run's steps (default 0.10)")
+    p.add_argument("--mixed", type=float, default=0.15,
+                   help="the second table's split: the minority method's share of a run's requests (default 0.15)")
     p.add_argument("--rows", type=pairs, default=pairs("dspark=dspark,ngram=ngram-gated"),
                    help="method=row each auto run is compared with, by the method it gave most requests")
     args = p.parse_args(argv)
     try:
-        groups = split([load(path) for path in args.result], args.rows, args.share)
+        results = [load(path) for path in args.result]
+        groups = split(results, args.rows, args.share)
+        blends = mixing(results, args.rows, args.mixed)
     except PoolError as exc:
         print(f"measuring_cost: {exc}", file=sys.stderr)
         return 2
     if not groups:
         print("measuring_cost: no auto run in these results", file=sys.stderr)
         return 2
-    sys.stdout.write(table(groups, args.share))
+    sys.stdout.write(table(groups, args.share) + "\n" + mixing_table(blends, args.mixed))
     return 0
 
 

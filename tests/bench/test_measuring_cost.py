@@ -55,3 +55,26 @@ def test_the_command_prints_the_table_and_refuses_results_without_auto(tmp_path,
     missing.write_text(json.dumps(bad))
     assert main([str(missing)]) == 2
     assert "no 'ngram-gated' row" in capsys.readouterr().err
+
+
+def test_the_gap_splits_into_the_mixing_against_the_blend_and_the_choice_against_the_faster_row():
+    from bench.measuring_cost import mixing
+    groups = mixing([result()], {"dspark": "dspark", "ngram": "ngram-gated"}, 0.15)
+    # c = 16: both rows 1,000 tok/s, so the blend is 1,000 and the choice costs nothing; minority 4/64 and 3/64
+    assert groups[("c >= 16", False)] == [pytest.approx((0.8, 1.0)), pytest.approx((1.0, 1.0))]
+    # c = 1: all 8 requests ngram: the blend is ngram-gated's 400, against dspark's faster 500
+    assert groups[("c = 1", False)] == [pytest.approx((1.0, 0.8))]
+    half = result()
+    half["workloads"]["creative.eval"]["1"]["rows"]["auto"]["runs"] = [run(400, 1.0, methods={"dspark": 4, "ngram": 4})]
+    mixed = mixing([half], {"dspark": "dspark", "ngram": "ngram-gated"}, 0.15)
+    blend = 1 / (0.5 / 500 + 0.5 / 400)          # 444.4 tok/s: the same requests, each at its own row's rate
+    assert mixed[("c = 1", True)] == [pytest.approx((400 / blend, blend / 500))]
+
+
+def test_the_command_prints_the_mixing_table_too(tmp_path, capsys):
+    path = tmp_path / "speedup.json"
+    path.write_text(json.dumps(result()))
+    assert main([str(path), "--mixed", "0.05"]) == 0
+    out = capsys.readouterr().out
+    assert "| c >= 16 | 1.000, 1.000 (1) | 0.800, 1.000 (1) |" in out      # minority 3/64 ≤ 5% < 4/64
+    assert "| c = 1 | 1.000, 0.800 (1) | – |" in out
