@@ -1,7 +1,7 @@
 """What the auto row's measuring requests cost their batches: each auto run against its main method's row.
 
     python -m bench.measuring_cost docs/results/gpu/s58/runQA/speedup/speedup.json.gz [more results] \\
-        [--share 0.10] [--mixed 0.15] [--rows dspark=dspark,ngram=ngram-gated]
+        [--share 0.10] [--mixed 0.15] [--rows dspark=dspark,ngram=ngram-gated] [--row auto]
 
 Why: a request the method chooser sends to measure its method may draft at every step (``Choice.drafts``),
 and in a batch one drafting request makes the step a drafting step for every request in it. Session 58's runs
@@ -21,7 +21,9 @@ requests would have taken, each at its own method's row's rate), and that blend 
 rows. auto over the blend is what running the methods side by side in one batch cost; the blend over the faster
 row is what the choices cost. Apart for runs whose minority method had more than ``--mixed`` of the requests
 (mixed batches) and the others. Session 59 (H100, runs RA-RC): at c >= 16 the runs of one method ran 1.000x
-their blend and the mixed ones 0.940x. Reads only what ``bench speedup`` records.
+their blend and the mixed ones 0.940x. ``--row auto-alternate`` reads the row whose chooser alternates the
+methods request by request (bench/alternating_choice.py): every batch mixed, no choice in it. Reads only what
+``bench speedup`` records.
 """
 from __future__ import annotations
 
@@ -47,31 +49,34 @@ def group_of(level: int) -> str:
     return next(name for low, high, name in GROUPS if low <= level <= high)
 
 
-def split(results: list[dict], rows: dict[str, str], share: float) -> dict[tuple[str, bool], list[float]]:
-    """(load group, over ``share``) -> each auto run's throughput over its main method's row, same repeat."""
+def split(results: list[dict], rows: dict[str, str], share: float,
+          row: str = "auto") -> dict[tuple[str, bool], list[float]]:
+    """(load group, over ``share``) -> each run of ``row`` (method auto): its throughput over its main method's
+    row, same repeat."""
     out: dict[tuple[str, bool], list[float]] = defaultdict(list)
     for result in results:
         for workload, levels in result["workloads"].items():
             for level, cell in levels.items():
                 cell_rows = cell["rows"]
-                if "auto" not in cell_rows:
+                if row not in cell_rows:
                     continue
-                for rep, run in enumerate(cell_rows["auto"]["runs"]):
+                for rep, run in enumerate(cell_rows[row]["runs"]):
                     given = {m: n for m, n in run.get("auto_methods", {}).items() if m in rows}
                     if not given or not run.get("steps"):
                         continue
                     main = max(given, key=lambda m: (given[m], m))
                     ref_row = rows[main]
                     if ref_row not in cell_rows:
-                        raise PoolError(f"{workload} c = {level}: no {ref_row!r} row to compare auto's {main} with")
+                        raise PoolError(f"{workload} c = {level}: no {ref_row!r} row to compare {row}'s {main} with")
                     ref = cell_rows[ref_row]["runs"][rep]
                     ratio = (run["tokens"] / run["wall_s"]) / (ref["tokens"] / ref["wall_s"])
                     out[(group_of(int(level)), measure_steps(run) / run["steps"] > share)].append(ratio)
     return out
 
 
-def mixing(results: list[dict], rows: dict[str, str], mixed: float) -> dict[tuple[str, bool], list[tuple[float, float]]]:
-    """(load group, minority share over ``mixed``) -> each auto run's (throughput over the blend of the rows by its
+def mixing(results: list[dict], rows: dict[str, str], mixed: float,
+           row: str = "auto") -> dict[tuple[str, bool], list[tuple[float, float]]]:
+    """(load group, minority share over ``mixed``) -> each run of ``row``'s (throughput over the blend of the rows by its
     requests per method, the blend over the faster row), same repeat. Runs that gave no request to a method in
     ``rows`` are skipped."""
     out: dict[tuple[str, bool], list[tuple[float, float]]] = defaultdict(list)
@@ -79,18 +84,18 @@ def mixing(results: list[dict], rows: dict[str, str], mixed: float) -> dict[tupl
         for workload, levels in result["workloads"].items():
             for level, cell in levels.items():
                 cell_rows = cell["rows"]
-                if "auto" not in cell_rows:
+                if row not in cell_rows:
                     continue
-                for rep, run in enumerate(cell_rows["auto"]["runs"]):
+                for rep, run in enumerate(cell_rows[row]["runs"]):
                     given = {m: n for m, n in run.get("auto_methods", {}).items() if m in rows and n > 0}
                     total = sum(given.values())
                     if not total:
                         continue
                     rates = {}
-                    for method, row in rows.items():
-                        if row not in cell_rows:
-                            raise PoolError(f"{workload} c = {level}: no {row!r} row to blend auto's {method} with")
-                        ref = cell_rows[row]["runs"][rep]
+                    for method, ref_row in rows.items():
+                        if ref_row not in cell_rows:
+                            raise PoolError(f"{workload} c = {level}: no {ref_row!r} row to blend {row}'s {method} with")
+                        ref = cell_rows[ref_row]["runs"][rep]
                         rates[method] = ref["tokens"] / ref["wall_s"]
                     blend = 1.0 / sum(n / total / rates[m] for m, n in given.items())
                     minority = 1.0 - max(given.values()) / total
@@ -141,16 +146,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="the second table's split: the minority method's share of a run's requests (default 0.15)")
     p.add_argument("--rows", type=pairs, default=pairs("dspark=dspark,ngram=ngram-gated"),
                    help="method=row each auto run is compared with, by the method it gave most requests")
+    p.add_argument("--row", default="auto", help="the row of method auto to read (default auto; auto-alternate: "
+                   "the row whose batches are always mixed)")
     args = p.parse_args(argv)
     try:
         results = [load(path) for path in args.result]
-        groups = split(results, args.rows, args.share)
-        blends = mixing(results, args.rows, args.mixed)
+        groups = split(results, args.rows, args.share, args.row)
+        blends = mixing(results, args.rows, args.mixed, args.row)
     except PoolError as exc:
         print(f"measuring_cost: {exc}", file=sys.stderr)
         return 2
     if not groups:
-        print("measuring_cost: no auto run in these results", file=sys.stderr)
+        print(f"measuring_cost: no {args.row} run in these results", file=sys.stderr)
         return 2
     sys.stdout.write(table(groups, args.share) + "\n" + mixing_table(blends, args.mixed))
     return 0

@@ -75,6 +75,12 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # `none` at c = 1 / 4 against the schedule's 1.28 / 1.18, ahead on creative and support, behind on
     # coding and knowledge; the better of the two per cell would have been 1.67 / 1.33 / 1.21 / 1.15 / 1.06
     "auto": {"method": "auto", "schedule": None, "gamma": None, "own": True},
+    # method auto whose chooser alternates dspark and gated ngram request by request (bench/alternating_choice.py),
+    # through a gate of its own: every batch half one method and half the other, so the row measures what a
+    # mixed batch costs against the two rows' blend (``python -m bench.measuring_cost --row auto-alternate``).
+    # Session 59 (H100, RA-RC) saw the auto row's mixed runs at 0.94x that blend at c >= 16, mostly on
+    # knowledge. A diagnostic, not a default row
+    "auto-alternate": {"method": "auto", "schedule": None, "gamma": None, "chooser": "alternate"},
     # scheduled dspark with the gate's drafts beside prompt chunks on (``SpecGate.beside_prompts``, off by
     # default: session 13, run AP measured it against the default in the same run), through a gate of
     # its own (``row_gate``); not a default row
@@ -185,7 +191,8 @@ DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection"
                    "dspark-absorb-eager", "dspark-probe-full", "dspark-probe-quarter", "dspark-probe-uncut",
                    "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager",
                    "dspark-capture-prompts", "dspark-capture-prompts-32", "dspark-fuse-late", "dspark-g7-fuse-late", "dspark-keep-context",
-                   "dspark-markov-ref", "dspark-calibrated", "dspark-opening-priced", "dspark-class-long")
+                   "dspark-markov-ref", "dspark-calibrated", "dspark-opening-priced", "dspark-class-long",
+                   "auto-alternate")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -470,7 +477,7 @@ def gc_split(d: dict) -> dict[str, list[float]]:
 # ROWS keys for the row's own gate (SpecGate settings, or its verify, draft or projection path), not request fields
 GATE_SETTINGS = ("beside_prompts", "probe_budget", "probe_max", "probe_cut", "charge_steps", "plain_clip", "gate",
                  "verify", "graphs", "absorb", "spans", "capture_prompts", "fuse", "keep_context", "markov",
-                 "calibrate", "steady_price", "class_decay", "own")
+                 "calibrate", "steady_price", "class_decay", "own", "chooser")
 
 
 @contextmanager
@@ -489,6 +496,7 @@ def row_gate(engine, row: str, own: dict):
         yield
         return
     settings.pop("own", None)                     # a gate of its own with the default settings
+    chooser = settings.pop("chooser", None)       # "alternate": ``AlternatingChoice`` as its method chooser
     rejection = settings.pop("verify", None) == "rejection"
     spans = settings.pop("spans", True)
     swaps = []        # (object, attribute, value while the row runs): each put back after it
@@ -517,6 +525,10 @@ def row_gate(engine, row: str, own: dict):
             own[row] = RestingGate(**settings)
         else:
             own[row] = SpecGate(**settings)
+        if chooser == "alternate":
+            from bench.alternating_choice import AlternatingChoice
+
+            own[row].methods = AlternatingChoice()
     engine.spec_gate = own[row]
     engine.greedy_chain = not rejection
     engine.rest_spans = spans
@@ -737,9 +749,10 @@ def render_markdown(result: dict) -> str:
                 if all(kinds.values()):
                     lines.append("  - steps per run by kind, count (ms each, tokens each): "
                                  + "; ".join(f"{row}: {line}" for row, line in kinds.items()))
-            given = auto_line(cell["rows"]["auto"]["runs"]) if "auto" in cell["rows"] else ""
-            if given:
-                lines.append(f"- auto at concurrency {level}, requests by method over the timed runs: {given}")
+            for row in (r for r in cell["rows"] if ROWS.get(r, {}).get("method") == "auto"):
+                given = auto_line(cell["rows"][row]["runs"])
+                if given:
+                    lines.append(f"- {row} at concurrency {level}, requests by method over the timed runs: {given}")
         lines.append("")
     lines += ["## Summary across workloads (geometric mean of p50 throughput ratios; per-user in brackets)", "",
               "| row | " + " | ".join(f"c={c}" for c in result["concurrency"]) + " |",

@@ -775,3 +775,32 @@ def test_auto_line_counts_the_steps_drafted_for_measuring_requests():
     assert auto_line(runs) == "dspark 7, ngram 1 (probes 1, measuring 2, measuring steps 42)"
     assert auto_line([{"auto_methods": {"ngram": 8}, "gate_drafted_by": {"class": 3}}]) == "ngram 8"
     assert auto_line([{"auto_methods": {}}]) == ""
+
+
+@pytest.mark.slow
+def test_the_alternating_row_mixes_every_batch_and_measuring_cost_reads_it(tmp_path, capsys):
+    """`auto-alternate`: method auto with a chooser that gives dspark and gated ngram in turn, through a gate
+    of its own, so each run's batch holds both methods; ``bench.measuring_cost --row auto-alternate`` then sets
+    its runs against the blend of the two rows."""
+    sampled = _sessions(tmp_path / "stories-t1.jsonl", "sampled", 1.0)
+    out = tmp_path / "out"
+    rc = bench_main(["speedup", "--model", str(MODEL), "--drafters", f"dspark={DRAFTER}",
+                     "--rows", "none,dspark,ngram-gated,auto-alternate", "--workloads", str(sampled),
+                     "--concurrency", "4", "--requests", "4", "--max-tokens", "10", "--repeats", "2",
+                     "--warmup-tokens", "2", "--out", str(out)])
+    assert rc == 0
+    result = json.loads((out / "speedup.json").read_text())
+    cell = result["workloads"]["stories-t1"]["4"]
+    for x in cell["rows"]["auto-alternate"]["runs"]:
+        assert x["auto_methods"] == {"dspark": 2, "ngram": 2}          # 4 requests a run, in turn
+        assert sorted(i for i, _, _ in x["requests"]) == [0, 1, 2, 3]
+    assert cell["auto_extra_warmups"] == {"auto-alternate": 0}     # it never explores: no whole-answer warm-ups
+    assert "- auto-alternate at concurrency 4, requests by method over the timed runs: dspark 4, ngram 4" \
+        in (out / "speedup.md").read_text()
+    from bench.measuring_cost import main as cost_main
+    assert cost_main([str(out / "speedup.json"), "--row", "auto-alternate"]) == 0
+    table = capsys.readouterr().out
+    share, mixing = [line for line in table.splitlines() if line.startswith("| c = 2-8 |")]
+    assert share.endswith(" (2) | – |")                           # no measuring step: both runs at share ≤ 10%
+    assert mixing.startswith("| c = 2-8 | – | ") and mixing.endswith(" (2) |")     # both runs mixed (2 of 4)
+    assert cost_main([str(out / "speedup.json"), "--row", "auto"]) == 2                # no auto row in this run
