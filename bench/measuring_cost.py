@@ -49,93 +49,93 @@ def group_of(level: int) -> str:
     return next(name for low, high, name in GROUPS if low <= level <= high)
 
 
+def _runs(results: list[dict], row: str):
+    """Every timed run of ``row``: (workload, level, the cell's rows, repeat, run)."""
+    for result in results:
+        for workload, levels in result["workloads"].items():
+            for level, cell in levels.items():
+                cell_rows = cell["rows"]
+                for rep, run in enumerate(cell_rows.get(row, {}).get("runs", [])):
+                    yield workload, level, cell_rows, rep, run
+
+
+def _rate(cell_rows: dict, ref_row: str, rep: int, workload: str, level: str, what: str) -> float:
+    """Throughput of ``ref_row``'s run of repeat ``rep``; PoolError where the cell has no such row."""
+    if ref_row not in cell_rows:
+        raise PoolError(f"{workload} c = {level}: no {ref_row!r} row to {what}")
+    ref = cell_rows[ref_row]["runs"][rep]
+    return ref["tokens"] / ref["wall_s"]
+
+
 def split(results: list[dict], rows: dict[str, str], share: float,
           row: str = "auto") -> dict[tuple[str, bool], list[float]]:
     """(load group, over ``share``) -> each run of ``row`` (method auto): its throughput over its main method's
     row, same repeat."""
     out: dict[tuple[str, bool], list[float]] = defaultdict(list)
-    for result in results:
-        for workload, levels in result["workloads"].items():
-            for level, cell in levels.items():
-                cell_rows = cell["rows"]
-                if row not in cell_rows:
-                    continue
-                for rep, run in enumerate(cell_rows[row]["runs"]):
-                    given = {m: n for m, n in run.get("auto_methods", {}).items() if m in rows}
-                    if not given or not run.get("steps"):
-                        continue
-                    main = max(given, key=lambda m: (given[m], m))
-                    ref_row = rows[main]
-                    if ref_row not in cell_rows:
-                        raise PoolError(f"{workload} c = {level}: no {ref_row!r} row to compare {row}'s {main} with")
-                    ref = cell_rows[ref_row]["runs"][rep]
-                    ratio = (run["tokens"] / run["wall_s"]) / (ref["tokens"] / ref["wall_s"])
-                    out[(group_of(int(level)), measure_steps(run) / run["steps"] > share)].append(ratio)
+    for workload, level, cell_rows, rep, run in _runs(results, row):
+        given = {m: n for m, n in run.get("auto_methods", {}).items() if m in rows}
+        if not given or not run.get("steps"):
+            continue
+        main = max(given, key=lambda m: (given[m], m))
+        ref = _rate(cell_rows, rows[main], rep, workload, level, f"compare {row}'s {main} with")
+        out[(group_of(int(level)), measure_steps(run) / run["steps"] > share)].append(
+            (run["tokens"] / run["wall_s"]) / ref)
     return out
 
 
 def mixing(results: list[dict], rows: dict[str, str], mixed: float,
            row: str = "auto") -> dict[tuple[str, bool], list[tuple[float, float]]]:
-    """(load group, minority share over ``mixed``) -> each run of ``row``'s (throughput over the blend of the rows by its
-    requests per method, the blend over the faster row), same repeat. Runs that gave no request to a method in
-    ``rows`` are skipped."""
+    """(load group, minority share over ``mixed``) -> each run of ``row``'s (throughput over the blend of the rows
+    by its requests per method, the blend over the faster row), same repeat. Runs that gave no request to a
+    method in ``rows`` are skipped."""
     out: dict[tuple[str, bool], list[tuple[float, float]]] = defaultdict(list)
-    for result in results:
-        for workload, levels in result["workloads"].items():
-            for level, cell in levels.items():
-                cell_rows = cell["rows"]
-                if row not in cell_rows:
-                    continue
-                for rep, run in enumerate(cell_rows[row]["runs"]):
-                    given = {m: n for m, n in run.get("auto_methods", {}).items() if m in rows and n > 0}
-                    total = sum(given.values())
-                    if not total:
-                        continue
-                    rates = {}
-                    for method, ref_row in rows.items():
-                        if ref_row not in cell_rows:
-                            raise PoolError(f"{workload} c = {level}: no {ref_row!r} row to blend {row}'s {method} with")
-                        ref = cell_rows[ref_row]["runs"][rep]
-                        rates[method] = ref["tokens"] / ref["wall_s"]
-                    blend = 1.0 / sum(n / total / rates[m] for m, n in given.items())
-                    minority = 1.0 - max(given.values()) / total
-                    out[(group_of(int(level)), minority > mixed)].append(
-                        ((run["tokens"] / run["wall_s"]) / blend, blend / max(rates.values())))
+    for workload, level, cell_rows, rep, run in _runs(results, row):
+        given = {m: n for m, n in run.get("auto_methods", {}).items() if m in rows and n > 0}
+        total = sum(given.values())
+        if not total:
+            continue
+        rates = {m: _rate(cell_rows, ref_row, rep, workload, level, f"blend {row}'s {m} with")
+                 for m, ref_row in rows.items()}
+        blend = 1.0 / sum(n / total / rates[m] for m, n in given.items())
+        minority = 1.0 - max(given.values()) / total
+        out[(group_of(int(level)), minority > mixed)].append(
+            ((run["tokens"] / run["wall_s"]) / blend, blend / max(rates.values())))
     return out
 
 
-def mixing_table(groups: dict[tuple[str, bool], list[tuple[float, float]]], mixed: float) -> str:
-    def gm(values: list[float]) -> float:
-        return math.exp(sum(map(math.log, values)) / len(values))
-    pct = f"{100 * mixed:g}%"
-    lines = [f"| load | one method (minority ≤ {pct}): auto / blend, blend / best (runs) "
-             f"| mixed (minority > {pct}): auto / blend, blend / best (runs) |", "|---|---|---|"]
+def _gm(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
+def _by_group(groups: dict[tuple[str, bool], list], header: list[str], cell, note: str) -> str:
+    """One markdown table: a line per load group with runs, its two cells (at most the split, over it) each
+    ``cell(values)`` or "–"; then ``note``."""
+    lines = list(header)
     for _low, _high, name in GROUPS:
-        cells = []
-        for over in (False, True):
-            v = groups.get((name, over), [])
-            cells.append(f"{gm([a for a, _ in v]):.3f}, {gm([b for _, b in v]):.3f} ({len(v)})" if v else "–")
+        cells = [cell(groups[(name, over)]) if groups.get((name, over)) else "–" for over in (False, True)]
         if any(c != "–" for c in cells):
             lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
-    lines += ["", "auto / blend: each auto run's throughput over the same repeat's rows blended by the requests it gave "
-              "each method (what running them in one batch cost); blend / best: that blend over the faster row (what "
-              "the choices cost). Geometric means."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["", note]) + "\n"
+
+
+def mixing_table(groups: dict[tuple[str, bool], list[tuple[float, float]]], mixed: float) -> str:
+    pct = f"{100 * mixed:g}%"
+    return _by_group(
+        groups, [f"| load | one method (minority ≤ {pct}): auto / blend, blend / best (runs) "
+                 f"| mixed (minority > {pct}): auto / blend, blend / best (runs) |", "|---|---|---|"],
+        lambda v: f"{_gm([a for a, _ in v]):.3f}, {_gm([b for _, b in v]):.3f} ({len(v)})",
+        "auto / blend: each auto run's throughput over the same repeat's rows blended by the requests it gave each "
+        "method (what running them in one batch cost); blend / best: that blend over the faster row (what the "
+        "choices cost). Geometric means.")
 
 
 def table(groups: dict[tuple[str, bool], list[float]], share: float) -> str:
     pct = f"{100 * share:g}%"
-    lines = [f"| load | share ≤ {pct}: ratio (runs) | share > {pct}: ratio (runs) |", "|---|---|---|"]
-    for _low, _high, name in GROUPS:
-        cells = []
-        for over in (False, True):
-            v = groups.get((name, over), [])
-            cells.append(f"{math.exp(sum(map(math.log, v)) / len(v)):.3f} ({len(v)})" if v else "–")
-        if any(c != "–" for c in cells):
-            lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
-    lines += ["", "Each auto run's throughput over the same repeat's run of its main method's row (geometric mean), "
-              "by the share of its steps drafted for measuring requests alone."]
-    return "\n".join(lines) + "\n"
+    return _by_group(
+        groups, [f"| load | share ≤ {pct}: ratio (runs) | share > {pct}: ratio (runs) |", "|---|---|---|"],
+        lambda v: f"{_gm(v):.3f} ({len(v)})",
+        "Each auto run's throughput over the same repeat's run of its main method's row (geometric mean), by the "
+        "share of its steps drafted for measuring requests alone.")
 
 
 def main(argv: list[str] | None = None) -> int:
