@@ -15,10 +15,10 @@ from specd.engine.method_choice import Choice, ChoiceError, MethodChoice
 
 
 class AlternatingChoice(MethodChoice):
-    """``MethodChoice`` whose answer is the next candidate in turn, never measuring; it learns nothing
-    (``observe`` keeps the counts only), so no cell ever explores (``young`` is 0) and the bench runs no
-    extra warm-ups for it. Requests given each method are counted as ``MethodChoice`` counts them, so the
-    run records and the markdown's line per cell read the same."""
+    """``MethodChoice`` whose answer is the next candidate in turn, never measuring. It makes no cell, so the
+    inherited ``observe`` checks a measurement and has no cell to learn it in, and nothing explores (``young``
+    is 0): the bench runs no extra warm-ups for it. Requests given each method are counted as ``MethodChoice``
+    counts them, so the run records and the markdown's line per cell read the same."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -31,11 +31,6 @@ class AlternatingChoice(MethodChoice):
         self.turn += 1
         self.chosen[method] = self.chosen.get(method, 0) + 1
         return Choice(method, False, False)
-
-    def observe(self, prompt_class: tuple, bucket: int, method: str, tokens: int, seconds: float,
-                measured: bool = False) -> None:
-        if tokens < 0 or seconds < 0 or seconds != seconds:
-            raise ChoiceError(f"bad request measurement: {tokens} tokens in {seconds} s")
 
     def young(self, classes, bucket: int) -> int:
         return 0

@@ -140,7 +140,8 @@ def table(groups: dict[tuple[str, bool], list[float]], share: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.measuring_cost", description=__doc__.split("\n\n")[0])
-    p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz of bench speedup runs with an auto row")
+    p.add_argument("result", type=Path, nargs="+",
+                   help="speedup.json or .json.gz of bench speedup runs with an auto row")
     p.add_argument("--share", type=float, default=0.10, help="the split: share of a run's steps (default 0.10)")
     p.add_argument("--mixed", type=float, default=0.15,
                    help="the second table's split: the minority method's share of a run's requests (default 0.15)")

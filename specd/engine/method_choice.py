@@ -142,15 +142,15 @@ class MethodChoice:
         fixed γ = 7 ran 0.65x `none` at c = 32 in run NC).
 
         Why a measuring request drafts at every step at load bucket 1 (``Choice.drafts``): each method runs
-        behind the spec gate, whose cells (method, load) and class records learn from the requests they serve. A method that a cell gives one
-        request in eight or fewer has its gate records starved, and they rest its requests: the chooser then
-        measures it at plain decoding's rate, and it never wins. H100, session 56, run NF (tree 70cceea):
-        creative at c = 1 gave ngram 3 requests of 16; the auto runs rested 880-959 of their 951-1,014 steps
-        (31-35 verifications, against 270-293 in the ngram-gated row's), and rated ngram at 507 tok/s a
-        request against dspark's 497, where the ngram-gated row, every request ngram, ran 1,270-1,780 tok/s a
-        request (1.92x `none`). Drafting throughout, the request measures what the method can do here; where
-        that is slower than the winner's gated rate the method loses, which is right, since gated it would
-        rest and do no better than plain decoding.
+        behind the spec gate, whose cells (method, load) and class records learn from the requests they serve. A
+        method that a cell gives one request in eight or fewer has its gate records starved, and they rest its
+        requests: the chooser then measures it at plain decoding's rate, and it never wins. H100, session 56,
+        run NF (tree 70cceea): creative at c = 1 gave ngram 3 requests of 16; the auto runs rested 880-959 of
+        their 951-1,014 steps (31-35 verifications, against 270-293 in the ngram-gated row's), and rated ngram
+        at 507 tok/s a request against dspark's 497, where the ngram-gated row, every request ngram, ran
+        1,270-1,780 tok/s a request (1.92x `none`). Drafting throughout, the request measures what the method
+        can do here; where that is slower than the winner's gated rate the method loses, which is right, since
+        gated it would rest and do no better than plain decoding.
 
         Why only there (``draft_most``): in a batch, one request that drafts makes the step a drafting step for
         every request in it, so the batch pays the draft pass and the verify rows while the resting others

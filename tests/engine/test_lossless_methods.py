@@ -231,14 +231,14 @@ def test_sampled_tokens_follow_the_target_distribution_in_a_batch(batch_engines,
 @pytest.mark.parametrize("setting", [0, 1], ids=["T1", "T0.7-p0.9-k20"])
 def test_auto_sampled_tokens_follow_the_target_distribution_in_a_batch(batch_engines, setting, monkeypatch):
     """Method `auto` at 16 requests a step: each request runs the method the chooser gives it, chosen from
-    requests that finished before, so the mixture follows plain decoding's distribution too. The chooser is
-    one that never stops exploring (every request measures its method, round robin) and lets measuring
-    requests draft throughout at this load (``draft_most``), so dspark and ngram requests share every step and
-    each drafts at every step: with the default chooser these 3-token answers rest nearly throughout (22
-    drafted tokens in 1,000 requests), and a check of so few verified tokens would say nothing. The requests come in waves of 16: auto's schedules (dspark's confidence
-    schedule, gated ngram) do not draft in steps with prompt chunks, and with all 1,000 queued at once
-    nearly every step had some (34 of 38 steps paused on a 200-request probe). Both methods must have been
-    given requests, and drafts verified."""
+    requests that finished before, so the mixture follows plain decoding's distribution too. The chooser is one
+    that never stops exploring (every request measures its method, round robin) and lets measuring requests
+    draft throughout at this load (``draft_most``), so dspark and ngram requests share every step and each
+    drafts at every step: with the default chooser these 3-token answers rest nearly throughout (22 drafted
+    tokens in 1,000 requests), and a check of so few verified tokens would say nothing. The requests come in
+    waves of 16: auto's schedules (dspark's confidence schedule, gated ngram) do not draft in steps with prompt
+    chunks, and with all 1,000 queued at once nearly every step had some (34 of 38 steps paused on a 200-request
+    probe). Both methods must have been given requests, and drafts verified."""
     from specd.engine.method_choice import MethodChoice
 
     engine = batch_engines[16]
