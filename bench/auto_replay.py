@@ -55,7 +55,7 @@ def _records(cell: dict, row: str, where: str) -> list[dict[int, tuple[int, floa
     if any(not r.get("requests") for r in runs):
         raise ReplayError(f"{where}: row {row!r} has no per-request records (runs made before "
                           f"RunResult.requests existed kept none, session 56's NA-NF among them)")
-    return [{i: (n, s) for i, n, s in r["requests"]} for r in runs]
+    return [{i: (n, s) for i, n, s, *_ in r["requests"]} for r in runs]   # the method: session 60 on
 
 
 def replay(result: dict, gated: dict[str, str], measuring: dict[str, str], levels: list[str],

@@ -320,9 +320,10 @@ class RunResult:
     # many of them re-measured a cell's losing method, and "measuring": how many were sent to measure their
     # method (exploring or probing: they draft at every step); empty for other rows
     auto_methods: dict[str, int] = field(default_factory=dict)
-    # every request as [prompt index, tokens, seconds from its first token to its finish], in finish order:
-    # the per-user rates the p50 is taken over, kept so that a method chooser can be replayed offline on the
-    # rows' own requests (bench/auto_replay.py)
+    # every request as [prompt index, tokens, seconds from its first token to its finish, method it ran], in
+    # finish order: the per-user rates the p50 is taken over, kept so that a method chooser can be replayed
+    # offline on the rows' own requests (bench/auto_replay.py), and so that an auto row's requests can be read
+    # by the method they were given (bench/mix_rates.py; runs before session 60 kept three fields)
     requests: list[list] = field(default_factory=list)
 
 
@@ -375,7 +376,8 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
     queue = deque(enumerate(prompts))
     first: dict[str, float] = {}
     count: dict[str, int] = {}
-    spans: list[tuple[int, int, float]] = []      # per finished request: prompt index, tokens, seconds
+    spans: list[tuple[int, int, float, str]] = []  # per finished request: prompt index, tokens, seconds, method
+    sent: dict[str, Request] = {}      # by id: an auto request's method is set on it at its first step
     reasons: Counter = Counter()
     cohorts: Counter = Counter()
     inflight = 0
@@ -386,7 +388,8 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
     while queue or inflight:
         while queue and inflight < concurrency + queued:
             i, p = queue.popleft()
-            engine.add_request(Request(f"{tag}-{i}", list(p.ids), p.params, **fields))
+            req = sent[f"{tag}-{i}"] = Request(f"{tag}-{i}", list(p.ids), p.params, **fields)
+            engine.add_request(req)
             inflight += 1
         ts = time.perf_counter()
         outs = engine.step()
@@ -403,14 +406,15 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
                 inflight -= 1
                 finished += 1
                 reasons[str(out.finish_reason)] += 1
-                spans.append((int(out.id.rsplit("-", 1)[1]), count.get(out.id, 0), now - first.get(out.id, now)))
+                spans.append((int(out.id.rsplit("-", 1)[1]), count.get(out.id, 0), now - first.get(out.id, now),
+                              str(sent.pop(out.id).speculation)))
         if finished:
             cohorts[str(finished)] += 1
     wall = time.perf_counter() - t0
     graphs1, eager1, compiles1 = _graph_state(engine)
     d = _delta(before, engine.stats())
-    tokens = sum(n for _, n, _ in spans)
-    rates = [n / s for _, n, s in spans if s > 0]
+    tokens = sum(span[1] for span in spans)
+    rates = [n / s for _, n, s, _ in spans if s > 0]
     steps, verif = max(1, d["steps_total"]), d["spec_verifications_total"]
     return RunResult(
         wall_s=wall, tokens=tokens, throughput_tok_s=tokens / wall,
@@ -437,7 +441,7 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         gate_context_kept_steps=int(d.get("spec_context_kept_steps_total", 0)),
         phase_ms_per_step=phase_split(d, in_step, wall, steps), step_kinds=step_kinds(d), draft_phases=draft_phases(d),
         gc_pauses=gc_split(d), finish_reasons=dict(sorted(reasons.items())), auto_methods=auto_split(d),
-        requests=[[i, n, round(sec, 6)] for i, n, sec in spans],
+        requests=[[i, n, round(sec, 6), method] for i, n, sec, method in spans],
         finish_cohorts=dict(sorted(cohorts.items(), key=lambda kv: int(kv[0]))))
 
 

@@ -4,6 +4,7 @@ never-slower verdict follows the scheduled row's ratios. Plus the pure summaries
 from __future__ import annotations
 
 import json
+from collections import Counter
 import os
 import math
 from pathlib import Path
@@ -132,8 +133,13 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                     assert sum(x["finish_reasons"].values()) == 3 and set(x["finish_reasons"]) <= {"length", "stop"}
                     assert sum(int(n) * k for n, k in x["finish_cohorts"].items()) == 3
                     # each request once, by prompt index, with the tokens the run counted
-                    assert sorted(i for i, _, _ in x["requests"]) == [0, 1, 2]
-                    assert sum(n for _, n, _ in x["requests"]) == x["tokens"]
+                    assert sorted(i for i, _, _, _ in x["requests"]) == [0, 1, 2]
+                    assert sum(n for _, n, _, _ in x["requests"]) == x["tokens"]
+                    ran = Counter(m for *_, m in x["requests"])      # the method each request ran
+                    if row == "auto":     # the methods its chooser gave (``auto_methods``), request by request
+                        assert ran == {m: n for m, n in x["auto_methods"].items() if m not in ("probes", "measuring")}
+                    else:
+                        assert ran == {result["row_settings"][row]["speculation"]: 3}
                     assert set(x["gc_pauses"]) <= {"gen0", "gen1", "gen2"}
                     assert all(n >= 1 and ms >= 0 for n, ms in x["gc_pauses"].values())
                     if row.startswith("none"):
@@ -793,7 +799,8 @@ def test_the_alternating_row_mixes_every_batch_and_measuring_cost_reads_it(tmp_p
     cell = result["workloads"]["stories-t1"]["4"]
     for x in cell["rows"]["auto-alternate"]["runs"]:
         assert x["auto_methods"] == {"dspark": 2, "ngram": 2}          # 4 requests a run, in turn
-        assert sorted(i for i, _, _ in x["requests"]) == [0, 1, 2, 3]
+        assert sorted(i for i, _, _, _ in x["requests"]) == [0, 1, 2, 3]
+        assert Counter(m for *_, m in x["requests"]) == {"dspark": 2, "ngram": 2}   # each request's own method
     assert cell["auto_extra_warmups"] == {"auto-alternate": 0}     # it never explores: no whole-answer warm-ups
     assert "- auto-alternate at concurrency 4, requests by method over the timed runs: dspark 4, ngram 4" \
         in (out / "speedup.md").read_text()
