@@ -81,6 +81,11 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # Session 59 (H100, RA-RC) saw the auto row's mixed runs at 0.94x that blend at c >= 16, mostly on
     # knowledge. A diagnostic, not a default row
     "auto-alternate": {"method": "auto", "schedule": None, "gamma": None, "chooser": "alternate"},
+    # method auto whose chooser hands out each cell's method in epochs at c > 1 and learns only from requests
+    # that ran in batches of their own method (specd/engine/epoch_choice.py), through a gate of its own.
+    # Why: at c >= 16 the auto row's chooser rated its cells' losing method at 0.82x that method's own row
+    # (sessions 57-59, ``python -m bench.mix_rates``). A candidate for `auto`, not a default row
+    "auto-epoch": {"method": "auto", "schedule": None, "gamma": None, "chooser": "epoch"},
     # scheduled dspark with the gate's drafts beside prompt chunks on (``SpecGate.beside_prompts``, off by
     # default: session 13, run AP measured it against the default in the same run), through a gate of
     # its own (``row_gate``); not a default row
@@ -192,7 +197,7 @@ DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection"
                    "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager",
                    "dspark-capture-prompts", "dspark-capture-prompts-32", "dspark-fuse-late", "dspark-g7-fuse-late", "dspark-keep-context",
                    "dspark-markov-ref", "dspark-calibrated", "dspark-opening-priced", "dspark-class-long",
-                   "auto-alternate")
+                   "auto-alternate", "auto-epoch")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -500,7 +505,8 @@ def row_gate(engine, row: str, own: dict):
         yield
         return
     settings.pop("own", None)                     # a gate of its own with the default settings
-    chooser = settings.pop("chooser", None)       # "alternate": ``AlternatingChoice`` as its method chooser
+    chooser = settings.pop("chooser", None)       # its method chooser: "alternate" ``AlternatingChoice``, "epoch"
+                                                  # ``EpochChoice``
     rejection = settings.pop("verify", None) == "rejection"
     spans = settings.pop("spans", True)
     swaps = []        # (object, attribute, value while the row runs): each put back after it
@@ -533,6 +539,10 @@ def row_gate(engine, row: str, own: dict):
             from bench.alternating_choice import AlternatingChoice
 
             own[row].methods = AlternatingChoice()
+        elif chooser == "epoch":
+            from specd.engine.epoch_choice import EpochChoice
+
+            own[row].methods = EpochChoice()
     engine.spec_gate = own[row]
     engine.greedy_chain = not rejection
     engine.rest_spans = spans

@@ -468,6 +468,7 @@ class SpecEngine(GateSteps):
             self._keep_features(batch, fused, valid)
         elif captured is not None and not self.fuse_early:
             self._keep_features_late(batch, capture, captured, valid)
+        self._count_batch(batch, emitted)
         with self.blocks.posting():  # the finished sequences' releases: one frame
             self.blocks.after_forward()      # the forward is over: duplicates' slots drained in it go back
             for sched, toks in emitted:
@@ -511,6 +512,23 @@ class SpecEngine(GateSteps):
             self._keeps_span()       # the batch is gone: the gate's stats hold every step of it
             self._end_lookup()
         return outputs
+
+    def _count_batch(self, batch, emitted) -> None:
+        """For each auto request that emitted this step: the step, the share of the batch on its own method and
+        the batch's size. Why: its method chooser rates a method by its requests' decode rate, and a request
+        in a batch mostly of the other method decodes at a step time the other method shaped (sessions 57-59,
+        H100: at c >= 16 the chooser's rate of a cell's losing method was 0.82x that method's own row,
+        ``python -m bench.mix_rates``); ``EpochChoice`` learns only from requests that ran in batches of
+        their own method at the load they were chosen for."""
+        autos = [sched.seq for sched, _ in emitted if sched.seq.auto_choice is not None]
+        if not autos:
+            return
+        methods = collections.Counter(sched.seq.method for sched in batch)
+        n = len(batch)
+        for seq in autos:
+            seq.batch_steps += 1
+            seq.batch_own += methods[seq.method] / n
+            seq.batch_size_sum += n
 
     def _cold_events(self) -> int:
         """One-off work so far that makes a step no timing sample: CUDA graph captures and Triton compiles."""
@@ -942,7 +960,9 @@ class SpecEngine(GateSteps):
         if seq.auto_choice is not None and seq.auto_choice[0] is not None:   # its decode rate, for the next
             chooser, cls, bucket, measured = seq.auto_choice                  # auto requests of its class
             decoded = 0.0 if seq.first_token_s is None else max(0.0, time.monotonic() - seq.first_token_s)
-            chooser.observe(cls, bucket, seq.method, max(0, len(seq.output_ids) - 1), decoded, measured=measured)
+            steps = max(1, seq.batch_steps)
+            chooser.observe(cls, bucket, seq.method, max(0, len(seq.output_ids) - 1), decoded, measured=measured,
+                            mix=seq.batch_own / steps if seq.batch_steps else 1.0, load=seq.batch_size_sum / steps)
         self._counters["requests_finished"] += 1
 
     def _fail_unschedulable(self, outputs: list[RequestOutput]) -> None:

@@ -205,12 +205,14 @@ class MethodChoice:
         return best
 
     def observe(self, prompt_class: tuple, bucket: int, method: str, tokens: int, seconds: float,
-                measured: bool = False) -> None:
+                measured: bool = False, mix: float = 1.0, load: float = 0.0) -> None:
         """A request chosen here finished: ``tokens`` output tokens after its first, over ``seconds`` from its
         first token to its finish; ``measured``: it was sent to measure its method (``Choice.measures``). A
-        request of one token, or one measured in no time, says nothing."""
-        if tokens < 0 or seconds < 0 or seconds != seconds:
-            raise ChoiceError(f"bad request measurement: {tokens} tokens in {seconds} s")
+        request of one token, or one measured in no time, says nothing. ``mix`` (the mean share of its batch
+        on its own method over its steps) and ``load`` (the mean batch size) are read by ``EpochChoice``;
+        this chooser learns from every request, as it was measured on the GPU."""
+        if tokens < 0 or seconds < 0 or seconds != seconds or not 0.0 <= mix <= 1.0 or load < 0:
+            raise ChoiceError(f"bad request measurement: {tokens} tokens in {seconds} s, mix {mix}, load {load}")
         cell = self.cells.get((prompt_class, bucket))
         if cell is None:          # forgotten since (MAX_CELLS): its choice is made again from nothing
             return

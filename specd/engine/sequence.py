@@ -53,6 +53,9 @@ class Sequence:
     auto_choice: tuple | None = None            # admitted as auto: (chooser or None, prompt class, load bucket,
                                                 # sent to measure its method: ``Choice.measures``), the chooser
                                                 # that chose its method, told its decode rate when it finishes
+    batch_steps: int = 0                        # auto requests: steps it emitted in, and over them the sum of the
+    batch_own: float = 0.0                      # share of the batch on its own method and of the batch's size
+    batch_size_sum: int = 0                     # (``SpecEngine._count_batch``; ``MethodChoice.observe``'s mix, load)
     method: str = "none"                        # its speculation method: the request's, else the deployment's,
                                                 # set at admission; an attribute, not a lookup: every step's
                                                 # walks over the batch read it (timed alone, 4.3 → 2.1 µs a

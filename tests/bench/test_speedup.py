@@ -787,11 +787,12 @@ def test_auto_line_counts_the_steps_drafted_for_measuring_requests():
 def test_the_alternating_row_mixes_every_batch_and_measuring_cost_reads_it(tmp_path, capsys):
     """`auto-alternate`: method auto with a chooser that gives dspark and gated ngram in turn, through a gate
     of its own, so each run's batch holds both methods; ``bench.measuring_cost --row auto-alternate`` then sets
-    its runs against the blend of the two rows."""
+    its runs against the blend of the two rows, and ``bench.mix_rates`` each method's requests against its own
+    row. `auto-epoch` (specd/engine/epoch_choice.py) runs beside them through a gate of its own."""
     sampled = _sessions(tmp_path / "stories-t1.jsonl", "sampled", 1.0)
     out = tmp_path / "out"
     rc = bench_main(["speedup", "--model", str(MODEL), "--drafters", f"dspark={DRAFTER}",
-                     "--rows", "none,dspark,ngram-gated,auto-alternate", "--workloads", str(sampled),
+                     "--rows", "none,dspark,ngram-gated,auto-alternate,auto-epoch", "--workloads", str(sampled),
                      "--concurrency", "4", "--requests", "4", "--max-tokens", "10", "--repeats", "2",
                      "--warmup-tokens", "2", "--out", str(out)])
     assert rc == 0
@@ -801,7 +802,13 @@ def test_the_alternating_row_mixes_every_batch_and_measuring_cost_reads_it(tmp_p
         assert x["auto_methods"] == {"dspark": 2, "ngram": 2}          # 4 requests a run, in turn
         assert sorted(i for i, _, _, _ in x["requests"]) == [0, 1, 2, 3]
         assert Counter(m for *_, m in x["requests"]) == {"dspark": 2, "ngram": 2}   # each request's own method
-    assert cell["auto_extra_warmups"] == {"auto-alternate": 0}     # it never explores: no whole-answer warm-ups
+    assert cell["auto_extra_warmups"]["auto-alternate"] == 0       # it never explores: no whole-answer warm-ups
+    assert cell["auto_extra_warmups"]["auto-epoch"] >= 1             # a new cell explores in epochs before timing
+    for x in cell["rows"]["auto-epoch"]["runs"]:
+        assert sorted(i for i, _, _, _ in x["requests"]) == [0, 1, 2, 3]
+        assert Counter(m for *_, m in x["requests"]) == \
+            {m: n for m, n in x["auto_methods"].items() if m in ("dspark", "ngram")}
+    assert {s["bucket"] for s in cell["auto_choice_by_row"]["auto-epoch"]} == {4}   # its cells: load 4 only
     assert "- auto-alternate at concurrency 4, requests by method over the timed runs: dspark 4, ngram 4" \
         in (out / "speedup.md").read_text()
     from bench.measuring_cost import main as cost_main
@@ -811,3 +818,8 @@ def test_the_alternating_row_mixes_every_batch_and_measuring_cost_reads_it(tmp_p
     assert share.endswith(" (2) | – |")                           # no measuring step: both runs at share ≤ 10%
     assert mixing.startswith("| c = 2-8 | – | ") and mixing.endswith(" (2) |")     # both runs mixed (2 of 4)
     assert cost_main([str(out / "speedup.json"), "--row", "auto"]) == 2                # no auto row in this run
+    capsys.readouterr()
+    from bench.mix_rates import main as mix_main
+    assert mix_main([str(out / "speedup.json"), "--row", "auto-alternate"]) == 0
+    rates = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| c = 2-8 |")]
+    assert rates[0].startswith("| c = 2-8 | – | ") and rates[0].endswith(" (4) | – |")   # 2 runs x 2 methods, mixed
