@@ -33,6 +33,9 @@ EPOCH = 2         # admissions an epoch holds, per unit of load bucket: the firs
                   # with the last epoch's, the rest run in a batch of their own method
 CLEAN = 0.8       # a request teaches its cell when at least this share of its batch was its method, on average
 FLOOR = 0.75      # ... and its mean batch was at least this share of its load bucket
+UNCLEAN_MOST = 8  # a candidate's requests in a row that taught nothing, after which the next one teaches anyway:
+                  # in traffic of many prompt classes whose cells chose differently no batch is ever clean, and
+                  # a cell that never learns would explore for ever
 
 
 @dataclass
@@ -48,12 +51,15 @@ class Epoch:
 class EpochChoice(MethodChoice):
     """``MethodChoice`` that, above ``draft_most``, chooses by epochs and learns only from clean requests."""
 
-    def __init__(self, epoch: int = EPOCH, clean: float = CLEAN, floor: float = FLOOR, **settings):
+    def __init__(self, epoch: int = EPOCH, clean: float = CLEAN, floor: float = FLOOR,
+                 unclean_most: int = UNCLEAN_MOST, **settings):
         super().__init__(**settings)
-        if epoch < 1 or not 0.0 < clean <= 1.0 or not 0.0 <= floor <= 1.0:
-            raise ChoiceError(f"bad epoch choice settings: epoch={epoch}, clean={clean}, floor={floor}")
-        self.epoch, self.clean, self.floor = epoch, clean, floor
+        if epoch < 1 or not 0.0 < clean <= 1.0 or not 0.0 <= floor <= 1.0 or unclean_most < 1:
+            raise ChoiceError(f"bad epoch choice settings: epoch={epoch}, clean={clean}, floor={floor}, "
+                              f"unclean_most={unclean_most}")
+        self.epoch, self.clean, self.floor, self.unclean_most = epoch, clean, floor, unclean_most
         self.epochs: dict[tuple, Epoch] = {}
+        self.streaks: dict[tuple, int] = {}       # (class, bucket, method) -> its requests in a row that taught nothing
         self.unclean = 0          # finished requests that taught nothing (a mixed or draining batch)
 
     def choose(self, prompt_class: tuple, bucket: int, candidates) -> Choice:
@@ -107,9 +113,14 @@ class EpochChoice(MethodChoice):
         cell = self.cells.get((prompt_class, bucket))
         if cell is None:
             return
-        if mix >= self.clean and load >= self.floor * bucket:
+        streak = (prompt_class, bucket, method)
+        if (mix >= self.clean and load >= self.floor * bucket) or self.streaks.get(streak, 0) >= self.unclean_most:
+            self.streaks.pop(streak, None)
             super().observe(prompt_class, bucket, method, tokens, seconds, measured, mix, load)
             return
+        if len(self.streaks) > self.max_cells:
+            self.streaks.clear()
+        self.streaks[streak] = self.streaks.get(streak, 0) + 1
         self.unclean += 1
         arm = cell.arms.get(method)
         if arm is not None and measured and arm.measuring > 0:

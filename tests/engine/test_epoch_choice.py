@@ -60,6 +60,20 @@ def test_requests_from_a_mixed_or_draining_batch_teach_nothing():
     assert chooser.stats()["spec_auto_unclean_total"] == 4
 
 
+def test_a_candidate_that_never_runs_clean_learns_after_unclean_most_requests():
+    """Traffic whose batches are always mixed (many classes, each cell its own winner): after ``unclean_most``
+    requests in a row that taught nothing, the next teaches anyway, so the cell stops exploring."""
+    chooser = EpochChoice(epoch=2, unclean_most=3)
+    _take(chooser, 16)
+    _teach(chooser, "dspark", 100.0, n=4, mix=0.5)
+    cell = chooser.cells[(CLS, 4)]
+    assert cell.arms["dspark"].finished == 1 and chooser.unclean == 3      # the 4th taught
+    _teach(chooser, "dspark", 100.0, n=3, mix=0.5)                     # its streak began again
+    assert cell.arms["dspark"].finished == 1 and chooser.unclean == 6
+    _teach(chooser, "dspark", 100.0, n=1, mix=0.5)
+    assert cell.arms["dspark"].finished == 2
+
+
 def test_the_loser_gets_a_probe_epoch_after_wait_epochs_and_the_wait_doubles():
     chooser = EpochChoice(epoch=1, probe_first=2, probe_most=8)
     _take(chooser, 8)                                      # explore: 4 dspark, 4 ngram
@@ -78,7 +92,7 @@ def test_the_loser_gets_a_probe_epoch_after_wait_epochs_and_the_wait_doubles():
 
 
 def test_bad_settings_and_measurements_are_refused():
-    for bad in ({"epoch": 0}, {"clean": 0.0}, {"clean": 1.5}, {"floor": -0.1}, {"explore": 0}):
+    for bad in ({"epoch": 0}, {"clean": 0.0}, {"clean": 1.5}, {"floor": -0.1}, {"unclean_most": 0}, {"explore": 0}):
         with pytest.raises(ChoiceError):
             EpochChoice(**bad)
     chooser = EpochChoice()
