@@ -86,6 +86,10 @@ ROWS: dict[str, dict] = {     # row -> the request fields it sets; gamma None = 
     # Why: at c >= 16 the auto row's chooser rated its cells' losing method at 0.82x that method's own row
     # (sessions 57-59, ``python -m bench.mix_rates``). A candidate for `auto`, not a default row
     "auto-epoch": {"method": "auto", "schedule": None, "gamma": None, "chooser": "epoch"},
+    # auto-epoch whose winner keeps a cell unless a challenger is 10% faster (``EpochChoice.hold``): session 60
+    # (H200, run SA) saw auto-epoch's close cells at c = 8 flip method epoch by epoch and its mixed runs run
+    # 0.90x the two rows' blend. Not GPU-run yet
+    "auto-epoch-hold": {"method": "auto", "schedule": None, "gamma": None, "chooser": "epoch-hold"},
     # scheduled dspark with the gate's drafts beside prompt chunks on (``SpecGate.beside_prompts``, off by
     # default: session 13, run AP measured it against the default in the same run), through a gate of
     # its own (``row_gate``); not a default row
@@ -197,7 +201,7 @@ DIAGNOSTIC_ROWS = ("dspark-beside-prompts", "dspark-resting", "dspark-rejection"
                    "dspark-no-span", "dspark-charge-whole", "dspark-clip-off", "eagle3-eager",
                    "dspark-capture-prompts", "dspark-capture-prompts-32", "dspark-fuse-late", "dspark-g7-fuse-late", "dspark-keep-context",
                    "dspark-markov-ref", "dspark-calibrated", "dspark-opening-priced", "dspark-class-long",
-                   "auto-alternate", "auto-epoch")
+                   "auto-alternate", "auto-epoch", "auto-epoch-hold")
 DEFAULT_ROWS = [r for r in ROWS if r not in DIAGNOSTIC_ROWS]
 BASELINE = "none"
 SCHEDULED = "dspark"          # the row that must never be slower than the baseline
@@ -506,7 +510,7 @@ def row_gate(engine, row: str, own: dict):
         return
     settings.pop("own", None)                     # a gate of its own with the default settings
     chooser = settings.pop("chooser", None)       # its method chooser: "alternate" ``AlternatingChoice``, "epoch"
-                                                  # ``EpochChoice``
+                                                  # ``EpochChoice``, "epoch-hold" one that holds at 10%
     rejection = settings.pop("verify", None) == "rejection"
     spans = settings.pop("spans", True)
     swaps = []        # (object, attribute, value while the row runs): each put back after it
@@ -539,10 +543,10 @@ def row_gate(engine, row: str, own: dict):
             from bench.alternating_choice import AlternatingChoice
 
             own[row].methods = AlternatingChoice()
-        elif chooser == "epoch":
+        elif chooser in ("epoch", "epoch-hold"):
             from specd.engine.epoch_choice import EpochChoice
 
-            own[row].methods = EpochChoice()
+            own[row].methods = EpochChoice(hold=0.10) if chooser == "epoch-hold" else EpochChoice()
     engine.spec_gate = own[row]
     engine.greedy_chain = not rejection
     engine.rest_spans = spans

@@ -33,6 +33,12 @@ EPOCH = 2         # admissions an epoch holds, per unit of load bucket: the firs
                   # with the last epoch's, the rest run in a batch of their own method
 CLEAN = 0.8       # a request teaches its cell when at least this share of its batch was its method, on average
 FLOOR = 0.75      # ... and its mean batch was at least this share of its load bucket
+HOLD = 0.02       # a challenger takes a cell's next epoch from the winner only when faster by this fraction: the
+                  # chooser's margin by default, as run in session 60 (H200, run SA). There its cells at c = 8 whose
+                  # methods were close flipped winner epoch by epoch (coding 32 / 32 requests a run, the chooser's
+                  # rates 330 / 329 tok/s), each epoch's first half ran mixed, and its mixed runs ran 0.90x the
+                  # two rows' blend (``bench.measuring_cost --row auto-epoch``); the row ``auto-epoch-hold`` holds
+                  # at 10%: a method within 10% costs less than the mixing a switch brings (not GPU-run yet)
 UNCLEAN_MOST = 8  # a candidate's requests in a row that taught nothing, after which the next one teaches anyway:
                   # in traffic of many prompt classes whose cells chose differently no batch is ever clean, and
                   # a cell that never learns would explore for ever
@@ -52,12 +58,13 @@ class EpochChoice(MethodChoice):
     """``MethodChoice`` that, above ``draft_most``, chooses by epochs and learns only from clean requests."""
 
     def __init__(self, epoch: int = EPOCH, clean: float = CLEAN, floor: float = FLOOR,
-                 unclean_most: int = UNCLEAN_MOST, **settings):
+                 unclean_most: int = UNCLEAN_MOST, hold: float = HOLD, **settings):
         super().__init__(**settings)
-        if epoch < 1 or not 0.0 < clean <= 1.0 or not 0.0 <= floor <= 1.0 or unclean_most < 1:
+        if epoch < 1 or not 0.0 < clean <= 1.0 or not 0.0 <= floor <= 1.0 or unclean_most < 1 or hold < 0:
             raise ChoiceError(f"bad epoch choice settings: epoch={epoch}, clean={clean}, floor={floor}, "
-                              f"unclean_most={unclean_most}")
+                              f"unclean_most={unclean_most}, hold={hold}")
         self.epoch, self.clean, self.floor, self.unclean_most = epoch, clean, floor, unclean_most
+        self.hold = hold
         self.epochs: dict[tuple, Epoch] = {}
         self.streaks: dict[tuple, int] = {}       # (class, bucket, method) -> its requests in a row that taught nothing
         self.unclean = 0          # finished requests that taught nothing (a mixed or draining batch)
@@ -94,7 +101,7 @@ class EpochChoice(MethodChoice):
         young = [(cell.arms[m].admitted, i) for i, m in enumerate(candidates) if self._explores(cell.arms[m])]
         if young:
             return Epoch(candidates[min(young)[1]], size, True)
-        winner = self._winner(cell, candidates)
+        winner = self._winner(cell, candidates, self.hold)
         if len(candidates) > 1 and cell.since >= cell.wait * size:
             rates = {m: cell.arms[m].rate for m in candidates if m != winner}
             cell.since = 0

@@ -194,11 +194,13 @@ class MethodChoice:
         self.measured += measures
         return Choice(method, measures, measures and bucket <= self.draft_most)
 
-    def _winner(self, cell: ChoiceCell, candidates) -> str:
-        """The fastest candidate; the holder keeps its place unless another beats it by ``margin``."""
+    def _winner(self, cell: ChoiceCell, candidates, margin: float | None = None) -> str:
+        """The fastest candidate; the holder keeps its place unless another beats it by ``margin`` (by default
+        the chooser's)."""
         best = max(candidates, key=lambda m: cell.arms[m].rate)
         held = cell.winner if cell.winner in candidates else None
-        if held is not None and cell.arms[best].rate <= cell.arms[held].rate * (1.0 + self.margin):
+        margin = self.margin if margin is None else margin
+        if held is not None and cell.arms[best].rate <= cell.arms[held].rate * (1.0 + margin):
             best = held
         if best != cell.winner:
             cell.winner, cell.wait, cell.since = best, self.probe_first, 0

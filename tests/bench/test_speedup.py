@@ -792,7 +792,7 @@ def test_the_alternating_row_mixes_every_batch_and_measuring_cost_reads_it(tmp_p
     sampled = _sessions(tmp_path / "stories-t1.jsonl", "sampled", 1.0)
     out = tmp_path / "out"
     rc = bench_main(["speedup", "--model", str(MODEL), "--drafters", f"dspark={DRAFTER}",
-                     "--rows", "none,dspark,ngram-gated,auto-alternate,auto-epoch", "--workloads", str(sampled),
+                     "--rows", "none,dspark,ngram-gated,auto-alternate,auto-epoch,auto-epoch-hold", "--workloads", str(sampled),
                      "--concurrency", "4", "--requests", "4", "--max-tokens", "10", "--repeats", "2",
                      "--warmup-tokens", "2", "--out", str(out)])
     assert rc == 0
@@ -809,6 +809,7 @@ def test_the_alternating_row_mixes_every_batch_and_measuring_cost_reads_it(tmp_p
         assert Counter(m for *_, m in x["requests"]) == \
             {m: n for m, n in x["auto_methods"].items() if m in ("dspark", "ngram")}
     assert {s["bucket"] for s in cell["auto_choice_by_row"]["auto-epoch"]} == {4}   # its cells: load 4 only
+    assert {s["bucket"] for s in cell["auto_choice_by_row"]["auto-epoch-hold"]} == {4}    # a chooser of its own
     assert "- auto-alternate at concurrency 4, requests by method over the timed runs: dspark 4, ngram 4" \
         in (out / "speedup.md").read_text()
     from bench.measuring_cost import main as cost_main
@@ -823,3 +824,23 @@ def test_the_alternating_row_mixes_every_batch_and_measuring_cost_reads_it(tmp_p
     assert mix_main([str(out / "speedup.json"), "--row", "auto-alternate"]) == 0
     rates = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| c = 2-8 |")]
     assert rates[0].startswith("| c = 2-8 | – | ") and rates[0].endswith(" (4) | – |")   # 2 runs x 2 methods, mixed
+
+
+def test_the_epoch_rows_get_epoch_choosers_of_their_own():
+    """`auto-epoch` runs ``EpochChoice`` as measured in session 60 (hold at the chooser's 2% margin) and
+    `auto-epoch-hold` one that holds at 10%, each in a gate of its own."""
+    from bench.speedup import DEFAULT_ROWS, row_gate
+    from specd.engine.epoch_choice import HOLD, EpochChoice
+    from specd.engine.spec_gate import SpecGate
+
+    class Engine:
+        spec_gate = SpecGate()
+
+    own = {}
+    with row_gate(Engine, "auto-epoch", own):
+        plain = Engine.spec_gate.methods
+    with row_gate(Engine, "auto-epoch-hold", own):
+        held = Engine.spec_gate.methods
+    assert isinstance(plain, EpochChoice) and isinstance(held, EpochChoice) and plain is not held
+    assert (plain.hold, held.hold) == (HOLD, 0.10) and HOLD == plain.margin
+    assert not {"auto-epoch", "auto-epoch-hold"} & set(DEFAULT_ROWS)

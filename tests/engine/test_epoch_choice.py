@@ -91,8 +91,22 @@ def test_the_loser_gets_a_probe_epoch_after_wait_epochs_and_the_wait_doubles():
     assert chooser.cells[(CLS, 4)].winner == "ngram"
 
 
+def test_a_close_challenger_takes_the_next_epoch_only_past_hold():
+    """With ``hold`` 10%, a challenger 5% faster leaves the winner its cell; 15% faster takes the next epoch.
+    With the chooser's 2% margin (the default), 5% is enough."""
+    for hold, rate, taken in ((0.10, 105.0, False), (0.10, 115.0, True), (0.02, 105.0, True)):
+        chooser = EpochChoice(epoch=1, hold=hold)
+        _take(chooser, 8)                                  # explore: 4 dspark, 4 ngram
+        _teach(chooser, "dspark", 100.0)
+        _teach(chooser, "ngram", 90.0)
+        assert {c.method for c in _take(chooser, 4)} == {"dspark"}
+        _teach(chooser, "ngram", rate, n=10)               # the old samples decayed away: ngram's rate ~ ``rate``
+        assert {c.method for c in _take(chooser, 4)} == ({"ngram"} if taken else {"dspark"}), (hold, rate)
+
+
 def test_bad_settings_and_measurements_are_refused():
-    for bad in ({"epoch": 0}, {"clean": 0.0}, {"clean": 1.5}, {"floor": -0.1}, {"unclean_most": 0}, {"explore": 0}):
+    for bad in ({"epoch": 0}, {"clean": 0.0}, {"clean": 1.5}, {"floor": -0.1}, {"unclean_most": 0}, {"hold": -0.1},
+                {"explore": 0}):
         with pytest.raises(ChoiceError):
             EpochChoice(**bad)
     chooser = EpochChoice()
