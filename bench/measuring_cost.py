@@ -28,7 +28,7 @@ methods request by request (bench/alternating_choice.py): every batch mixed, no 
 from __future__ import annotations
 
 import argparse
-import math
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -49,7 +49,7 @@ def group_of(level: int) -> str:
     return next(name for low, high, name in GROUPS if low <= level <= high)
 
 
-def _runs(results: list[dict], row: str):
+def runs_of(results: list[dict], row: str):
     """Every timed run of ``row``: (workload, level, the cell's rows, repeat, run)."""
     for result in results:
         for workload, levels in result["workloads"].items():
@@ -72,7 +72,7 @@ def split(results: list[dict], rows: dict[str, str], share: float,
     """(load group, over ``share``) -> each run of ``row`` (method auto): its throughput over its main method's
     row, same repeat."""
     out: dict[tuple[str, bool], list[float]] = defaultdict(list)
-    for workload, level, cell_rows, rep, run in _runs(results, row):
+    for workload, level, cell_rows, rep, run in runs_of(results, row):
         given = {m: n for m, n in run.get("auto_methods", {}).items() if m in rows}
         if not given or not run.get("steps"):
             continue
@@ -89,7 +89,7 @@ def mixing(results: list[dict], rows: dict[str, str], mixed: float,
     by its requests per method, the blend over the faster row), same repeat. Runs that gave no request to a
     method in ``rows`` are skipped."""
     out: dict[tuple[str, bool], list[tuple[float, float]]] = defaultdict(list)
-    for workload, level, cell_rows, rep, run in _runs(results, row):
+    for workload, level, cell_rows, rep, run in runs_of(results, row):
         given = {m: n for m, n in run.get("auto_methods", {}).items() if m in rows and n > 0}
         total = sum(given.values())
         if not total:
@@ -103,24 +103,23 @@ def mixing(results: list[dict], rows: dict[str, str], mixed: float,
     return out
 
 
-def _gm(values: list[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values))
+_gm = statistics.geometric_mean
 
 
-def _by_group(groups: dict[tuple[str, bool], list], header: list[str], cell, note: str) -> str:
-    """One markdown table: a line per load group with runs, its two cells (at most the split, over it) each
-    ``cell(values)`` or "–"; then ``note``."""
+def by_group(groups: dict[tuple, list], header: list[str], cell, note: str, columns=(False, True)) -> str:
+    """One markdown table: a line per load group with values, a cell per column (by default: at most the split,
+    over it) each ``cell(values)`` or "–"; then ``note``. ``groups`` is keyed (load group, column)."""
     lines = list(header)
     for _low, _high, name in GROUPS:
-        cells = [cell(groups[(name, over)]) if groups.get((name, over)) else "–" for over in (False, True)]
+        cells = [cell(groups[(name, c)]) if groups.get((name, c)) else "–" for c in columns]
         if any(c != "–" for c in cells):
-            lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+            lines.append(f"| {name} | {' | '.join(cells)} |")
     return "\n".join(lines + ["", note]) + "\n"
 
 
 def mixing_table(groups: dict[tuple[str, bool], list[tuple[float, float]]], mixed: float) -> str:
     pct = f"{100 * mixed:g}%"
-    return _by_group(
+    return by_group(
         groups, [f"| load | one method (minority ≤ {pct}): auto / blend, blend / best (runs) "
                  f"| mixed (minority > {pct}): auto / blend, blend / best (runs) |", "|---|---|---|"],
         lambda v: f"{_gm([a for a, _ in v]):.3f}, {_gm([b for _, b in v]):.3f} ({len(v)})",
@@ -131,7 +130,7 @@ def mixing_table(groups: dict[tuple[str, bool], list[tuple[float, float]]], mixe
 
 def table(groups: dict[tuple[str, bool], list[float]], share: float) -> str:
     pct = f"{100 * share:g}%"
-    return _by_group(
+    return by_group(
         groups, [f"| load | share ≤ {pct}: ratio (runs) | share > {pct}: ratio (runs) |", "|---|---|---|"],
         lambda v: f"{_gm(v):.3f} ({len(v)})",
         "Each auto run's throughput over the same repeat's run of its main method's row (geometric mean), by the "

@@ -27,14 +27,13 @@ Two tables:
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from bench.auto_replay import pairs
-from bench.measuring_cost import GROUPS, group_of
+from bench.measuring_cost import by_group, group_of, runs_of
 from bench.speedup_pool import PoolError, load
 
 SHARES = ("alone-ish", "mixed", "minority")
@@ -58,26 +57,20 @@ def request_rates(results: list[dict], rows: dict[str, str], row: str,
     same repeat's run of the method's own row. Runs without each request's method (before session 60) are
     skipped."""
     out: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for result in results:
-        for workload, levels in result["workloads"].items():
-            for level, cell in levels.items():
-                for rep, run in enumerate(cell["rows"].get(row, {}).get("runs", [])):
-                    requests = run.get("requests") or []
-                    if not requests or len(requests[0]) < 4:
-                        continue
-                    counts: dict[str, int] = defaultdict(int)
-                    for r in requests:
-                        counts[r[3]] += 1
-                    for method, n in counts.items():
-                        own_row = rows.get(method)
-                        if own_row is None:
-                            continue
-                        if own_row not in cell["rows"]:
-                            raise PoolError(f"{workload} c = {level}: no {own_row!r} row for {row}'s {method}")
-                        own = _p50_rate(cell["rows"][own_row]["runs"][rep]["requests"])
-                        mine = _p50_rate(requests, method)
-                        if own and mine:
-                            out[(group_of(int(level)), share_of(n, len(requests), mixed))].append(mine / own)
+    for workload, level, cell_rows, rep, run in runs_of(results, row):
+        requests = run.get("requests") or []
+        if not requests or len(requests[0]) < 4:
+            continue
+        for method, n in Counter(r[3] for r in requests).items():
+            own_row = rows.get(method)
+            if own_row is None:
+                continue
+            if own_row not in cell_rows:
+                raise PoolError(f"{workload} c = {level}: no {own_row!r} row for {row}'s {method}")
+            own = _p50_rate(cell_rows[own_row]["runs"][rep]["requests"])
+            mine = _p50_rate(requests, method)
+            if own and mine:
+                out[(group_of(int(level)), share_of(n, len(requests), mixed))].append(mine / own)
     return out
 
 
@@ -111,17 +104,9 @@ def chooser_view(results: list[dict], rows: dict[str, str], row: str) -> dict[tu
     return out
 
 
-def _gm(values: list[float]) -> str:
-    return f"{math.exp(sum(map(math.log, values)) / len(values)):.3f} ({len(values)})"
-
-
 def _table(groups: dict[tuple[str, str], list[float]], columns: tuple[str, ...], head: str, note: str) -> str:
-    lines = [f"| load | {' | '.join(f'{head} {c} (n)' for c in columns)} |", "|---" * (len(columns) + 1) + "|"]
-    for _low, _high, name in GROUPS:
-        cells = [_gm(groups[(name, c)]) if groups.get((name, c)) else "–" for c in columns]
-        if any(c != "–" for c in cells):
-            lines.append(f"| {name} | {' | '.join(cells)} |")
-    return "\n".join(lines + ["", note]) + "\n"
+    header = [f"| load | {' | '.join(f'{head} {c} (n)' for c in columns)} |", "|---" * (len(columns) + 1) + "|"]
+    return by_group(groups, header, lambda v: f"{statistics.geometric_mean(v):.3f} ({len(v)})", note, columns)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,9 +25,9 @@ before, so the mixture stays lossless (each method's verification is).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from specd.engine.method_choice import Arm, Choice, ChoiceError, MethodChoice
+from specd.engine.method_choice import Arm, Choice, ChoiceCell, ChoiceError, MethodChoice, check_measurement
 
 EPOCH = 2         # admissions an epoch holds, per unit of load bucket: the first bucket's worth share their batch
                   # with the last epoch's, the rest run in a batch of their own method
@@ -54,8 +54,19 @@ class Epoch:
     measures: bool = False
 
 
+@dataclass
+class EpochCell(ChoiceCell):
+    """A ``ChoiceCell`` with its current epoch and, per candidate, its requests in a row that taught nothing:
+    kept in the cell, so they are forgotten with it (``MAX_CELLS``)."""
+
+    run: Epoch | None = None
+    unclean: dict[str, int] = field(default_factory=dict)
+
+
 class EpochChoice(MethodChoice):
     """``MethodChoice`` that, above ``draft_most``, chooses by epochs and learns only from clean requests."""
+
+    cell_type = EpochCell
 
     def __init__(self, epoch: int = EPOCH, clean: float = CLEAN, floor: float = FLOOR,
                  unclean_most: int = UNCLEAN_MOST, hold: float = HOLD, **settings):
@@ -65,8 +76,6 @@ class EpochChoice(MethodChoice):
                               f"unclean_most={unclean_most}, hold={hold}")
         self.epoch, self.clean, self.floor, self.unclean_most = epoch, clean, floor, unclean_most
         self.hold = hold
-        self.epochs: dict[tuple, Epoch] = {}
-        self.streaks: dict[tuple, int] = {}       # (class, bucket, method) -> its requests in a row that taught nothing
         self.unclean = 0          # finished requests that taught nothing (a mixed or draining batch)
 
     def choose(self, prompt_class: tuple, bucket: int, candidates) -> Choice:
@@ -74,23 +83,16 @@ class EpochChoice(MethodChoice):
             return super().choose(prompt_class, bucket, candidates)
         if not candidates:
             raise ChoiceError("no candidate method to choose from")
-        key = (prompt_class, bucket)
-        cell = self._cell(key)
+        cell = self._cell((prompt_class, bucket))
         for m in candidates:
             cell.arms.setdefault(m, Arm())
-        run = self.epochs.get(key)
+        run = cell.run
         if run is None or run.left <= 0 or run.method not in candidates:
-            run = self.epochs[key] = self._next_epoch(cell, list(candidates), bucket)
-            if len(self.epochs) > self.max_cells:          # forgotten with their cells (``_cell``)
-                self.epochs = {k: v for k, v in self.epochs.items() if k in self.cells}
+            run = cell.run = self._next_epoch(cell, list(candidates), bucket)
         run.left -= 1
-        arm = cell.arms[run.method]
-        arm.admitted += 1
-        arm.measuring += run.measures
         if not run.measures:
             cell.since += 1
-        self.chosen[run.method] = self.chosen.get(run.method, 0) + 1
-        self.measured += run.measures
+        self._admit(cell, run.method, run.measures)
         return Choice(run.method, run.measures, False)
 
     def _next_epoch(self, cell, candidates: list[str], bucket: int) -> Epoch:
@@ -112,22 +114,15 @@ class EpochChoice(MethodChoice):
 
     def observe(self, prompt_class: tuple, bucket: int, method: str, tokens: int, seconds: float,
                 measured: bool = False, mix: float = 1.0, load: float = 0.0) -> None:
-        if bucket <= self.draft_most:
-            super().observe(prompt_class, bucket, method, tokens, seconds, measured, mix, load)
-            return
-        if tokens < 0 or seconds < 0 or seconds != seconds or not 0.0 <= mix <= 1.0 or load < 0:
-            raise ChoiceError(f"bad request measurement: {tokens} tokens in {seconds} s, mix {mix}, load {load}")
         cell = self.cells.get((prompt_class, bucket))
-        if cell is None:
-            return
-        streak = (prompt_class, bucket, method)
-        if (mix >= self.clean and load >= self.floor * bucket) or self.streaks.get(streak, 0) >= self.unclean_most:
-            self.streaks.pop(streak, None)
+        if (bucket <= self.draft_most or cell is None or (mix >= self.clean and load >= self.floor * bucket)
+                or cell.unclean.get(method, 0) >= self.unclean_most):
+            if cell is not None:
+                cell.unclean.pop(method, None)
             super().observe(prompt_class, bucket, method, tokens, seconds, measured, mix, load)
             return
-        if len(self.streaks) > self.max_cells:
-            self.streaks.clear()
-        self.streaks[streak] = self.streaks.get(streak, 0) + 1
+        check_measurement(tokens, seconds, mix, load)
+        cell.unclean[method] = cell.unclean.get(method, 0) + 1
         self.unclean += 1
         arm = cell.arms.get(method)
         if arm is not None and measured and arm.measuring > 0:

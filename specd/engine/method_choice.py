@@ -85,10 +85,18 @@ class ChoiceCell:
                                   # run while the cell explores, the others one admission in ``probe_first``
 
 
+def check_measurement(tokens: int, seconds: float, mix: float, load: float) -> None:
+    """ChoiceError for a finished request's measurement that cannot be (``MethodChoice.observe``)."""
+    if tokens < 0 or seconds < 0 or seconds != seconds or not 0.0 <= mix <= 1.0 or load < 0:
+        raise ChoiceError(f"bad request measurement: {tokens} tokens in {seconds} s, mix {mix}, load {load}")
+
+
 class MethodChoice:
     """Per (prompt class, load bucket): explore each candidate on ``explore`` requests (round robin), then
     run the fastest by its finished requests' decode rate, re-measuring the others by one request every
     ``wait`` admissions (doubling while the winner holds, from ``probe_first`` to ``probe_most``)."""
+
+    cell_type = ChoiceCell    # what ``_cell`` makes: a subclass may keep more state per cell
 
     def __init__(self, explore: int = EXPLORE, decay: float = DECAY, probe_first: int = PROBE_FIRST,
                  probe_most: int = PROBE_MOST, margin: float = MARGIN, max_cells: int = MAX_CELLS,
@@ -109,7 +117,7 @@ class MethodChoice:
     def _cell(self, key: tuple) -> ChoiceCell:
         cell = self.cells.get(key)
         if cell is None:
-            cell = self.cells[key] = ChoiceCell(prior=self._nearest_winner(*key))
+            cell = self.cells[key] = self.cell_type(prior=self._nearest_winner(*key))
             if len(self.cells) > self.max_cells:
                 self.cells.popitem(last=False)
         else:
@@ -188,11 +196,16 @@ class MethodChoice:
             else:
                 measures = False
                 cell.since += 1
-        cell.arms[method].admitted += 1
-        cell.arms[method].measuring += measures
+        self._admit(cell, method, measures)
+        return Choice(method, measures, measures and bucket <= self.draft_most)
+
+    def _admit(self, cell: ChoiceCell, method: str, measures: bool) -> None:
+        """Count one admission to ``method`` in ``cell`` (and whether it measures) and in the stats."""
+        arm = cell.arms[method]
+        arm.admitted += 1
+        arm.measuring += measures
         self.chosen[method] = self.chosen.get(method, 0) + 1
         self.measured += measures
-        return Choice(method, measures, measures and bucket <= self.draft_most)
 
     def _winner(self, cell: ChoiceCell, candidates, margin: float | None = None) -> str:
         """The fastest candidate; the holder keeps its place unless another beats it by ``margin`` (by default
@@ -213,8 +226,7 @@ class MethodChoice:
         request of one token, or one measured in no time, says nothing. ``mix`` (the mean share of its batch
         on its own method over its steps) and ``load`` (the mean batch size) are read by ``EpochChoice``;
         this chooser learns from every request, as it was measured on the GPU."""
-        if tokens < 0 or seconds < 0 or seconds != seconds or not 0.0 <= mix <= 1.0 or load < 0:
-            raise ChoiceError(f"bad request measurement: {tokens} tokens in {seconds} s, mix {mix}, load {load}")
+        check_measurement(tokens, seconds, mix, load)
         cell = self.cells.get((prompt_class, bucket))
         if cell is None:          # forgotten since (MAX_CELLS): its choice is made again from nothing
             return
