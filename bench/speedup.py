@@ -454,12 +454,16 @@ def run_closed_loop(engine, prompts: list[Prompt], fields: dict, concurrency: in
         finish_cohorts=dict(sorted(cohorts.items(), key=lambda kv: int(kv[0]))))
 
 
+AUTO_NOTES = ("probes", "measuring", "unclean")     # auto_methods keys that count requests, not methods given
+
+
 def auto_split(d: dict) -> dict[str, int]:
-    """The auto requests of a stats delta by method given, and the probes and measuring requests among them
-    (empty: none)."""
+    """The auto requests of a stats delta by method given, and the probes, measuring and unclean requests among
+    them (empty: none). Unclean: finished requests that taught ``EpochChoice`` nothing (a mixed or draining
+    batch), so a run shows how often the clean rule held."""
     out = {k.removeprefix("spec_auto_").removesuffix("_requests_total"): int(v) for k, v in sorted(d.items())
            if k.startswith("spec_auto_") and k.endswith("_requests_total") and v}
-    for note in ("probes", "measuring"):          # ``MethodChoice.stats``: spec_auto_probes_total, ..._measuring_total
+    for note in AUTO_NOTES:     # ``MethodChoice.stats``: spec_auto_probes_total, ...; ``EpochChoice``'s unclean
         if out and d.get(f"spec_auto_{note}_total"):
             out[note] = int(d[f"spec_auto_{note}_total"])
     return out
@@ -472,12 +476,11 @@ def auto_line(runs: list[dict]) -> str:
     total: Counter = Counter()
     for r in runs:
         total.update(r.get("auto_methods", {}))
-    probes, measuring = total.pop("probes", 0), total.pop("measuring", 0)
+    counts = {note: total.pop(note, 0) for note in AUTO_NOTES}
     if not total:
         return ""
-    steps = sum(r.get("gate_drafted_by", {}).get("measure", 0) for r in runs)
-    notes = ([f"probes {probes}"] * bool(probes) + [f"measuring {measuring}"] * bool(measuring)
-             + [f"measuring steps {steps}"] * bool(steps))
+    counts["measuring steps"] = sum(r.get("gate_drafted_by", {}).get("measure", 0) for r in runs)
+    notes = [f"{note} {n}" for note, n in counts.items() if n]
     return ", ".join(f"{m} {n}" for m, n in sorted(total.items())) + (f" ({', '.join(notes)})" if notes else "")
 
 

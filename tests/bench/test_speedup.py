@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main as bench_main
-from bench.speedup import (BASELINE, SCHEDULED, RunResult, gc_line, gc_split, geomean, repeat_order, requests_for,
-                           summarize_cell)
+from bench.speedup import (AUTO_NOTES, BASELINE, SCHEDULED, RunResult, gc_line, gc_split, geomean, repeat_order,
+                           requests_for, summarize_cell)
 from bench.workloads.format import Message, Sampling, Session, Turn, write_sessions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,7 +137,7 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                     assert sum(n for _, n, _, _ in x["requests"]) == x["tokens"]
                     ran = Counter(m for *_, m in x["requests"])      # the method each request ran
                     if row == "auto":     # the methods its chooser gave (``auto_methods``), request by request
-                        assert ran == {m: n for m, n in x["auto_methods"].items() if m not in ("probes", "measuring")}
+                        assert ran == {m: n for m, n in x["auto_methods"].items() if m not in AUTO_NOTES}
                     else:
                         assert ran == {result["row_settings"][row]["speculation"]: 3}
                     assert set(x["gc_pauses"]) <= {"gen0", "gen1", "gen2"}
@@ -145,7 +145,7 @@ def test_speedup_end_to_end_on_stories(tmp_path):
                     if row.startswith("none"):
                         assert "draft" not in kinds
                     # the auto row's 3 requests each went to dspark or ngram; no other row has any
-                    given = {m: n for m, n in x["auto_methods"].items() if m not in ("probes", "measuring")}
+                    given = {m: n for m, n in x["auto_methods"].items() if m not in AUTO_NOTES}
                     if row == "auto":
                         assert sum(given.values()) == 3 and set(given) <= {"dspark", "ngram"}
                     else:
@@ -773,12 +773,19 @@ def test_explore_auto_warms_while_the_choosers_cells_of_the_prompts_explore():
 
 def test_auto_line_counts_the_steps_drafted_for_measuring_requests():
     """The markdown's auto line adds the steps drafted only for measuring requests (``gate_drafted_by``'s
-    "measure"), summed over the cell's runs, and leaves it out where there were none."""
-    from bench.speedup import auto_line
+    "measure"), summed over the cell's runs, and leaves it out where there were none; ``EpochChoice``'s
+    unclean requests come from the stats delta like the probes."""
+    from bench.speedup import auto_line, auto_split
+
+    assert auto_split({"spec_auto_dspark_requests_total": 3, "spec_auto_ngram_requests_total": 0,
+                       "spec_auto_unclean_total": 2, "spec_auto_probes_total": 1}) == {"dspark": 3, "probes": 1,
+                                                                                      "unclean": 2}
 
     runs = [{"auto_methods": {"dspark": 3, "ngram": 1, "measuring": 1}, "gate_drafted_by": {"measure": 40, "class": 2}},
             {"auto_methods": {"dspark": 4, "probes": 1, "measuring": 1}, "gate_drafted_by": {"measure": 2}}]
     assert auto_line(runs) == "dspark 7, ngram 1 (probes 1, measuring 2, measuring steps 42)"
+    runs[0]["auto_methods"]["unclean"] = 5            # EpochChoice's requests that taught nothing
+    assert auto_line(runs) == "dspark 7, ngram 1 (probes 1, measuring 2, unclean 5, measuring steps 42)"
     assert auto_line([{"auto_methods": {"ngram": 8}, "gate_drafted_by": {"class": 3}}]) == "ngram 8"
     assert auto_line([{"auto_methods": {}}]) == ""
 
