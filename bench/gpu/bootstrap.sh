@@ -12,7 +12,7 @@
 # Each part is skipped when it is already there, so running it again is cheap.
 #
 #   bash bench/gpu/bootstrap.sh [MODELS_DIR]     # default /work/models
-#   DRAFTER_PIECES=/work/s52-drafter bash bench/gpu/bootstrap.sh   # also the drafter's pieces, in two stash folders
+#   DRAFTER_PIECES=<folder of dsq.NN> bash bench/gpu/bootstrap.sh   # also a drafter's pieces, in two stash folders
 #
 # Why: session 17's machine started without any of them (ignored files do not survive a new machine), and
 # rebuilding them by hand took ~15 minutes of the session. The trained drafter is NOT rebuilt here: it comes
@@ -80,8 +80,8 @@ fi
 bash bench/gpu/export.sh
 echo "[bootstrap] ready: $(du -sh .carry/q45 | cut -f1) of pieces, $(du -sh .whl | cut -f1) of wheels;" \
   "sha256 of the GGUF: $(sha256sum "$GGUF" | cut -c1-16)… (expect 1d9614638d18024d…)"
-# the trained dspark drafter's pieces (drafter-out's dsq.NN, kept outside the tree: session 52's in
-# /work/s52-drafter), DRAFTER_PIECES=<folder>: into .carry/dsq-a (the first three, 45 MB: a stash call each with
+# the trained dspark drafter's pieces (drafter-out's dsq.NN, 77 MB, kept outside the tree; session 52's were in
+# /work/s52-drafter and were lost with that machine in session 61), DRAFTER_PIECES=<folder>: into .carry/dsq-a (the first three, 45 MB: a stash call each with
 # the tree under 64 MiB) and .carry/dsq-b (the rest), then `bash bench/gpu/session.sh stash .carry/dsq-a` and
 # `... stash .carry/dsq-b` put them where SPEED_DRAFTERS=dspark=/tmp/dsp (the default) unpacks them
 if [ -n "${DRAFTER_PIECES:-}" ] && [ ! -d .carry/dsq-a ]; then
@@ -93,4 +93,4 @@ if [ -n "${DRAFTER_PIECES:-}" ] && [ ! -d .carry/dsq-a ]; then
   echo "[bootstrap] drafter pieces: sha256 of the joined pieces $(cat "${pieces[@]}" | sha256sum | cut -c1-16)…"
 fi
 ls .carry/dsq* >/dev/null 2>&1 || echo "[bootstrap] no drafter pieces (.carry/dsq*): train one on the device first," \
-  "or DRAFTER_PIECES=<folder of dsq.NN> (session 52's: /work/s52-drafter)"
+  "or DRAFTER_PIECES=<folder of dsq.NN>; without pieces, train all three in the lease (TRAIN_METHODS=dspark,dflash,eagle3)"
