@@ -1,0 +1,159 @@
+"""Ratios to `none` with the host's speed taken out, for runs where a row rested: a sharper "never slower".
+
+    python -m bench.host_adjust docs/results/gpu/s61/runTA/speedup/speedup.json.gz [more results] [--row dspark]
+        [--fit-from docs/results/gpu/s5*/run*/speedup/speedup.json.gz]
+
+Why: at 0.5B a decode step is bound by the host (Python, kernel launches), and the host's speed drifts run by
+run (bench/host_drift.py). The A/A row (``none-aa``, a second ``none``) shows how much: over sessions 52-61's
+runs its per-repeat throughput ratio to `none` spread by 4.8% (SD of the log ratio, 690 pairs), so a few
+percent below 1 in a cell of scheduled dspark could not be told from the host. Most of that spread is the host:
+the ratio of the two runs' host-only milliseconds per token (output and commit: Python, no kernels) explains
+93% of it (slope -0.375 on the log scale), and what is left has an SD of 1.2%.
+
+So each repeat's ratio is corrected by the same fit: ``log ratio - slope * log host ratio``. That is only
+sound where the row's own host work per token is `none`'s, which holds where the row rested: over those
+sessions' runs where scheduled dspark drafted in at most 5% of its steps, the median host ratio was
+1.000-1.006 at every load, while drafting runs spend less host time per token (0.75 at c = 1: several tokens a
+step). Runs that drafted more than ``REST_SHARE`` of their steps are therefore left as they are and marked.
+The fit comes from the A/A pairs of the same results (or ``--fit-from``), and the A/A row's corrected ratios
+are printed beside the row's: their spread is the corrected rule's noise floor.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.host_drift import host_ms
+from bench.gate_trace import markdown
+from bench.speedup_pool import PoolError, each_run_pairs, load, step_kind
+
+AA_ROW = "none-aa"
+REST_SHARE = 0.05      # a run rests when at most this share of its steps drafted
+MIN_PAIRS = 20         # A/A pairs a fit needs
+BANDS = (0.99, 0.98, 0.97)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Least squares of the A/A row's log ratio on its log host ratio (through the means)."""
+    slope: float
+    r2: float
+    sd: float          # SD of the log ratio
+    sd_left: float     # SD of what the host ratio leaves
+    pairs: int
+
+
+def host_per_token(run: dict) -> float | None:
+    """Host-only ms per generated token of a timed run (None without phase times or tokens)."""
+    ms = host_ms(run)
+    if ms is None or not run.get("tokens") or not run.get("steps"):
+        return None
+    return ms * run["steps"] / run["tokens"]
+
+
+def drafted_share(run: dict) -> float:
+    """The share of a timed run's steps that drafted."""
+    return step_kind(run, "draft")[0] / max(run.get("steps", 0), 1)
+
+
+def log_pairs(runs: list[dict], row: str) -> list[tuple[str, str, float, float, float]]:
+    """(workload, concurrency, log throughput ratio, log host ratio, drafted share) of each repeat of ``row``
+    against `none`'s run of the same repeat; repeats without phase times are left out."""
+    out = []
+    for workload, level, pairs in each_run_pairs(runs, row):
+        for base, run in pairs:
+            hb, hr = host_per_token(base), host_per_token(run)
+            if hb and hr and base.get("throughput_tok_s") and run.get("throughput_tok_s"):
+                out.append((workload, level, math.log(run["throughput_tok_s"] / base["throughput_tok_s"]),
+                            math.log(hr / hb), drafted_share(run)))
+    return out
+
+
+def fit(points: list[tuple[float, float]]) -> Fit:
+    """The slope of log ratio on log host ratio over (log host ratio, log ratio) points."""
+    if len(points) < MIN_PAIRS:
+        raise PoolError(f"{len(points)} A/A pairs with phase times: a fit needs {MIN_PAIRS} "
+                        f"(pass --fit-from with runs that have a {AA_ROW!r} row)")
+    xs, ys = zip(*points)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    if sxx == 0 or syy == 0:
+        raise PoolError("the A/A pairs' host ratios or throughput ratios do not vary: nothing to fit")
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    slope = sxy / sxx
+    return Fit(slope=slope, r2=sxy * sxy / (sxx * syy), sd=math.sqrt(syy / len(ys)),
+               sd_left=math.sqrt(max(syy - slope * sxy, 0.0) / len(ys)), pairs=len(ys))
+
+
+def fit_runs(runs: list[dict]) -> Fit:
+    """The fit over every A/A pair of the runs that have the A/A row in each cell (others are skipped, so
+    that a glob of a session's results can be passed whole)."""
+    points = []
+    for run in runs:
+        try:
+            points += [(h, y) for *_, y, h, _share in log_pairs([run], AA_ROW)]
+        except PoolError:
+            continue
+    return fit(points)
+
+
+def corrected(pairs: list[tuple[str, str, float, float, float]], f: Fit):
+    """{(workload, concurrency): [(raw log ratio, corrected log ratio or None where the run drafted)]}."""
+    cells: dict[tuple[str, str], list[tuple[float, float | None]]] = {}
+    for workload, level, y, h, share in pairs:
+        cells.setdefault((workload, level), []).append((y, y - f.slope * h if share <= REST_SHARE else None))
+    return cells
+
+
+def cell_text(values: list[tuple[float, float | None]]) -> str:
+    raw = math.exp(statistics.fmean(y for y, _ in values))
+    if any(c is None for _, c in values):
+        return f"{raw:.3f} (drafted)"
+    return f"{raw:.3f} → **{math.exp(statistics.fmean(c for _, c in values)):.3f}**"
+
+
+def band_counts(cells: dict) -> str:
+    """How many resting cells' corrected geometric means fall below each band."""
+    means = [statistics.fmean(c for _, c in v) for v in cells.values() if all(c is not None for _, c in v)]
+    counts = ", ".join(f"< {b:.2f}: {sum(m < math.log(b) for m in means)}" for b in BANDS)
+    return f"{len(means)} resting cells of {len(cells)}; corrected below {counts}"
+
+
+def table(runs: list[dict], row: str, f: Fit) -> str:
+    lines = [f"Fit on {f.pairs} A/A pairs: slope {f.slope:.3f}, R² {f.r2:.3f}; SD of the A/A log ratio "
+             f"{f.sd:.4f}, left after the host {f.sd_left:.4f}.", ""]
+    for name in dict.fromkeys([row, AA_ROW]):
+        cells = corrected(log_pairs(runs, name), f)
+        levels = list(dict.fromkeys(level for _, level in cells))
+        workloads = list(dict.fromkeys(w for w, _ in cells))
+        body = [[w] + [cell_text(cells[(w, c)]) if (w, c) in cells else "–" for c in levels] for w in workloads]
+        lines += [f"`{name}`: throughput ratio to `none`, geometric mean over repeats, raw → corrected "
+                  f"(\"drafted\": a repeat drafted in more than {REST_SHARE:.0%} of its steps, not corrected)", "",
+                  markdown(["workload"] + [f"c = {c}" for c in levels], body), "",
+                  f"`{name}`: {band_counts(cells)}.", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.host_adjust", description=__doc__.split("\n\n")[0])
+    p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz files of bench speedup runs")
+    p.add_argument("--row", default="dspark", help="the row to correct (default: dspark, the scheduled row)")
+    p.add_argument("--fit-from", type=Path, nargs="+", default=None,
+                   help="results whose A/A pairs give the fit (default: the results above; they need a "
+                        f"{AA_ROW!r} row)")
+    args = p.parse_args(argv)
+    try:
+        runs = [load(path) for path in args.result]
+        f = fit_runs([load(path) for path in args.fit_from] if args.fit_from else runs)
+        print(table(runs, args.row, f))
+    except PoolError as e:
+        p.error(str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
