@@ -89,16 +89,21 @@ def fit(points: list[tuple[float, float]]) -> Fit:
                sd_left=math.sqrt(max(syy - slope * sxy, 0.0) / len(ys)), pairs=len(ys))
 
 
-def fit_runs(runs: list[dict]) -> Fit:
-    """The fit over every A/A pair of the runs that have the A/A row in each cell (others are skipped, so
-    that a glob of a session's results can be passed whole)."""
-    points = []
+def pairs_of(runs: list[dict], row: str) -> list[tuple[str, str, float, float, float]]:
+    """``log_pairs`` of every run that has ``row`` (and `none`) in each of its cells; the others are skipped,
+    so that a glob of several sessions' results can be passed whole."""
+    out = []
     for run in runs:
         try:
-            points += [(h, y) for *_, y, h, _share in log_pairs([run], AA_ROW)]
+            out += log_pairs([run], row)
         except PoolError:
             continue
-    return fit(points)
+    return out
+
+
+def fit_runs(runs: list[dict]) -> Fit:
+    """The fit over every A/A pair of the runs that have the A/A row."""
+    return fit([(h, y) for *_, y, h, _share in pairs_of(runs, AA_ROW)])
 
 
 def corrected(pairs: list[tuple[str, str, float, float, float]], f: Fit):
@@ -123,11 +128,33 @@ def band_counts(cells: dict) -> str:
     return f"{len(means)} resting cells of {len(cells)}; corrected below {counts}"
 
 
+def pooled(pairs: list[tuple[str, str, float, float, float]], f: Fit) -> dict[str, tuple[int, float, float]]:
+    """{concurrency: (resting repeats, corrected geometric mean, half-width of its 95% interval)} over every
+    resting repeat of every workload: the steady price of resting, with the host taken out."""
+    by: dict[str, list[float]] = {}
+    for _workload, level, y, h, share in pairs:
+        if share <= REST_SHARE:
+            by.setdefault(level, []).append(y - f.slope * h)
+    return {level: (len(v), math.exp(statistics.fmean(v)),
+                    1.96 * statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else math.nan)
+            for level, v in sorted(by.items(), key=lambda kv: int(kv[0]))}
+
+
+def pooled_table(runs: list[dict], names: list[str], f: Fit) -> str:
+    heads, body = ["row"], []
+    found = {name: pooled(pairs_of(runs, name), f) for name in names}
+    levels = sorted({level for p in found.values() for level in p}, key=int)
+    for name, p in found.items():
+        body.append([f"`{name}`"] + [f"{p[c][1]:.4f} ± {p[c][2]:.4f} (n {p[c][0]})" if c in p else "–"
+                                     for c in levels])
+    return markdown(heads + [f"c = {c}" for c in levels], body)
+
+
 def table(runs: list[dict], row: str, f: Fit) -> str:
     lines = [f"Fit on {f.pairs} A/A pairs: slope {f.slope:.3f}, R² {f.r2:.3f}; SD of the A/A log ratio "
              f"{f.sd:.4f}, left after the host {f.sd_left:.4f}.", ""]
     for name in dict.fromkeys([row, AA_ROW]):
-        cells = corrected(log_pairs(runs, name), f)
+        cells = corrected(pairs_of(runs, name), f)
         levels = list(dict.fromkeys(level for _, level in cells))
         workloads = list(dict.fromkeys(w for w, _ in cells))
         body = [[w] + [cell_text(cells[(w, c)]) if (w, c) in cells else "–" for c in levels] for w in workloads]
@@ -135,6 +162,8 @@ def table(runs: list[dict], row: str, f: Fit) -> str:
                   f"(\"drafted\": a repeat drafted in more than {REST_SHARE:.0%} of its steps, not corrected)", "",
                   markdown(["workload"] + [f"c = {c}" for c in levels], body), "",
                   f"`{name}`: {band_counts(cells)}.", ""]
+    lines += ["Resting repeats pooled over the workloads, corrected: geometric mean ± half its 95% interval "
+              "(n repeats)", "", pooled_table(runs, list(dict.fromkeys([row, AA_ROW])), f)]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -53,6 +53,9 @@ def test_resting_runs_are_corrected_and_drafting_runs_are_left_alone():
     text = table(runs, "dspark", f)
     assert "0.850 → **1.000**" in text and "0.850 (drafted)" in text
     assert "`dspark`: 6 resting cells of 12; corrected below < 0.99: 0" in text
+    # pooled by concurrency: the resting repeats only, each corrected to 1.0
+    assert "| `dspark` | 1.0000 ± 0.0000 (n 2) | 1.0000 ± 0.0000 (n 2) | 1.0000 ± 0.0000 (n 2) |" in text
+    assert "| `none-aa` | 1.0000 ± 0.0000 (n 4) |" in text
 
 
 def test_too_few_pairs_or_no_aa_row_is_a_clear_error(tmp_path, capsys):
