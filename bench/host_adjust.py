@@ -167,6 +167,32 @@ def table(runs: list[dict], row: str, f: Fit) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+# The fit on sessions 50-60's A/A pairs (640, H100 and H200): the slope ``host_line`` corrects new runs with, so
+# that a run's own A/A row is judged out of sample (fitted on its own 30-50 pairs it would look tighter than it is)
+HISTORY = Fit(slope=-0.384, r2=0.934, sd=0.0473, sd_left=0.0121, pairs=640)
+
+
+def host_line(result: dict, row: str) -> str:
+    """One markdown line for ``bench speedup``'s table: ``row``'s and the A/A row's resting cells with the host
+    taken out by ``HISTORY``'s slope, and this run's own slope beside it ("" without the A/A row or phase
+    times)."""
+    try:
+        row_cells = corrected(log_pairs([result], row), HISTORY)
+        aa_cells = corrected(log_pairs([result], AA_ROW), HISTORY)
+    except PoolError:
+        return ""
+    if not row_cells or not aa_cells:
+        return ""
+    try:
+        own = fit_runs([result])
+        mine = f"; this run's {own.pairs} A/A pairs alone give {own.slope:.3f}, R² {own.r2:.2f}"
+    except PoolError:
+        mine = ""
+    return (f"With the host's speed taken out (`bench.host_adjust`, slope {HISTORY.slope} from "
+            f"{HISTORY.pairs} earlier A/A pairs{mine}): {row}'s {band_counts(row_cells)}; the A/A row's "
+            f"{band_counts(aa_cells)}.")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.host_adjust", description=__doc__.split("\n\n")[0])
     p.add_argument("result", type=Path, nargs="+", help="speedup.json or .json.gz files of bench speedup runs")

@@ -48,6 +48,7 @@ from pathlib import Path
 import kvspec_kernels as kernels
 from bench.arg_types import non_negative_int, positive_int, positive_ints
 from bench.cpu_pin import cpu_set, pin
+from bench.host_adjust import host_line
 from bench.host_drift import host_drift_line
 from bench.row_profiles import RowProfiles, TorchProfiles
 from bench.stats import tau
@@ -805,6 +806,9 @@ def render_markdown(result: dict) -> str:
             floor, aa = noise_floor(result, SCHEDULED, band), noise_floor(result, "none-aa", band)
             lines += ["", f"Within a {band:.0%} band (ratios ≥ {1 - band:.2f}): scheduled dspark fails in "
                           f"{floor['failed']} of {floor['cells']} cells, the A/A row in {aa['failed']}."]
+        adjusted = host_line(result, SCHEDULED)
+        if adjusted:
+            lines += ["", adjusted]
     return "\n".join(lines) + "\n"
 
 

@@ -72,3 +72,18 @@ def test_too_few_pairs_or_no_aa_row_is_a_clear_error(tmp_path, capsys):
     fit_path.write_text(json.dumps(result(cells=24)))
     assert main([str(path), "--fit-from", str(fit_path)]) == 0
     assert "Fit on 24 A/A pairs: slope -0.400" in capsys.readouterr().out
+
+
+def test_the_speedup_table_line_corrects_with_the_fixed_slope_and_shows_the_runs_own():
+    """``host_line`` (printed under ``bench speedup``'s table) corrects by ``HISTORY``'s slope, not the run's
+    own fit, so a run's A/A row is judged out of sample; without an A/A row it prints nothing."""
+    from bench.host_adjust import HISTORY, host_line
+
+    # a resting dspark run on a host 1.5x slower, whose raw ratio is what HISTORY's slope predicts: corrected 1.0
+    line = host_line(result(cells=24, row_runs=lambda i: timed(1000.0 * 1.5 ** HISTORY.slope, 0.15)), "dspark")
+    assert line.startswith("With the host's speed taken out (`bench.host_adjust`, slope -0.384 from 640 earlier")
+    assert "this run's 24 A/A pairs alone give -0.400" in line           # the runs were made with SLOPE
+    assert "dspark's 24 resting cells of 24; corrected below < 0.99: 0" in line
+    # the A/A row made with SLOPE = -0.4, corrected with -0.384: ratio h ** -0.016, below 0.99 for h > 1.87 (6 cells)
+    assert "the A/A row's 24 resting cells of 24; corrected below < 0.99: 6" in line
+    assert host_line(result(cells=24, aa=False, row_runs=lambda i: timed(900.0, 0.1)), "dspark") == ""
