@@ -61,6 +61,30 @@ def _warm_start(text: str) -> tuple[str, Path]:
     return method.strip(), Path(path.strip())
 
 
+def _train_weights(text: str) -> dict[str, float]:
+    """``dspark=2,dflash=1``: each named method's weight in the training window (unnamed ones weigh 1)."""
+    out: dict[str, float] = {}
+    for part in (x.strip() for x in text.split(",") if x.strip()):
+        method, sep, value = part.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if not sep or method.strip() not in METHODS or not weight > 0 or method.strip() in out:
+            raise argparse.ArgumentTypeError(f"--train-weights takes METHOD=WEIGHT,... (METHOD one of "
+                                             f"{', '.join(METHODS)}, once each, WEIGHT > 0); got {text!r}")
+        out[method.strip()] = weight
+    return out
+
+
+def train_windows(methods: tuple[str, ...], weights: dict[str, float]) -> list[tuple[float, float]]:
+    """(weight, weight of it and every later method) per method in training order: a method's part of what
+    is left of the window when its stage starts. Why: equal windows are not equal steps (session 61: a dspark
+    step cost ~1.9x a dflash step, and dspark got 630 steps to dflash's 1,056 in the same time)."""
+    w = [weights.get(m, 1.0) for m in methods]
+    return [(w[i], sum(w[i:])) for i in range(len(methods))]
+
+
 def warm_starts(args: argparse.Namespace) -> dict[str, Path]:
     """Method -> the trained drafter its generic stage starts from (``--init METHOD=DIR``, ``--init-dspark DIR``).
     Refused before any work when a method is named twice or a directory holds no drafter: a typo must not
@@ -146,6 +170,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="warm-start that method's generic drafter from this trained drafter directory, as "
                         "--init-dspark does for dspark (repeat for several: --init dflash=DIR --init eagle3=DIR), "
                         "so dflash and eagle3 also add up their training across device sessions")
+    p.add_argument("--train-weights", type=_train_weights, default={}, metavar="METHOD=WEIGHT,...",
+                   help="each method's part of the training window, e.g. dspark=2 gives dspark twice the time "
+                        "of each other method (default: equal parts)")
     p.add_argument("--tune-steps", type=int, default=80, help="tuning steps per workload")
     p.add_argument("--layers", type=int, default=1, help="dspark/dflash draft layers")
     p.add_argument("--markov-rank", type=int, default=64, help="dspark Markov rank (2·V·r parameters)")
@@ -175,8 +202,9 @@ class Budget:
         share = max(SHARES[stage], STOP_SHARE) if stage == self.last else SHARES[stage]
         return self.t0 + self.total_s * share
 
-    def share(self, stage: str, parts_left: int) -> float:
-        """Deadline for the next of `parts_left` equal parts of what is left of `stage`'s window."""
+    def share(self, stage: str, parts_left: float) -> float:
+        """Deadline for the next of `parts_left` equal parts of what is left of `stage`'s window (a fraction
+        of parts: a weighted method's ``weight_left / weight``)."""
         now = time.perf_counter()
         return now + max(0.0, self.deadline(stage) - now) / max(parts_left, 1)
 
@@ -324,8 +352,8 @@ def run(args: argparse.Namespace) -> int:
     if args.stop_after == "data":
         return 0
     methods = args.methods
-    for i, m in enumerate(methods):
-        r.stage(f"train-{m}", lambda m=m, i=i: stage_train(r, m, len(methods) - i))
+    for m, part in zip(methods, train_windows(methods, args.train_weights)):
+        r.stage(f"train-{m}", lambda m=m, part=part: stage_train(r, m, *part))
     if args.stop_after == "train":
         return 0
     for i, w in enumerate(WORKLOADS):
@@ -449,12 +477,13 @@ def _fit(r: Run, args: argparse.Namespace, seq_file: Path, deadline: float) -> d
             "sequences": rep["data"]["train_sequences"], "heldout": rep["data"]["heldout_sequences"]}
 
 
-def stage_train(r: Run, method: str, methods_left: int) -> dict:
-    """Stage 2: one generic drafter on the shared data, within its share of the training window."""
+def stage_train(r: Run, method: str, weight: float = 1.0, weight_left: float = 1.0) -> dict:
+    """Stage 2: one generic drafter on the shared data, within its share of the training window: ``weight``
+    of the ``weight_left`` that this and the later methods share (``train_windows``)."""
     out = r.work / "drafters" / method
     init = r.args.warm_starts.get(method)
     args = _trainer_args(r, method, out, r.args.steps, r.args.lr, init)
-    return _fit(r, args, r.work / "data" / "all.jsonl", r.budget.share("train", methods_left))
+    return _fit(r, args, r.work / "data" / "all.jsonl", r.budget.share("train", weight_left / weight))
 
 
 def stage_tune(r: Run, workload: str, left: int) -> dict:

@@ -158,7 +158,9 @@ train_dspark() {  # train_dspark OUT TIMEOUT [ARGS...]: train-kv's recipe on GPU
                   # DSpark paper's drafter has 2; TRAIN_INIT=/tmp/dsp warm-starts from the stashed drafter,
                   # after `unpack_drafter`; TRAIN_INITS=dflash=/tmp/dfl,eagle3=/tmp/e3d warm-starts those from
                   # their carried pieces (drafter-out), unpacked in `train`; TRAIN_ANSWERS=carried takes the data
-                  # stage from the stashed pieces of data-out, dpd.NN); resumable from /tmp/dp
+                  # stage from the stashed pieces of data-out, dpd.NN); TRAIN_WEIGHTS=dspark=2 gives dspark
+                  # twice each other method's part of the window (session 61: equal time, 630 dspark steps
+                  # against 1,056 dflash ones); resumable from /tmp/dp
   local out=$1 limit=$2 data extra=() w
   shift 2
   data=$(train_data) || return 1
@@ -171,7 +173,8 @@ train_dspark() {  # train_dspark OUT TIMEOUT [ARGS...]: train-kv's recipe on GPU
     --sessions "$data" --work /tmp/dp --out "$out" --methods "${TRAIN_METHODS:-dspark}" \
     --steps "${TRAIN_STEPS:-2500}" --train-sessions "${TRAIN_SESSIONS:-500}" --answers engine \
     --budget-s "${TRAIN_BUDGET:-900}" --gamma 7 --device cuda --batch-size "${TRAIN_BATCH:-8}" \
-    --anchors "${TRAIN_ANCHORS:-16}" --layers "${TRAIN_LAYERS:-1}" ${TRAIN_INIT:+--init-dspark "$TRAIN_INIT"} "${extra[@]}" "$@" \
+    --anchors "${TRAIN_ANCHORS:-16}" --layers "${TRAIN_LAYERS:-1}" ${TRAIN_INIT:+--init-dspark "$TRAIN_INIT"} \
+    ${TRAIN_WEIGHTS:+--train-weights "$TRAIN_WEIGHTS"} "${extra[@]}" "$@" \
     >> /tmp/logs/drafter-pipeline.log 2>&1
 }
 

@@ -286,3 +286,22 @@ def test_answers_from_refuses_answers_this_run_would_not_write(sessions, tmp_pat
         with pytest.raises(SystemExit, match=match):
             _pipeline(which, work, tmp_path / f"o{i}", "--stop-after", "train", "--answers-from", str(src), *extra)
         assert not (work / "stages" / "data.json").exists()
+
+
+def test_train_weights_split_the_window_by_weight_and_bad_ones_are_refused():
+    """--train-weights dspark=2: dspark's stage ends by half of what is left of the window, and the next two by
+    half of what is then left each; equal parts without it (session 61: equal time was not equal steps)."""
+    import argparse as ap
+
+    from bench.drafter_pipeline import Budget, _train_weights, train_windows
+
+    methods = ("dspark", "dflash", "eagle3")
+    assert train_windows(methods, {}) == [(1.0, 3.0), (1.0, 2.0), (1.0, 1.0)]
+    assert train_windows(methods, _train_weights("dspark=2")) == [(2.0, 4.0), (1.0, 2.0), (1.0, 1.0)]
+    budget = Budget(100.0, 0.0, "train")          # the train window ends at 90 s
+    w, left = train_windows(methods, {"dspark": 2.0})[0]
+    end = budget.share("train", left / w)
+    assert end - budget.t0 == pytest.approx(45.0, abs=0.5)           # half of the 90 s window
+    for bad in ("dspark", "dspark=0", "dspark=x", "medusa=2", "dspark=2,dspark=3"):
+        with pytest.raises(ap.ArgumentTypeError, match="--train-weights takes"):
+            _train_weights(bad)
