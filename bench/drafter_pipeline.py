@@ -477,7 +477,7 @@ def _fit(r: Run, args: argparse.Namespace, seq_file: Path, deadline: float) -> d
             "sequences": rep["data"]["train_sequences"], "heldout": rep["data"]["heldout_sequences"]}
 
 
-def stage_train(r: Run, method: str, weight: float = 1.0, weight_left: float = 1.0) -> dict:
+def stage_train(r: Run, method: str, weight: float, weight_left: float) -> dict:
     """Stage 2: one generic drafter on the shared data, within its share of the training window: ``weight``
     of the ``weight_left`` that this and the later methods share (``train_windows``)."""
     out = r.work / "drafters" / method

@@ -4,7 +4,7 @@
         [--fit-from docs/results/gpu/s5*/run*/speedup/speedup.json.gz]
 
 Why: at 0.5B a decode step is bound by the host (Python, kernel launches), and the host's speed drifts run by
-run (bench/host_drift.py). The A/A row (``none-aa``, a second ``none``) shows how much: over sessions 52-61's
+run (bench/host_drift.py). The A/A row (``none-aa``, a second ``none``) shows how much: over sessions 50-61's
 runs its per-repeat throughput ratio to `none` spread by 4.8% (SD of the log ratio, 690 pairs), so a few
 percent below 1 in a cell of scheduled dspark could not be told from the host. Most of that spread is the host:
 the ratio of the two runs' host-only milliseconds per token (output and commit: Python, no kernels) explains
@@ -28,9 +28,9 @@ from pathlib import Path
 
 from bench.host_drift import host_ms
 from bench.gate_trace import markdown
-from bench.speedup_pool import PoolError, each_run_pairs, load, step_kind
+from bench.speedup_pool import SECOND, PoolError, each_run_pairs, load, step_kind
 
-AA_ROW = "none-aa"
+AA_ROW = SECOND        # the A/A row: a second run of `none` in each repeat
 REST_SHARE = 0.05      # a run rests when at most this share of its steps drafted
 MIN_PAIRS = 20         # A/A pairs a fit needs
 BANDS = (0.99, 0.98, 0.97)
@@ -78,15 +78,13 @@ def fit(points: list[tuple[float, float]]) -> Fit:
         raise PoolError(f"{len(points)} A/A pairs with phase times: a fit needs {MIN_PAIRS} "
                         f"(pass --fit-from with runs that have a {AA_ROW!r} row)")
     xs, ys = zip(*points)
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    if sxx == 0 or syy == 0:
-        raise PoolError("the A/A pairs' host ratios or throughput ratios do not vary: nothing to fit")
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    slope = sxy / sxx
-    return Fit(slope=slope, r2=sxy * sxy / (sxx * syy), sd=math.sqrt(syy / len(ys)),
-               sd_left=math.sqrt(max(syy - slope * sxy, 0.0) / len(ys)), pairs=len(ys))
+    try:
+        r = statistics.correlation(xs, ys)
+    except statistics.StatisticsError as e:       # a constant input
+        raise PoolError("the A/A pairs' host ratios or throughput ratios do not vary: nothing to fit") from e
+    sd = statistics.pstdev(ys)
+    return Fit(slope=statistics.linear_regression(xs, ys).slope, r2=r * r, sd=sd,
+               sd_left=sd * math.sqrt(max(1.0 - r * r, 0.0)), pairs=len(ys))
 
 
 def pairs_of(runs: list[dict], row: str) -> list[tuple[str, str, float, float, float]]:
@@ -106,11 +104,16 @@ def fit_runs(runs: list[dict]) -> Fit:
     return fit([(h, y) for *_, y, h, _share in pairs_of(runs, AA_ROW)])
 
 
+def correct(y: float, h: float, share: float, f: Fit) -> float | None:
+    """A repeat's log ratio with the host taken out, or None where it drafted (no sound correction there)."""
+    return y - f.slope * h if share <= REST_SHARE else None
+
+
 def corrected(pairs: list[tuple[str, str, float, float, float]], f: Fit):
     """{(workload, concurrency): [(raw log ratio, corrected log ratio or None where the run drafted)]}."""
     cells: dict[tuple[str, str], list[tuple[float, float | None]]] = {}
     for workload, level, y, h, share in pairs:
-        cells.setdefault((workload, level), []).append((y, y - f.slope * h if share <= REST_SHARE else None))
+        cells.setdefault((workload, level), []).append((y, correct(y, h, share, f)))
     return cells
 
 
@@ -133,8 +136,9 @@ def pooled(pairs: list[tuple[str, str, float, float, float]], f: Fit) -> dict[st
     resting repeat of every workload: the steady price of resting, with the host taken out."""
     by: dict[str, list[float]] = {}
     for _workload, level, y, h, share in pairs:
-        if share <= REST_SHARE:
-            by.setdefault(level, []).append(y - f.slope * h)
+        c = correct(y, h, share, f)
+        if c is not None:
+            by.setdefault(level, []).append(c)
     return {level: (len(v), math.exp(statistics.fmean(v)),
                     1.96 * statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else math.nan)
             for level, v in sorted(by.items(), key=lambda kv: int(kv[0]))}
