@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 import time
@@ -70,9 +71,9 @@ def _train_weights(text: str) -> dict[str, float]:
             weight = float(value)
         except ValueError:
             weight = -1.0
-        if not sep or method.strip() not in METHODS or not weight > 0 or method.strip() in out:
+        if not sep or method.strip() not in METHODS or not 0 < weight < math.inf or method.strip() in out:
             raise argparse.ArgumentTypeError(f"--train-weights takes METHOD=WEIGHT,... (METHOD one of "
-                                             f"{', '.join(METHODS)}, once each, WEIGHT > 0); got {text!r}")
+                                             f"{', '.join(METHODS)}, once each, finite WEIGHT > 0); got {text!r}")
         out[method.strip()] = weight
     return out
 

@@ -302,6 +302,6 @@ def test_train_weights_split_the_window_by_weight_and_bad_ones_are_refused():
     w, left = train_windows(methods, {"dspark": 2.0})[0]
     end = budget.share("train", left / w)
     assert end - budget.t0 == pytest.approx(45.0, abs=0.5)           # half of the 90 s window
-    for bad in ("dspark", "dspark=0", "dspark=x", "medusa=2", "dspark=2,dspark=3"):
+    for bad in ("dspark", "dspark=0", "dspark=x", "dspark=inf", "dspark=nan", "medusa=2", "dspark=2,dspark=3"):
         with pytest.raises(ap.ArgumentTypeError, match="--train-weights takes"):
             _train_weights(bad)
