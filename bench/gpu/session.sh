@@ -19,7 +19,8 @@
 #                                          #   this export and, with OLD=<export dir>, an older one; with
 #                                          #   PROBE_FEATURES=bfloat16, this export again with a bf16 target pass;
 #                                          #   PROBE_METHODS=eagle3: batched loss against the per-sequence one
-#   bash bench/gpu/session.sh drafter-out  # the trained dspark drafter in bf16, as 15 MB pieces dsq.NN, to carry later;
+#   bash bench/gpu/session.sh drafter-out  # the trained dspark drafter in bf16, as 15 MB pieces dsq.NN, four a call
+#                                          # from PIECE_FROM (default 0), to carry later;
 #                                          # DRAFTER=dflash (pieces dfq.NN) or eagle3 (e3q.NN): those `train` left
 #   bash bench/gpu/session.sh data-out     # the data stage `train` left, as 15 MB pieces dpd.NN (DATA_FROM=4: the next
 #                                          # four); stashed, TRAIN_ANSWERS=carried trains without answering again
@@ -423,7 +424,9 @@ PY
       split -b 15000000 -d -a 2 "/tmp/$M-bf16.tgz" "/tmp/$pieces."
       ls -la "/tmp/$folder" /tmp/"$pieces".*; sha256sum "/tmp/$M-bf16.tgz"
     fi
-    cp /tmp/"$pieces".* "$OUT/"
+    for i in $(seq "${PIECE_FROM:-0}" $(( ${PIECE_FROM:-0} + 3 ))); do   # four a call: a call brings back 64 MB
+      f=/tmp/$pieces.$(printf %02d "$i"); [ -f "$f" ] && cp "$f" "$OUT/"   # at most (dspark's own 38.4 M
+    done                                                                    # parameters: 77 MB in bf16, 6 pieces)
     ;;
   data-out)
     # session 42: the data stage `train` left (/tmp/dp/data and its marker) as 15 MB pieces dpd.NN, four a call
