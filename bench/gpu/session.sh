@@ -121,6 +121,15 @@ second_gpu() { if [ "$GPUS" -ge 2 ]; then echo 1; else echo 0; fi; }
 # unpacked into /tmp/<folder>); dspark's names are session 8's
 carried() { case "$1" in dspark) echo "dsq dsp" ;; dflash) echo "dfq dfl" ;; eagle3) echo "e3q e3d" ;; *) return 1 ;; esac; }
 
+send_pieces() {  # send_pieces NAME FROM: /tmp/NAME.NN for NN = FROM..FROM+3 into $OUT, those that exist (a call
+                 # brings back 64 MB at most: four 15 MB pieces); drafter-out and data-out
+  local i f
+  for i in $(seq "$2" $(( $2 + 3 ))); do
+    f=/tmp/$1.$(printf %02d "$i")
+    if [ -f "$f" ]; then cp "$f" "$OUT/"; fi    # not `[ -f ] && cp`: a missing last piece made the call's rc 1
+  done
+}
+
 unpack_carried() {  # unpack_carried METHOD: its stashed pieces into /tmp/<folder>, once
   local names pieces folder
   names=$(carried "$1") || { echo "no carried drafter for $1"; exit 2; }
@@ -424,9 +433,7 @@ PY
       split -b 15000000 -d -a 2 "/tmp/$M-bf16.tgz" "/tmp/$pieces."
       ls -la "/tmp/$folder" /tmp/"$pieces".*; sha256sum "/tmp/$M-bf16.tgz"
     fi
-    for i in $(seq "${PIECE_FROM:-0}" $(( ${PIECE_FROM:-0} + 3 ))); do   # four a call: a call brings back 64 MB
-      f=/tmp/$pieces.$(printf %02d "$i"); [ -f "$f" ] && cp "$f" "$OUT/"   # at most (dspark's own 38.4 M
-    done                                                                    # parameters: 77 MB in bf16, 6 pieces)
+    send_pieces "$pieces" "${PIECE_FROM:-0}"    # dspark's own 38.4 M parameters: 77 MB in bf16, 6 pieces
     ;;
   data-out)
     # session 42: the data stage `train` left (/tmp/dp/data and its marker) as 15 MB pieces dpd.NN, four a call
@@ -437,9 +444,7 @@ PY
       tar czf /tmp/dpd.tgz -C /tmp/dp data stages/data.json && split -b 15000000 -d -a 2 /tmp/dpd.tgz /tmp/dpd.
       ls -la /tmp/dpd.*; sha256sum /tmp/dpd.tgz
     fi
-    for i in $(seq "${DATA_FROM:-0}" $(( ${DATA_FROM:-0} + 3 ))); do
-      f=/tmp/dpd.$(printf %02d "$i"); [ -f "$f" ] && cp "$f" "$OUT/"
-    done
+    send_pieces dpd "${DATA_FROM:-0}"
     ;;
   stash)
     mkdir -p /tmp/stash && cp "$2"/* /tmp/stash/ && ls -la /tmp/stash
